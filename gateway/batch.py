@@ -1,0 +1,244 @@
+"""Record batches: the one binary format on multicast, in the journal and over replay.
+
+A batch is a header followed by records. It is built once, by the gateway, and from then on only copied:
+the journal appends its bytes, multicast sends them, replay reads and sends them. Nothing re-encodes records.
+
+Layout (all integers little-endian)::
+
+    header (40 bytes)
+      0  magic        2s   b"ZB"
+      2  version      u8   1
+      3  flags        u8   0 (no flag is defined yet; unknown flags are rejected)
+      4  length       u32  total bytes of the batch, header included
+      8  crc          u32  CRC32C of bytes [12, length)
+      12 count        u32  number of records
+      16 first_seq    u64  \\ coverage: the batch accounts for every record of the stream in
+      24 last_seq     u64  /  [first_seq, last_seq] (all of them, or all that match a replay filter)
+      32 ts_ns        u64  journal time of the batch, set by the gateway, never decreasing
+    record (17 bytes + key + body), repeated `count` times
+      0  delta        u32  sequence - first_seq; strictly increasing, <= last_seq - first_seq
+      4  ts_ns        u64  publish time of the record (the publisher's clock, or the gateway's)
+      12 key_len      u8
+      13 body_len     u32
+      17 key          key_len bytes (UTF-8 routing key)
+         body         body_len bytes
+
+Why deltas rather than absolute sequences: a publisher's batch is sequenced by rewriting the header alone
+(`resequence`), and a filtered replay batch (`select`) is built by copying record slices unchanged,
+keeping the source's coverage. Both are O(1) Python work per batch, not per record.
+
+A batch with no records may still cover a range: it tells a filtered client that the range holds nothing
+for it. A *dense* batch holds every sequence of its coverage (live batches always are).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+MAGIC = b"ZB"
+VERSION = 1
+HEADER = struct.Struct("<2sBBIIIQQQ")
+RECORD = struct.Struct("<IQBI")
+HEADER_SIZE = HEADER.size  # 40
+RECORD_OVERHEAD = RECORD.size  # 17
+MAX_KEY = 255
+MAX_BATCH = 64 * 1024 * 1024
+_CRC_FROM = 12
+_LENGTH = struct.Struct("<I")
+
+
+class BatchError(ValueError):
+    """A batch that does not parse or does not check out; `reason` says what and where."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record as handed to applications."""
+
+    seq: int
+    ts_ns: int
+    key: str
+    body: bytes
+
+
+class Batch:
+    """A validated, read-only view over one encoded batch. Parsing checks the CRC and every record bound."""
+
+    __slots__ = ("buf", "count", "first_seq", "last_seq", "ts_ns")
+
+    def __init__(self, buf: memoryview, count: int, first_seq: int, last_seq: int, ts_ns: int) -> None:
+        self.buf = buf
+        self.count = count
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.ts_ns = ts_ns
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Batch:
+        """Validate `data` as exactly one batch. Raises BatchError naming the first fault found."""
+        buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        count, first, last, ts_ns = _check_header(buf, len(buf))
+        if check_crc:
+            _check_crc(buf)
+        _check_records(buf, count, last - first)
+        return cls(buf, count, first, last, ts_ns)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.buf)
+
+    @property
+    def dense(self) -> bool:
+        return self.count == self.last_seq - self.first_seq + 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.buf)
+
+    def __repr__(self) -> str:
+        return f"Batch(seq {self.first_seq}..{self.last_seq}, {self.count} records, {self.nbytes} bytes)"
+
+    def raw(self, lo: int = 0, hi: int = 2**64) -> Iterator[tuple[int, int, memoryview, memoryview]]:
+        """Yield (seq, ts_ns, key, body) for records with lo <= seq <= hi; key and body are views."""
+        buf, first, unpack = self.buf, self.first_seq, RECORD.unpack_from
+        pos = HEADER_SIZE
+        for _ in range(self.count):
+            delta, ts, klen, blen = unpack(buf, pos)
+            k = pos + RECORD_OVERHEAD
+            b = k + klen
+            pos = b + blen
+            seq = first + delta
+            if seq < lo:
+                continue
+            if seq > hi:
+                return
+            yield seq, ts, buf[k:b], buf[b:pos]
+
+    def records(self, lo: int = 0, hi: int = 2**64, prefixes: tuple[bytes, ...] = ()) -> Iterator[Record]:
+        """Yield Records with lo <= seq <= hi whose key starts with one of `prefixes` (all when empty)."""
+        for seq, ts, key, body in self.raw(lo, hi):
+            kb = key.tobytes()
+            if not prefixes or kb.startswith(prefixes):
+                yield Record(seq, ts, kb.decode(errors="replace"), body.tobytes())
+
+    def select(self, prefixes: tuple[bytes, ...]) -> bytes:
+        """A batch with the same coverage holding only the records whose key starts with one of `prefixes`.
+
+        Record slices are copied as they are; only the header is new.
+        """
+        if not prefixes:
+            return bytes(self.buf)
+        buf, unpack = self.buf, RECORD.unpack_from
+        parts: list[memoryview] = []
+        pos = HEADER_SIZE
+        for _ in range(self.count):
+            _, _, klen, blen = unpack(buf, pos)
+            k = pos + RECORD_OVERHEAD
+            end = k + klen + blen
+            if buf[k : k + klen].tobytes().startswith(prefixes):
+                parts.append(buf[pos:end])
+            pos = end
+        return _seal(parts, len(parts), self.first_seq, self.last_seq, self.ts_ns)
+
+
+def encode(
+    first_seq: int,
+    records: Iterable[tuple[int, bytes, bytes]],
+    *,
+    ts_ns: int = 0,
+) -> bytes:
+    """Encode a dense batch of (ts_ns, key, body) records numbered first_seq, first_seq + 1, ...
+
+    Publishers encode with first_seq=0; the gateway then assigns real sequences with `resequence`.
+    """
+    pack = RECORD.pack
+    parts: list[bytes] = []
+    n = 0
+    for n, (ts, key, body) in enumerate(records, 1):
+        if len(key) > MAX_KEY:
+            raise BatchError(f"record {n - 1}: key is {len(key)} bytes, the limit is {MAX_KEY}")
+        parts.append(pack(n - 1, ts, len(key), len(body)))
+        parts.append(key)
+        parts.append(body)
+    return _seal(parts, n, first_seq, first_seq + n - 1 if n else first_seq, ts_ns)
+
+
+def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
+    """A batch of no records covering [first_seq, last_seq]: 'nothing here for you' to a filtered client."""
+    return _seal([], 0, first_seq, last_seq, ts_ns)
+
+
+def resequence(batch: Batch, first_seq: int, ts_ns: int) -> bytes:
+    """Give a dense publisher batch its sequences and journal time: a new header, the records copied."""
+    if not batch.dense or batch.count == 0:
+        raise BatchError("only a dense, non-empty batch can be sequenced")
+    return _seal([batch.buf[HEADER_SIZE:]], batch.count, first_seq, first_seq + batch.count - 1, ts_ns)
+
+
+def frame_length(buf: bytes | memoryview, offset: int = 0) -> int:
+    """The total length a batch starting at `offset` claims, from its header alone (for stream scanning)."""
+    if len(buf) - offset < HEADER_SIZE:
+        raise BatchError(f"truncated header: {len(buf) - offset} of {HEADER_SIZE} bytes")
+    if buf[offset : offset + 2] != MAGIC:
+        raise BatchError(f"bad magic {bytes(buf[offset : offset + 2])!r}, expected {MAGIC!r}")
+    (length,) = _LENGTH.unpack_from(buf, offset + 4)
+    if not HEADER_SIZE <= length <= MAX_BATCH:
+        raise BatchError(f"batch length {length} outside {HEADER_SIZE}..{MAX_BATCH}")
+    return length
+
+
+def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int) -> bytes:
+    body_len = sum(len(p) for p in parts)
+    out = bytearray(HEADER_SIZE + body_len)
+    out[HEADER_SIZE:] = b"".join(parts)
+    HEADER.pack_into(out, 0, MAGIC, VERSION, 0, len(out), 0, count, first_seq, last_seq, ts_ns)
+    struct.pack_into("<I", out, 8, crc32c(memoryview(out)[_CRC_FROM:]))
+    return bytes(out)
+
+
+def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int]:
+    length = frame_length(buf)
+    if length != available:
+        raise BatchError(f"batch claims {length} bytes but {available} were given")
+    _, version, flags, _, _, count, first, last, ts_ns = HEADER.unpack_from(buf)
+    if version != VERSION:
+        raise BatchError(f"unsupported batch version {version} (this build reads {VERSION})")
+    if flags:
+        raise BatchError(f"unsupported batch flags 0x{flags:02x}")
+    if last < first:
+        raise BatchError(f"coverage {first}..{last} is empty")
+    if count > last - first + 1:
+        raise BatchError(f"{count} records cannot fit coverage {first}..{last}")
+    return count, first, last, ts_ns
+
+
+def _check_crc(buf: memoryview) -> None:
+    (stored,) = _LENGTH.unpack_from(buf, 8)
+    actual = crc32c(buf[_CRC_FROM:])
+    if stored != actual:
+        raise BatchError(f"CRC32C mismatch: stored 0x{stored:08x}, computed 0x{actual:08x}")
+
+
+def _check_records(buf: memoryview, count: int, span: int) -> None:
+    end, unpack = len(buf), RECORD.unpack_from
+    pos, prev = HEADER_SIZE, -1
+    for i in range(count):
+        if pos + RECORD_OVERHEAD > end:
+            raise BatchError(f"record {i}: header runs past the batch end at byte {pos}")
+        delta, _, klen, blen = unpack(buf, pos)
+        if delta <= prev or delta > span:
+            raise BatchError(f"record {i}: sequence delta {delta} out of order or outside coverage")
+        prev = delta
+        pos += RECORD_OVERHEAD + klen + blen
+    if pos != end:
+        raise BatchError(f"records end at byte {pos} but the batch is {end} bytes")

@@ -1,0 +1,217 @@
+"""Real-time multicast out and in: endpoints, socket tuning, frames, heartbeats and NORM pacing.
+
+Every multicast message has two frames: the stream name, then a payload. The name comes first so that a SUB
+can select streams by prefix on a shared group (ZeroMQ filters on the first frame; readers then check the
+name exactly). The payload is either a record batch (`gateway.batch`, magic b"ZB") or a heartbeat (magic
+b"ZH") carrying the stream's head sequence and the replay endpoint, so a subscriber detects tail loss and
+finds the replay sidecar from the multicast alone.
+
+With PGM and NORM the publisher cannot see subscriptions (seed 001): filtering happens at the SUB side, and
+subscribers subscribe to whole streams so that they see every sequence (exact gap detection).
+
+Traps measured on this platform (docs/tuning.md):
+- OpenPGM resolves interface names through the resolver and fails inside namespaces: endpoints are built
+  with the interface's IPv4 address (`resolve`).
+- ZMQ_RATE (kbit/s) defaults to 100 and the PGM receive window derives from RATE and RECOVERY_IVL on the SUB
+  side too: both are set on both sides.
+- libzmq 4.3.4's NORM ignores RATE and its sender stalls for good once a burst fills its buffer: NORM output
+  is paced by the gateway itself (`Pacer`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from gateway.batch import MAGIC as BATCH_MAGIC
+from gateway.batch import Batch, BatchError
+
+HEARTBEAT_MAGIC = b"ZH"
+_HEARTBEAT = struct.Struct("<2sBBIQQ")
+TRANSPORTS = ("epgm", "pgm", "norm")
+
+
+class McastError(ValueError):
+    """A bad endpoint, or a multicast payload that is neither a valid batch nor a valid heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A multicast endpoint `TRANSPORT://INTERFACE;GROUP:PORT` with the interface as a name or an address."""
+
+    transport: str
+    interface: str
+    group: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        transport, sep, rest = text.partition("://")
+        if not sep or transport not in TRANSPORTS:
+            raise McastError(f"{text!r}: expected one of {', '.join(t + '://' for t in TRANSPORTS)}")
+        interface, sep, target = rest.rpartition(";")
+        if not sep or not interface:
+            raise McastError(f"{text!r}: name the interface, e.g. {transport}://eth1;239.192.1.1:5555")
+        group, _, port = target.rpartition(":")
+        try:
+            addr = ipaddress.IPv4Address(group)
+            port_no = int(port)
+        except ValueError as exc:
+            raise McastError(
+                f"{text!r}: expected GROUP:PORT with an IPv4 group, e.g. 239.192.1.1:5555"
+            ) from exc
+        if not addr.is_multicast:
+            raise McastError(f"{text!r}: {group} is not a multicast address (224.0.0.0/4)")
+        if not 0 < port_no < 65536:
+            raise McastError(f"{text!r}: port {port_no} is outside 1..65535")
+        return cls(transport, interface, group, port_no)
+
+    def resolve(self) -> Endpoint:
+        """The same endpoint with the interface given by its IPv4 address (in the current namespace)."""
+        try:
+            ipaddress.IPv4Address(self.interface)
+            return self
+        except ValueError:
+            pass
+        return Endpoint(self.transport, interface_address(self.interface), self.group, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.transport}://{self.interface};{self.group}:{self.port}"
+
+
+def interface_address(name: str) -> str:
+    """The first IPv4 address of interface `name` in the current network namespace."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        links = ipr.link_lookup(ifname=name)
+        if not links:
+            raise McastError(f"no interface named {name!r} in this network namespace")
+        for msg in ipr.get_addr(family=socket.AF_INET, index=links[0]):
+            return msg.get_attr("IFA_ADDRESS")
+    raise McastError(f"interface {name!r} has no IPv4 address; give the endpoint an address instead")
+
+
+@dataclass(frozen=True, slots=True)
+class Tuning:
+    """Transport settings, configured once and applied as each transport needs.
+
+    rate_kbps: PGM's ZMQ_RATE on both sides; for NORM the gateway's own pacing rate.
+    recovery_ivl_ms: how long PGM senders keep data for NAK repair (also sizes the receive window).
+    """
+
+    rate_kbps: int = 100_000
+    recovery_ivl_ms: int = 2_000
+    sndbuf: int = 4 * 1024 * 1024
+    rcvbuf: int = 4 * 1024 * 1024
+    hops: int = 16
+    linger_ms: int = 2_000
+
+    def apply(self, sock: zmq.Socket, endpoint: Endpoint) -> None:
+        sock.setsockopt(zmq.LINGER, self.linger_ms)
+        if endpoint.transport in ("epgm", "pgm"):
+            sock.setsockopt(zmq.RATE, self.rate_kbps)
+            sock.setsockopt(zmq.RECOVERY_IVL, self.recovery_ivl_ms)
+            sock.setsockopt(zmq.MULTICAST_HOPS, self.hops)
+            sock.setsockopt(zmq.SNDBUF, self.sndbuf)
+            sock.setsockopt(zmq.RCVBUF, self.rcvbuf)
+
+
+def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket:
+    """A PUB socket connected to the multicast endpoint (interface resolved to its address)."""
+    sock = ctx.socket(zmq.PUB)
+    tuning.apply(sock, endpoint)
+    sock.connect(str(endpoint.resolve()))
+    return sock
+
+
+def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> zmq.Socket:
+    """A SUB socket on the multicast endpoint, subscribed to whole streams (every sequence is seen)."""
+    sock = ctx.socket(zmq.SUB)
+    tuning.apply(sock, endpoint)
+    for stream in streams:
+        sock.setsockopt(zmq.SUBSCRIBE, stream.encode())
+    sock.connect(str(endpoint.resolve()))
+    return sock
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The stream's head (last journaled sequence) and where to ask for what the multicast lost."""
+
+    head: int
+    ts_ns: int
+    replay: str
+    gateway_id: int
+
+    def encode(self) -> bytes:
+        replay = self.replay.encode()
+        if len(replay) > 255:
+            raise McastError(f"replay endpoint {self.replay!r} is over 255 bytes")
+        fixed = _HEARTBEAT.pack(HEARTBEAT_MAGIC, 1, 0, self.gateway_id, self.head, self.ts_ns)
+        return fixed + bytes([len(replay)]) + replay
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Heartbeat:
+        if len(data) < _HEARTBEAT.size + 1:
+            raise McastError(f"heartbeat of {len(data)} bytes is truncated")
+        _, version, _, gateway_id, head, ts_ns = _HEARTBEAT.unpack_from(data)
+        if version != 1:
+            raise McastError(f"unsupported heartbeat version {version}")
+        n = data[_HEARTBEAT.size]
+        replay = bytes(data[_HEARTBEAT.size + 1 :])
+        if len(replay) != n:
+            raise McastError(f"heartbeat replay endpoint claims {n} bytes, has {len(replay)}")
+        try:
+            return cls(head, ts_ns, replay.decode("ascii"), gateway_id)
+        except UnicodeDecodeError as exc:
+            raise McastError("heartbeat replay endpoint is not ASCII") from exc
+
+
+def parse_payload(payload: bytes | memoryview) -> Batch | Heartbeat:
+    """Decode the second frame of a multicast message; anything else raises McastError (count and drop it)."""
+    magic = bytes(payload[:2])
+    if magic == BATCH_MAGIC:
+        try:
+            return Batch.parse(payload)
+        except BatchError as exc:
+            raise McastError(f"bad batch: {exc.reason}") from exc
+    if magic == HEARTBEAT_MAGIC:
+        return Heartbeat.decode(payload)
+    raise McastError(f"unknown payload magic {magic!r}")
+
+
+class Pacer:
+    """A token bucket in bytes: how long to wait before `nbytes` may go out at `rate_kbps`.
+
+    NORM in libzmq 4.3.4 has no rate control of its own and stalls for good when a burst fills its buffer,
+    so the gateway spreads its output; `burst_bytes` bounds what may leave back to back.
+    """
+
+    def __init__(self, rate_kbps: int, burst_bytes: int = 256 * 1024, clock=time.monotonic) -> None:
+        if rate_kbps <= 0:
+            raise ValueError("rate_kbps must be positive")
+        self.rate = rate_kbps * 1000 / 8  # bytes per second
+        self.burst = burst_bytes
+        self.clock = clock
+        self.tokens = float(burst_bytes)
+        self.stamp = clock()
+
+    def delay(self, nbytes: int) -> float:
+        """Seconds to wait before sending `nbytes` (0.0: send now). Call `spend` when it is sent."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        return (
+            0.0
+            if self.tokens >= min(nbytes, self.burst)
+            else (min(nbytes, self.burst) - self.tokens) / self.rate
+        )
+
+    def spend(self, nbytes: int) -> None:
+        self.tokens -= nbytes

@@ -1,0 +1,1 @@
+"""netlab: throw-away LANs of network namespaces (or Docker containers) for multicast tests and demos."""
