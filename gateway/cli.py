@@ -1,32 +1,15 @@
-"""`zeps`: the command line. Each subcommand is a thin shell over a library call."""
+"""`zeps`: the command line. Each subcommand lives in `gateway.commands` as a thin shell over the library."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from gateway import __version__
-
-Handler = Callable[[argparse.Namespace], int]
-
-
-def _journal_inspect(args: argparse.Namespace) -> int:
-    from gateway.journal import inspect_root
-
-    for info in inspect_root(args.dir):
-        print(info.describe())
-    return 0
-
-
-def _journal_verify(args: argparse.Namespace) -> int:
-    from gateway.journal import verify_root
-
-    report = verify_root(args.dir)
-    print(report.describe())
-    return 0 if report.clean else 1
+from gateway.commands import MODULES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,24 +20,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"zeps {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    journal = commands.add_parser("journal", help="inspect and verify journal directories")
-    journal_cmds = journal.add_subparsers(dest="journal_command", metavar="ACTION", required=True)
-    inspect = journal_cmds.add_parser("inspect", help="streams, sequence and time ranges, segments, bytes")
-    inspect.add_argument("dir", type=Path, help="journal root directory (one subdirectory per stream)")
-    inspect.set_defaults(handler=_journal_inspect)
-    verify = journal_cmds.add_parser(
-        "verify", help="check every checksum and sequence continuity; exit 0 only if clean"
-    )
-    verify.add_argument("dir", type=Path, help="journal root directory (one subdirectory per stream)")
-    verify.set_defaults(handler=_journal_verify)
+    for name in MODULES:
+        importlib.import_module(f"gateway.commands.{name}").register(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     try:
         return args.handler(args)
     except KeyboardInterrupt:
