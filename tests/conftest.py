@@ -1,0 +1,44 @@
+"""Shared fixtures. netlab ones: ``make_lab`` builds labs that are removed at test end, pass or fail."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+
+import pytest
+
+from netlab import Lab
+
+NEEDS_ROOT = "netlab needs root (network namespaces): run the tests as root"
+
+
+@pytest.fixture
+def make_lab() -> Iterator[Callable[..., Lab]]:
+    """Factory: ``make_lab(hosts=["pub", "sub"], name=None)`` returns a lab that is up.
+
+    Fails (does not skip) without root: a skipped multicast suite would look like a passing one.
+    """
+    if os.geteuid() != 0:
+        pytest.fail(NEEDS_ROOT, pytrace=False)
+    labs: list[Lab] = []
+
+    def factory(hosts: int | Sequence[str] = 2, name: str | None = None) -> Lab:
+        lab = Lab(hosts, name).up()
+        labs.append(lab)
+        return lab
+
+    yield factory
+    errors = []
+    for lab in reversed(labs):
+        try:
+            lab.down()
+        except Exception as exc:
+            errors.append(f"{lab.name}: {exc}")
+    if errors:
+        pytest.fail(f"lab teardown failed: {errors}", pytrace=False)
+
+
+@pytest.fixture
+def lab(make_lab: Callable[..., Lab]) -> Lab:
+    """A lab with hosts "pub" and "sub"."""
+    return make_lab(["pub", "sub"])
