@@ -84,7 +84,9 @@ class Batch:
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Batch:
         """Validate `data` as exactly one batch. Raises BatchError naming the first fault found."""
-        buf = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+        buf = memoryview(data)
+        if buf.format != "B" or buf.ndim != 1:
+            buf = buf.cast("B")
         count, first, last, ts_ns = _check_header(buf, len(buf))
         if check_crc:
             _check_crc(buf)
@@ -167,10 +169,14 @@ def encode(
     for n, (ts, key, body) in enumerate(records, 1):
         if len(key) > MAX_KEY:
             raise BatchError(f"record {n - 1}: key is {len(key)} bytes, the limit is {MAX_KEY}")
+        if len(body) > MAX_BATCH:
+            raise BatchError(f"record {n - 1}: body is {len(body)} bytes, a batch holds at most {MAX_BATCH}")
         parts.append(pack(n - 1, ts, len(key), len(body)))
         parts.append(key)
         parts.append(body)
-    return _seal(parts, n, first_seq, first_seq + n - 1 if n else first_seq, ts_ns)
+    if n == 0:
+        raise BatchError("a batch of records needs at least one record (use empty() to cover a range)")
+    return _seal(parts, n, first_seq, first_seq + n - 1, ts_ns)
 
 
 def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
@@ -199,6 +205,8 @@ def frame_length(buf: bytes | memoryview, offset: int = 0) -> int:
 
 def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int) -> bytes:
     body_len = sum(len(p) for p in parts)
+    if HEADER_SIZE + body_len > MAX_BATCH:
+        raise BatchError(f"batch of {HEADER_SIZE + body_len} bytes is over the limit of {MAX_BATCH}")
     out = bytearray(HEADER_SIZE + body_len)
     out[HEADER_SIZE:] = b"".join(parts)
     HEADER.pack_into(out, 0, MAGIC, VERSION, 0, len(out), 0, count, first_seq, last_seq, ts_ns)

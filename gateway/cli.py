@@ -12,6 +12,17 @@ from gateway import __version__
 from gateway.commands import MODULES
 
 
+def _user_errors() -> tuple[type[Exception], ...]:
+    from gateway.batch import BatchError
+    from gateway.journal import JournalError
+    from gateway.mcast import McastError
+    from gateway.protocol import ProtocolError
+    from gateway.publisher import PublishError
+    from gateway.replay_client import ReplayError
+
+    return (BatchError, JournalError, McastError, ProtocolError, PublishError, ReplayError, OSError)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zeps",
@@ -33,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except KeyboardInterrupt:
         return 130
+    except _user_errors() as exc:
+        # Bad input, a bad journal, an unreachable peer: the message names the cause and the fix.
+        print(f"zeps {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

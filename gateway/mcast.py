@@ -110,6 +110,7 @@ class Tuning:
     sndbuf: int = 4 * 1024 * 1024
     rcvbuf: int = 4 * 1024 * 1024
     hops: int = 16
+    sndhwm: int = 64  # messages (batches) libzmq may hold per endpoint before senders see zmq.Again
     linger_ms: int = 2_000
 
     def apply(self, sock: zmq.Socket, endpoint: Endpoint) -> None:
@@ -123,8 +124,14 @@ class Tuning:
 
 
 def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket:
-    """A PUB socket connected to the multicast endpoint (interface resolved to its address)."""
-    sock = ctx.socket(zmq.PUB)
+    """An XPUB socket on the multicast endpoint (interface resolved to its address).
+
+    A PUB drops silently at its high-water mark; an XPUB with XPUB_NODROP raises zmq.Again instead, so a
+    sender that outruns the transport's rate keeps its data and slows down rather than losing it.
+    """
+    sock = ctx.socket(zmq.XPUB)
+    sock.setsockopt(zmq.XPUB_NODROP, 1)
+    sock.setsockopt(zmq.SNDHWM, tuning.sndhwm)
     tuning.apply(sock, endpoint)
     sock.connect(str(endpoint.resolve()))
     return sock

@@ -1,0 +1,432 @@
+"""The gateway: ingest -> sequence -> journal -> multicast, in one event loop.
+
+Publishers reach the gateway in two ways: ZEPS over a ROUTER socket (ATTACH, PUBLISH, PUBLISH-BATCH, PING,
+DETACH; publish confirms on request) and plain ZeroMQ PUB sockets (frames: key, body) through an XSUB socket,
+to which the gateway sends the subscribe-all itself. Records are gathered per stream into batches bounded by
+count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced and written to the journal
+*before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
+
+Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
+that does not parse is counted. When multicast output falls behind (NORM pacing, a slow link), the gateway
+stops reading publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from gateway import batch as B
+from gateway import protocol as P
+from gateway.journal import Durability, JournalWriter, Retention
+from gateway.mcast import Endpoint, Heartbeat, Pacer, Tuning, open_pub
+from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
+
+
+@dataclass
+class GatewayConfig:
+    """Everything `zeps gateway` can be told; the CLI and the TOML config file fill the same fields."""
+
+    streams: list[str]
+    journal: Path
+    ingest: str
+    ingest_pub: str | None = None
+    multicast: list[str] = field(default_factory=list)
+    replay_endpoint: str = ""
+    tuning: Tuning = field(default_factory=Tuning)
+    heartbeat_ms: int = 100
+    linger_ms: int = 2
+    batch_records: int = 1024
+    batch_bytes: int = 60_000
+    max_message_bytes: int = 1024 * 1024
+    max_clients: int = 1024
+    max_out_queue: int = 256
+    durability: Durability = field(default_factory=Durability)
+    retention: Retention = field(default_factory=Retention)
+    segment_bytes: int = 64 * 1024 * 1024
+    metrics: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            raise ValueError("name at least one stream (--stream NAME)")
+        for name in self.streams:
+            P.validate_stream_name(name)
+        if self.ingest_pub and len(self.streams) != 1:
+            raise ValueError("--ingest-pub carries no stream name: use it with exactly one --stream")
+
+
+@dataclass
+class _Session:
+    """A ZEPS publisher connection, known by its ROUTER identity."""
+
+    stream: str
+    features: frozenset[str] = frozenset()
+    last_seen: float = 0.0
+
+
+class _Lane:
+    """One stream: records waiting to be batched, the journal writer, and confirms waiting for fsync."""
+
+    def __init__(self, stream: str, writer: JournalWriter) -> None:
+        self.stream = stream
+        self.writer = writer
+        self.pending: list[tuple[int, bytes, bytes]] = []
+        self.pending_bytes = 0
+        self.pending_since = 0.0
+        # (identity, records) in publish order: who is owed a PUBLISH-OK for the records not yet sequenced.
+        self.unsequenced: list[tuple[bytes, int]] = []
+        # (identity, first_seq, count) owed once the journal has synced through first_seq + count - 1.
+        self.confirms: deque[tuple[bytes, int, int]] = deque()
+
+
+class _Out:
+    """One multicast endpoint: its PUB socket, a bounded queue, its pacing, and the last sequence sent."""
+
+    def __init__(self, sock: zmq.Socket, endpoint: Endpoint, pacer: Pacer | None) -> None:
+        self.sock = sock
+        self.endpoint = endpoint
+        self.pacer = pacer
+        self.queue: deque[tuple[bytes, bytes, int]] = deque()  # (stream, batch, last_seq)
+        self.sent_head: dict[str, int] = {}
+
+    def pump(self) -> float:
+        """Send what pacing allows; return seconds until the next send is allowed (0 when idle)."""
+        while self.queue:
+            stream, data, last = self.queue[0]
+            if self.pacer is not None:
+                wait = self.pacer.delay(len(data))
+                if wait > 0:
+                    return wait
+                self.pacer.spend(len(data))
+            try:
+                self.sock.send_multipart((stream, data), zmq.NOBLOCK, copy=len(data) < 8192)
+            except zmq.Again:
+                return 0.001  # the transport is at its rate: keep the batch, try again shortly
+            self.queue.popleft()
+            self.sent_head[stream.decode()] = last
+        return 0.0
+
+
+class Gateway:
+    """The broker of ZEPS (seed 000) with real-time output over PGM and NORM multicast."""
+
+    def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
+        self.config = config
+        self.ctx = ctx or zmq.Context.instance()
+        self.id = random.getrandbits(32)
+        self.metrics = GatewayMetrics()
+        self.lanes = {
+            name: _Lane(
+                name,
+                JournalWriter.open(
+                    config.journal,
+                    name,
+                    segment_bytes=config.segment_bytes,
+                    durability=config.durability,
+                    retention=config.retention,
+                ),
+            )
+            for name in config.streams
+        }
+        self.sessions: dict[bytes, _Session] = {}
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 1000)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.router.bind(config.ingest)
+        self.xsub: zmq.Socket | None = None
+        if config.ingest_pub:
+            self.xsub = self.ctx.socket(zmq.XSUB)
+            self.xsub.bind(config.ingest_pub)
+            self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
+        self.outs: list[_Out] = []
+        for text in config.multicast:
+            endpoint = Endpoint.parse(text)
+            pacer = Pacer(config.tuning.rate_kbps) if endpoint.transport == "norm" else None
+            out = _Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, pacer)
+            # What earlier runs journaled counts as sent: subscribers fetch it from replay.
+            out.sent_head = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+            self.outs.append(out)
+        if config.metrics:
+            self.metrics.serve(config.metrics)
+        self._next_heartbeat = 0.0
+        self._stopping = False
+        log.info(
+            "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s",
+            self.id,
+            ",".join(config.streams),
+            config.ingest,
+            ",".join(str(o.endpoint) for o in self.outs) or "none",
+            config.journal,
+        )
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        if self.xsub is not None:
+            poller.register(self.xsub, zmq.POLLIN)
+        try:
+            while not (self._stopping or until()):
+                wait = self._on_timers(time.monotonic())
+                if any(len(o.queue) >= self.config.max_out_queue for o in self.outs):
+                    # Backpressure: read no publisher until multicast drains; their HWMs slow them down.
+                    time.sleep(min(wait, 0.002) or 0.0005)
+                    continue
+                events = dict(poller.poll(int(wait * 1000)))
+                if self.router in events:
+                    self._drain_router()
+                if self.xsub is not None and self.xsub in events:
+                    self._drain_xsub()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _on_timers(self, now: float) -> float:
+        """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
+        linger = self.config.linger_ms / 1000
+        deadline = now + 0.05
+        for lane in self.lanes.values():
+            if lane.pending:
+                due = lane.pending_since + linger
+                if due <= now:
+                    self._flush(lane)
+                else:
+                    deadline = min(deadline, due)
+            if lane.writer.maybe_sync():
+                self.metrics.fsync_seconds.observe(lane.writer.last_sync_latency_s)
+            self._send_confirms(lane)
+            due = lane.writer.sync_deadline
+            if due is not None:
+                deadline = min(deadline, due)
+        for out in self.outs:
+            wait = out.pump()
+            if wait:
+                deadline = min(deadline, now + wait)
+        if now >= self._next_heartbeat:
+            self._heartbeat(now)
+        deadline = min(deadline, self._next_heartbeat)
+        return max(0.0, deadline - time.monotonic())
+
+    def _heartbeat(self, now: float) -> None:
+        self._next_heartbeat = now + self.config.heartbeat_ms / 1000
+        ts = time.time_ns()
+        for out in self.outs:
+            for stream, head in out.sent_head.items():
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id)
+                with contextlib.suppress(zmq.Again):  # a full transport skips a beat; the next one comes
+                    out.sock.send_multipart((stream.encode(), hb.encode()), zmq.NOBLOCK)
+                self.metrics.heartbeats.inc()
+
+    # --- ZEPS ingest ----------------------------------------------------------------------------------
+
+    def _drain_router(self, limit: int = 4096) -> None:
+        for _ in range(limit):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self._reject(frames[0], "expected one command per message", reply=len(frames) > 1)
+                continue
+            identity, frame = frames
+            if not P.is_zeps(frame):
+                self.metrics.rejected.labels("no-signature").inc()
+                continue
+            try:
+                cmd = P.decode(frame)
+            except P.ProtocolError as exc:
+                self._reject(identity, exc.reason)
+                continue
+            self._on_command(identity, cmd)
+
+    def _on_command(self, identity: bytes, cmd: P.Command) -> None:
+        session = self.sessions.get(identity)
+        if session is not None:
+            session.last_seen = time.monotonic()
+        match cmd:
+            case P.Attach(stream=stream):
+                self._attach(identity, stream)
+            case P.Ping():
+                self._reply(identity, P.PingOk())
+            case _ if session is None:
+                self._reject(identity, f"{cmd.NAME} before ATTACH: attach to a stream first")
+            case P.Publish(key=key, body=body):
+                self._publish(identity, session, key.encode(), bytes(body))
+            case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
+                self._publish_batch(identity, session, raw)
+            case P.Extend(features=wanted):
+                session.features = GRANTABLE.intersection(wanted)
+                self._reply(identity, P.ExtendOk(tuple(sorted(session.features))))
+            case P.Detach():
+                del self.sessions[identity]
+                self._reply(identity, P.DetachOk())
+            case P.Subscribe() | P.SubscribeTime() | P.Fetch() | P.Credit():
+                where = f" at {self.config.replay_endpoint}" if self.config.replay_endpoint else ""
+                self._reject(identity, f"{cmd.NAME} is served by the replay sidecar{where}, not the ingest")
+            case _:
+                self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
+
+    def _attach(self, identity: bytes, stream: str) -> None:
+        if stream not in self.lanes:
+            served = ", ".join(sorted(self.lanes))
+            self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
+            return
+        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients:
+            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later")
+            return
+        self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
+        self._reply(identity, P.AttachOk())
+
+    def _publish(self, identity: bytes | None, session: _Session | None, key: bytes, body: bytes) -> None:
+        if len(body) > self.config.max_message_bytes:
+            self._reject(identity, f"message of {len(body)} bytes is over the limit of {self.config.max_message_bytes}")
+            return
+        lane = self.lanes[session.stream] if session else next(iter(self.lanes.values()))
+        if not lane.pending:
+            lane.pending_since = time.monotonic()
+        lane.pending.append((time.time_ns(), key, body))
+        lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
+        if identity is not None and session is not None and P.FEATURE_CONFIRM in session.features:
+            _owe(lane.unsequenced, identity, 1)
+        self.metrics.published.inc()
+        if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
+            self._flush(lane)
+
+    def _publish_batch(self, identity: bytes, session: _Session, raw: memoryview) -> None:
+        try:
+            batch = B.Batch.parse(bytes(raw))
+        except B.BatchError as exc:
+            self._reject(identity, f"bad PUBLISH-BATCH: {exc.reason}")
+            return
+        if batch.first_seq != 0 or not batch.dense or batch.count == 0:
+            self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
+            return
+        if batch.nbytes > self.config.max_message_bytes + B.HEADER_SIZE + batch.count * B.RECORD_OVERHEAD:
+            self._reject(identity, f"batch of {batch.nbytes} bytes is over the limit")
+            return
+        lane = self.lanes[session.stream]
+        self._flush(lane)
+        if P.FEATURE_CONFIRM in session.features:
+            _owe(lane.unsequenced, identity, batch.count)
+        self.metrics.published.inc(batch.count)
+        self._journal(lane, batch)
+
+    def _flush(self, lane: _Lane) -> None:
+        if not lane.pending:
+            return
+        raw = B.encode(0, lane.pending)
+        lane.pending = []
+        lane.pending_bytes = 0
+        self._journal(lane, B.Batch.parse(raw, check_crc=False))
+
+    def _journal(self, lane: _Lane, batch: B.Batch) -> None:
+        """Write-ahead: the journal first, then the multicast queues."""
+        try:
+            sealed = lane.writer.append(batch)
+        except OSError as exc:
+            self._refuse_unjournaled(lane, batch.count, exc)
+            return
+        last = lane.writer.last_seq
+        first = last - batch.count + 1
+        for identity, n in lane.unsequenced:
+            lane.confirms.append((identity, first, n))
+            first += n
+        lane.unsequenced.clear()
+        self.metrics.journaled.inc(batch.count)
+        self.metrics.batch_records.observe(batch.count)
+        name = lane.stream.encode()
+        for out in self.outs:
+            out.queue.append((name, sealed, last))
+        self.metrics.multicast.inc(len(self.outs))
+
+    def _refuse_unjournaled(self, lane: _Lane, count: int, exc: OSError) -> None:
+        reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}); {count} records refused"
+        log.error("stream %s: %s", lane.stream, reason)
+        self.metrics.rejected.labels("journal").inc(count)
+        for identity, _ in lane.unsequenced:
+            self._reject(identity, reason)
+        lane.unsequenced.clear()
+
+    def _send_confirms(self, lane: _Lane) -> None:
+        """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written)."""
+        never = self.config.durability.mode == "never"
+        synced = lane.writer.last_seq if never else lane.writer.synced_seq
+        while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
+            identity, first, n = lane.confirms.popleft()
+            self._reply(identity, P.PublishOk(first, n))
+
+    # --- plain PUB ingest -----------------------------------------------------------------------------
+
+    def _drain_xsub(self, limit: int = 4096) -> None:
+        assert self.xsub is not None
+        for _ in range(limit):
+            try:
+                frames = self.xsub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2 or len(frames[0]) > P.MAX_STRING:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            key, body = frames
+            try:
+                key.decode()
+            except UnicodeDecodeError:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            if len(body) > self.config.max_message_bytes:
+                self.metrics.rejected.labels("oversize").inc()
+                continue
+            self._publish(None, None, key, body)
+
+    # --- replies --------------------------------------------------------------------------------------
+
+    def _reply(self, identity: bytes, cmd: P.Command) -> None:
+        self.router.send_multipart((identity, P.encode(cmd)))
+
+    def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True) -> None:
+        self.metrics.rejected.labels("invalid").inc()
+        log.debug("INVALID to %s: %s", identity.hex() if identity else "-", reason)
+        if identity is not None and reply:
+            self.router.send_multipart((identity, P.invalid(reason)))
+
+    def close(self) -> None:
+        """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
+        for lane in self.lanes.values():
+            self._flush(lane)
+        deadline = time.monotonic() + 2.0
+        while any(o.queue for o in self.outs) and time.monotonic() < deadline:
+            time.sleep(max(o.pump() for o in self.outs) or 0.0)
+        for lane in self.lanes.values():
+            lane.writer.close()
+            self._send_confirms(lane)
+        self.router.close()
+        if self.xsub is not None:
+            self.xsub.close()
+        for out in self.outs:
+            out.sock.close()
+        self.metrics.close()
+
+
+def _owe(owed: list[tuple[bytes, int]], identity: bytes, n: int) -> None:
+    """Add n records to what `identity` is owed, merging with its last entry when it is the same publisher."""
+    if owed and owed[-1][0] == identity:
+        owed[-1] = (identity, owed[-1][1] + n)
+    else:
+        owed.append((identity, n))

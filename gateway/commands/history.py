@@ -1,0 +1,79 @@
+"""`zeps history`: print a stream's journaled records as JSON lines, from the replay sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from datetime import UTC, datetime
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "history",
+        help="print journaled records as JSON lines (from the replay sidecar)",
+        description='Prints {"seq", "ts_ns", "key", "body_b64"} per record, one JSON object a line, and '
+        "exits at --to or at the journal's head as it was when the request was served (the server ends the "
+        "request there), whichever comes first. ts_ns is the record's publish time.",
+    )
+    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
+    p.add_argument("--stream", required=True)
+    p.add_argument(
+        "--from",
+        dest="start",
+        default="0",
+        help="first sequence, or an ISO-8601 time (journal time; UTC unless it has a zone) (default: the first "
+        "retained record)",
+    )
+    p.add_argument("--to", type=int, help="last sequence (default: the head)")
+    p.add_argument("--topic", default="", help="only keys starting with this prefix")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
+    p.set_defaults(handler=_run)
+
+
+def parse_start(text: str) -> tuple[int, int | None]:
+    """--from as (first sequence, since_ns): a sequence number, or an ISO-8601 time."""
+    if text.isdigit():
+        return int(text), None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--from {text!r} is neither a sequence number nor an ISO-8601 time (e.g. 2024-05-01T09:30:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
+    return 0, (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gateway.replay_client import MAX_SEQ, ReplayError, history
+
+    try:
+        first, since_ns = parse_start(args.start)
+    except ValueError as exc:
+        print(f"zeps history: {exc}", file=sys.stderr)
+        return 2
+    out = sys.stdout
+    try:
+        for rec in history(
+            args.replay,
+            args.stream,
+            first=first,
+            since_ns=since_ns,
+            last=MAX_SEQ if args.to is None else args.to,
+            pattern=args.topic,
+            timeout=args.timeout,
+        ):
+            body = base64.b64encode(rec.body).decode()
+            line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": body}
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+    except ReplayError as exc:
+        print(f"zeps history: {exc.reason}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    out.flush()
+    return 0

@@ -1,0 +1,43 @@
+"""The journal: per-stream append-only segment files of record batches, exactly as they were multicast.
+
+The gateway appends through the stream's one JournalWriter (which assigns sequences and journal time, and
+fsyncs per its Durability); the replay sidecar reads through JournalReader cursors in another process,
+following the tail without locks. inspect_root / verify_root back `zeps journal inspect|verify`.
+See docs/journal.md for the on-disk format and the rules.
+"""
+
+from gateway.journal.layout import JournalCorrupt, JournalError, JournalLocked, NotAJournal, Trimmed
+from gateway.journal.reader import Cursor, JournalReader
+from gateway.journal.tools import (
+    Finding,
+    StreamInfo,
+    VerifyReport,
+    inspect_root,
+    iso_utc,
+    journal_streams,
+    truncate_at,
+    verify_root,
+)
+from gateway.journal.writer import Durability, JournalWriter, RecoveryReport, Retention
+
+__all__ = [
+    "Cursor",
+    "Durability",
+    "Finding",
+    "JournalCorrupt",
+    "JournalError",
+    "JournalLocked",
+    "JournalReader",
+    "JournalWriter",
+    "NotAJournal",
+    "RecoveryReport",
+    "Retention",
+    "StreamInfo",
+    "Trimmed",
+    "VerifyReport",
+    "inspect_root",
+    "iso_utc",
+    "journal_streams",
+    "truncate_at",
+    "verify_root",
+]

@@ -1,0 +1,371 @@
+"""The replay sidecar: serves the journal over ZEPS on a ROUTER socket, apart from the gateway's real-time path.
+
+It is a separate process that only reads the journal files the gateway writes, so replay load (disk reads,
+slow clients, a thousand late joiners at 9:00) never slows sequencing or multicast. One thread, one loop:
+
+    drain commands (bounded) -> each client in turn: at most `frames_per_turn` frames and `reads_per_turn`
+    journal reads -> timers: tail polls, pings, idle timeouts
+
+Clients are Sessions (gateway.replay_session, sans-IO); this module owns the socket, the timers and the
+metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY, so a full pipe raises
+EAGAIN, which means "this client is slow": it gets nothing more this turn and no one else waits for it.
+A client at the journal's end is switched to the live tail. While any such client has credit, each stream
+it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
+segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+from prometheus_client import Counter, Gauge
+
+from gateway import protocol as P
+from gateway.journal import JournalError, JournalReader, NotAJournal
+from gateway.journal.layout import list_segments, seg_path
+from gateway.metrics import Metrics
+from gateway.replay_session import Session
+
+log = logging.getLogger(__name__)
+
+_MAX_WAIT_S = 0.1  # longest poll: keeps stop() and signals prompt
+_FULL_WAKE_S = 1.0  # every tailing cursor reads at least this often, whatever the change check said
+_ID_FLAGS = int(zmq.NOBLOCK | zmq.SNDMORE)  # plain ints: flag arithmetic on enums costs per record
+_NOBLOCK = int(zmq.NOBLOCK)
+
+
+@dataclass
+class ReplayConfig:
+    """Everything `zeps replay` can be told."""
+
+    journal: Path
+    bind: str
+    metrics: str | None = None
+    client_timeout: float = 30.0  # drop a client silent this long; PING it after a third of it
+    tail_poll_ms: float = 5.0
+    sndhwm: int = 256  # frames queued per client in ZeroMQ before a send counts as "client slow"
+    max_clients: int = 256
+    max_fetches: int = 16  # outstanding FETCHes per client
+    frames_per_turn: int = 256
+    reads_per_turn: int = 8
+    max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
+
+    def __post_init__(self) -> None:
+        self.journal = Path(self.journal)
+        if not self.journal.is_dir():
+            raise ValueError(f"journal root {self.journal} is not a directory: pass the gateway's --journal DIR")
+        if self.client_timeout <= 0 or self.tail_poll_ms <= 0:
+            raise ValueError("client timeout and tail poll interval must be positive")
+        if min(self.sndhwm, self.max_clients, self.max_fetches, self.frames_per_turn, self.reads_per_turn) < 1:
+            raise ValueError("sndhwm, max_clients, max_fetches, frames_per_turn and reads_per_turn must be >= 1")
+
+
+class ReplayMetrics(Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.sessions = Gauge("zeps_replay_sessions", "Attached replay clients", registry=r)
+        self.served_bytes = Counter("zeps_replay_served_bytes", "Bytes of DELIVER and DELIVER-BATCH sent", registry=r)
+        self.served_records = Counter("zeps_replay_served_records", "Records sent to clients", registry=r)
+        self.credit_stalls = Counter(
+            "zeps_replay_credit_stalls", "Times a client ran out of credit with more to send", registry=r
+        )
+        self.send_stalls = Counter("zeps_replay_send_stalls", "Sends refused by a full pipe (slow client)", registry=r)
+        self.invalid = Counter("zeps_replay_invalid_frames", "Frames refused or dropped", ["kind"], registry=r)
+        self.ended = Counter("zeps_replay_sessions_ended", "Sessions ended, by reason", ["reason"], registry=r)
+
+
+class _TailWatch:
+    """Whether a stream may have grown since the last look, for the price of two stats.
+
+    The newest segment's size changes with every append (one write() per batch); the directory's mtime
+    changes when a segment is created or deleted, and only then is the directory listed again.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._mtime = -1
+        self._newest: Path | None = None
+        self._stamp: tuple[int, int] | None = None
+
+    def changed(self) -> bool:
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+            if mtime != self._mtime or self._newest is None:
+                self._mtime = mtime
+                segments = list_segments(self.directory)
+                self._newest = seg_path(self.directory, segments[-1]) if segments else None
+            stamp = (mtime, os.stat(self._newest).st_size if self._newest else 0)
+        except OSError:  # a segment deleted between listing and stat, or the stream removed: look again
+            self._newest, stamp = None, None
+        changed = stamp is None or stamp != self._stamp
+        self._stamp = stamp
+        return changed
+
+
+class ReplayServer:
+    """Serves every stream under `config.journal` (streams created later included) to ZEPS clients."""
+
+    def __init__(self, config: ReplayConfig, *, ctx: zmq.Context | None = None) -> None:
+        self.config = config
+        self.metrics = ReplayMetrics()
+        self.sessions: dict[bytes, Session] = {}
+        self.router = (ctx or zmq.Context.instance()).socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full pipe -> EAGAIN (slow client), gone -> EHOSTUNREACH
+        self.router.setsockopt(zmq.SNDHWM, config.sndhwm)
+        self.router.setsockopt(zmq.LINGER, 500)
+        self.router.bind(config.bind)
+        self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        if config.metrics:
+            self.metrics.serve(config.metrics)
+        self._ping_after = config.client_timeout / 3
+        self._next_tail = 0.0
+        self._next_full_wake = 0.0
+        self._tails: dict[str, _TailWatch] = {}
+        self._next_idle = 0.0
+        self._turn = 0
+        self._blocked: set[bytes] = set()  # clients whose pipe was full this turn
+        self._stopping = False
+        log.info("replay: serving %s at %s", config.journal, self.endpoint)
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `until()` is true or stop() is called; then tell clients and close."""
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        try:
+            while not (self._stopping or until()):
+                wait = self._on_timers(time.monotonic())
+                if any(s.ready and s.identity not in self._blocked for s in self.sessions.values()):
+                    wait = 0.0
+                elif self._blocked:
+                    wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
+                if poller.poll(math.ceil(wait * 1000)):  # rounded up: a 0 ms poll before a timer would spin
+                    self._drain()
+                self._serve()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _on_timers(self, now: float) -> float:
+        """Wake tailing clients, ping idle ones, drop silent ones; return seconds to the next timer."""
+        if now >= self._next_tail:
+            self._next_tail = now + self.config.tail_poll_ms / 1000
+            self._wake_tails(now)
+        if now >= self._next_idle:
+            self._next_idle = now + min(1.0, self._ping_after / 2)
+            for s in list(self.sessions.values()):
+                silent = now - s.last_heard
+                if silent > self.config.client_timeout:
+                    log.info("replay: %s silent for %.1f s, dropped", s, silent)
+                    self._end(s, "timeout", notify=True)
+                elif now - max(s.last_heard, s.pinged_at) > self._ping_after:
+                    s.ping(now)
+        deadline = min(self._next_idle, now + _MAX_WAIT_S)
+        if any(s.tailing for s in self.sessions.values()):
+            deadline = min(deadline, self._next_tail)
+        return max(0.0, deadline - now)
+
+    def _wake_tails(self, now: float) -> None:
+        """Let the cursors at the tail read again, on streams that changed (on all of them once a second)."""
+        waiting: dict[str, list[Session]] = {}
+        for s in self.sessions.values():
+            if s.at_tail:
+                waiting.setdefault(s.stream, []).append(s)
+        if not any(s.tailing for group in waiting.values() for s in group):
+            return  # nobody could take a record: look when credit comes
+        full = now >= self._next_full_wake
+        if full:
+            self._next_full_wake = now + _FULL_WAKE_S
+        for stream, group in waiting.items():
+            watch = self._tails.get(stream)
+            if watch is None:
+                watch = self._tails[stream] = _TailWatch(self.config.journal / stream)
+            if watch.changed() or full:
+                for s in group:
+                    s.wake()
+
+    # --- input ----------------------------------------------------------------------------------------
+
+    def _drain(self, limit: int = 1024) -> None:
+        now = time.monotonic()
+        for _ in range(limit):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = frames[0], frames[1:]
+            if not body or not P.is_zeps(body[0]):
+                self.metrics.invalid.labels("no-signature").inc()
+                continue
+            if len(body) != 1:
+                self._invalid(identity, f"expected one command per message, got {len(body)} frames", "frames")
+                continue
+            try:
+                cmd = P.decode(body[0])
+            except P.ProtocolError as exc:
+                self._invalid(identity, exc.reason, "decode")
+                continue
+            self._on_command(identity, cmd, now)
+
+    def _on_command(self, identity: bytes, cmd: P.Command, now: float) -> None:
+        session = self.sessions.get(identity)
+        match cmd:
+            case P.Attach(version=version, stream=stream):
+                self._attach(identity, version, stream, now)
+            case P.Detach() if session is not None:
+                self._end(session, "detach")
+                self._send_now(identity, P.encode(P.DetachOk()))
+            case P.Ping() if session is None:
+                self._send_now(identity, P.encode(P.PingOk()))
+            case _ if session is None:
+                self._invalid(identity, f"{cmd.NAME} before ATTACH: send ATTACH with a stream name first", "state")
+            case _:
+                try:
+                    accepted = session.handle(cmd, now)
+                except Exception as exc:  # the journal, asked for a position, may fail: this session only
+                    self._fail(session, exc)
+                    return
+                if not accepted:
+                    self.metrics.invalid.labels("command").inc()
+                self._answer(session)
+
+    def _attach(self, identity: bytes, version: int, stream: str, now: float) -> None:
+        if version != P.VERSION:
+            self._invalid(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}", "attach")
+            return
+        reader = self._reader(identity, stream)
+        if reader is None:
+            return
+        old = self.sessions.pop(identity, None)
+        if old is not None:
+            old.close()  # a second ATTACH starts over
+        elif len(self.sessions) >= self.config.max_clients:
+            self._invalid(identity, f"too many clients (max {self.config.max_clients}); retry later", "attach")
+            return
+        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now)
+        self.sessions[identity] = session
+        self.metrics.sessions.set(len(self.sessions))
+        log.debug("replay: %s attached", session)
+
+    def _reader(self, identity: bytes, stream: str) -> JournalReader | None:
+        """The stream's reader, looked up at every ATTACH so that streams created after start are found."""
+        try:
+            P.validate_stream_name(stream)
+            return JournalReader(self.config.journal, stream)
+        except (P.ProtocolError, ValueError, NotAJournal):
+            pass
+        have = sorted(p.name for p in self.config.journal.iterdir() if p.is_dir())
+        shown = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "") if have else "none yet"
+        reason = f"unknown stream {stream!r}; streams here: {shown} (a stream appears when the gateway opens it)"
+        self._invalid(identity, reason, "attach")
+        return None
+
+    # --- output ---------------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """One turn: every ready client in round-robin order, each bounded in frames and journal reads."""
+        order = list(self.sessions.values())
+        if not order:
+            self._blocked.clear()
+            return
+        self._turn = (self._turn + 1) % len(order)
+        self._blocked.clear()
+        for s in order[self._turn :] + order[: self._turn]:
+            if s.identity in self.sessions and s.ready:
+                self._serve_one(s)
+
+    def _serve_one(self, s: Session) -> None:
+        s.begin_turn(self.config.reads_per_turn)
+        nbytes = records = stalls = 0
+        for _ in range(self.config.frames_per_turn):
+            try:
+                frame = s.peek()
+            except Exception as exc:  # a broken journal or a bug ends this session only
+                self._fail(s, exc)
+                break
+            if frame is None or not self._send(s, frame):
+                break
+            sent = s.pop()
+            nbytes += sent.data_bytes
+            records += sent.records
+            stalls += sent.credit_stall
+        if nbytes:  # once per turn, not per record: a metric update costs as much as a send
+            self.metrics.served_bytes.inc(nbytes)
+            self.metrics.served_records.inc(records)
+            self.metrics.credit_stalls.inc(stalls)
+
+    def _send(self, s: Session, frame: bytes) -> bool:
+        """Send without blocking; False if the client's pipe is full (slow client) or the client is gone."""
+        try:
+            # A full pipe refuses the identity part already (ROUTER_MANDATORY), so nothing half-sent remains.
+            self.router.send(s.identity, _ID_FLAGS)
+            self.router.send(frame, _NOBLOCK)
+            return True
+        except zmq.Again:
+            self.metrics.send_stalls.inc()
+            self._blocked.add(s.identity)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            self._end(s, "disconnected")
+        return False
+
+    def _answer(self, s: Session) -> None:
+        """Send answers to commands at once, so that they queue only while the client's pipe is full; a client
+        that lets `max_replies` of them pile up sends commands but reads nothing, and is dropped."""
+        while s.replies and self._send(s, s.replies[0]):
+            s.pop()
+        if len(s.replies) > self.config.max_replies:
+            log.warning("replay: %s sends commands but reads no answers; dropped", s)
+            self._end(s, "not-reading")
+
+    def _fail(self, s: Session, exc: Exception) -> None:
+        if isinstance(exc, JournalError):
+            log.error("replay: %s: %s", s, exc)
+        else:
+            log.exception("replay: %s failed", s)
+        self._end(s, "error")
+        self._send_now(s.identity, P.invalid(f"replay failed: {exc}"))
+
+    def _invalid(self, identity: bytes, reason: str, kind: str) -> None:
+        self.metrics.invalid.labels(kind).inc()
+        session = self.sessions.get(identity)
+        if session is None:
+            self._send_now(identity, P.invalid(reason))
+        else:
+            session.replies.append(P.invalid(reason))
+            self._answer(session)
+
+    def _send_now(self, identity: bytes, frame: bytes) -> None:
+        """Best effort, for clients without a session: there is nowhere to queue, and nothing is owed."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.router.send_multipart((identity, frame), zmq.NOBLOCK)
+
+    def _end(self, s: Session, reason: str, *, notify: bool = False) -> None:
+        if self.sessions.pop(s.identity, None) is None:
+            return
+        s.close()
+        self.metrics.ended.labels(reason).inc()
+        self.metrics.sessions.set(len(self.sessions))
+        if notify:
+            self._send_now(s.identity, P.encode(P.Detach()))
+
+    def close(self) -> None:
+        """Tell every client the server is going (DETACH), then close the socket and the metrics endpoint."""
+        for s in list(self.sessions.values()):
+            self._end(s, "shutdown", notify=True)
+        self.router.close()
+        self.metrics.close()
