@@ -36,6 +36,10 @@ log = logging.getLogger(__name__)
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
 
 
+class ConfigError(ValueError):
+    """Settings that cannot work together; the message says which and how to fix them."""
+
+
 @dataclass
 class GatewayConfig:
     """Everything `zeps gateway` can be told; the CLI and the TOML config file fill the same fields."""
@@ -61,11 +65,11 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         if not self.streams:
-            raise ValueError("name at least one stream (--stream NAME)")
+            raise ConfigError("name at least one stream (--stream NAME)")
         for name in self.streams:
             P.validate_stream_name(name)
         if self.ingest_pub and len(self.streams) != 1:
-            raise ValueError("--ingest-pub carries no stream name: use it with exactly one --stream")
+            raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
 
 
 @dataclass

@@ -14,13 +14,14 @@ from gateway.commands import MODULES
 
 def _user_errors() -> tuple[type[Exception], ...]:
     from gateway.batch import BatchError
+    from gateway.broker import ConfigError
     from gateway.journal import JournalError
     from gateway.mcast import McastError
     from gateway.protocol import ProtocolError
     from gateway.publisher import PublishError
     from gateway.replay_client import ReplayError
 
-    return (BatchError, JournalError, McastError, ProtocolError, PublishError, ReplayError, OSError)
+    return (BatchError, ConfigError, JournalError, McastError, ProtocolError, PublishError, ReplayError, OSError)
 
 
 def build_parser() -> argparse.ArgumentParser:
