@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from feedlab import WAIT_S, Deployment, expected, publish, subscribe
+from feedlab import WAIT_S, deploy, expected, publish, subscribe
 
+from gateway.deployment import Deployment
 from netlab.procs import MP
 
 pytestmark = pytest.mark.lab
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.lab
 def deployment(make_lab, tmp_path: Path, request):
     feeds = getattr(request, "param", 1)
     lab = make_lab(["pub", "gw", "sub"])
-    dep = Deployment(lab, tmp_path, feeds=feeds)
+    dep = deploy(lab, tmp_path, feeds)
     yield dep
     assert not dep.close()
 
