@@ -1,7 +1,10 @@
 """netlab: throw-away LANs of network namespaces (or Docker containers) for multicast tests and demos."""
 
+from netlab import impair, packets
+from netlab.impair import Impairment, LinkCounters
 from netlab.lab import GROUP_NET, HOST_IFNAME, LAB_NET, PREFIX, Host, Lab, LabError, down_all
 from netlab.ns import interface_ipv4
+from netlab.packets import Capture, Flow, Probe
 from netlab.procs import MP, HostError, HostProcess, RemoteTraceback
 
 __all__ = [
@@ -10,12 +13,19 @@ __all__ = [
     "LAB_NET",
     "MP",
     "PREFIX",
+    "Capture",
+    "Flow",
     "Host",
     "HostError",
     "HostProcess",
+    "Impairment",
     "Lab",
     "LabError",
+    "LinkCounters",
+    "Probe",
     "RemoteTraceback",
     "down_all",
+    "impair",
     "interface_ipv4",
+    "packets",
 ]

@@ -9,13 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from netlab import impair as impair_mod
 from netlab import lab as lab_mod
-from netlab import state
+from netlab import packets, state
 from netlab.lab import Lab, LabError, down_all
 
 
@@ -45,6 +47,46 @@ def resolve_host(spec: str, records: Sequence[dict[str, Any]]) -> tuple[str, str
     raise LabError(f"host {host!r} exists in several labs ({labs}): say which, e.g. {matches[0][0]}/{host}")
 
 
+_UNITS = {
+    "time": {"us": 0.001, "ms": 1.0, "s": 1000.0},
+    "rate": {"kbit": 1, "mbit": 1000, "gbit": 1_000_000},
+}
+
+
+def _quantity(kind: str, default_unit: str) -> Any:
+    """argparse type for ``2ms`` / ``500us`` (-> ms) or ``10mbit`` / ``64kbit`` (-> kbit); a bare number means
+    ``default_unit``."""
+    units = _UNITS[kind]
+
+    def parse(text: str) -> float:
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+)([a-z]*)", text.strip().lower())
+        if not m or (m.group(2) or default_unit) not in units:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number with one of {', '.join(units)}")
+        return float(m.group(1)) * units[m.group(2) or default_unit]
+
+    return parse
+
+
+def _percent(text: str) -> float:
+    """argparse type for ``5%`` or ``5``."""
+    try:
+        return float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage such as 5%") from None
+
+
+def _group_port(text: str) -> tuple[str, int]:
+    group, _, port = text.rpartition(":")
+    if not group or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give GROUP:PORT, e.g. 239.192.7.1:5555")
+    return group, int(port)
+
+
+def _load_host(spec: str) -> tuple[Lab, str]:
+    lab_name, host = resolve_host(spec, state.load_all())
+    return Lab.load(lab_name), host
+
+
 def _owner_text(record: dict[str, Any]) -> str:
     owner = record.get("owner")
     if owner is None:
@@ -57,8 +99,14 @@ def _print_lab(record: dict[str, Any]) -> None:
         f"{record['name']}  id {record['id']}  subnet {record['subnet']}  bridge {record['bridge']}"
         f"  owner {_owner_text(record)}"
     )
+    lab = Lab.load(record["id"])
     for h in record["hosts"]:
-        print(f"  {h['name']:<12} {h['ip']:<15} netns {h['netns']:<20} if {h['ifname']}")
+        line = f"  {h['name']:<12} {h['ip']:<15} netns {h['netns']:<20} if {h['ifname']}"
+        try:
+            impaired = impair_mod.summary(lab, h["name"])
+        except (LabError, OSError) as exc:  # a half-removed lab: status must still list it
+            impaired = f"impairments unreadable: {exc}"
+        print(f"{line}  [{impaired}]" if impaired else line)
 
 
 def _only_lab() -> str:
@@ -105,6 +153,79 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 128 - code if code < 0 else code
 
 
+def cmd_impair(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    fields = {
+        "loss_pct": args.loss,
+        "loss_burst": args.burst,
+        "delay_ms": args.delay,
+        "jitter_ms": args.jitter,
+        "reorder_pct": args.reorder,
+        "duplicate_pct": args.duplicate,
+        "rate_kbit": None if args.rate is None else max(1, round(args.rate)),
+    }
+    given = {k: v for k, v in fields.items() if v is not None}
+    if args.clear and given:
+        raise LabError("--clear removes every impairment; give it alone (with --dir at most)")
+    if args.clear:
+        impair_mod.clear(lab, host, args.dir or "both")
+    elif given:
+        impair_mod.impair(lab, host, impair_mod.Impairment(**given), args.dir or "in")
+    for direction in impair_mod.DIRECTIONS:
+        imp = impair_mod.current(lab, host, direction)
+        print(f"{args.host} {direction}: {imp.describe() if imp else 'none'}")
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    impair_mod.drop_next(lab, host, args.count, udp_port=args.udp_port, direction=args.dir)
+    what = f"UDP packets to port {args.udp_port}" if args.udp_port else "packets"
+    print(f"{args.host}: the next {args.count} {what} ({args.dir}) will be dropped")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    impair_mod.partition(lab, host)
+    print(f"{args.host} is cut off (netlab heal {args.host} to undo)")
+    return 0
+
+
+def cmd_heal(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    impair_mod.heal(lab, host)
+    print(f"{args.host} is back on the LAN")
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    sniffer = packets.start_sniff(lab, host, seconds=args.seconds, count=args.count, bpf=args.filter, pcap=args.out)
+    print(f"capturing on {args.host} for up to {args.seconds:g} s (Ctrl-C stops)", file=sys.stderr)
+    try:
+        capture = sniffer.result(args.seconds + 30)
+    except KeyboardInterrupt:
+        sniffer.stop()
+        capture = sniffer.result(30)
+    print(f"{capture.packets} frames in {capture.seconds:g} s" + (f", written to {args.out}" if args.out else ""))
+    for f in capture.flows:
+        ports = f" {f.sport} -> {f.dport}" if f.proto == 17 else ""
+        print(f"  {f.source} -> {f.group} proto {f.proto}{ports}: {f.packets} packets, {f.bytes} bytes")
+    return 0
+
+
+def cmd_inject(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    group, port = args.target
+    src, _, sport = (args.src or "").partition(":")
+    sent = packets.inject(
+        lab, host, group, port, count=args.count, size=args.size, src=src or None, sport=int(sport or 0), pps=args.pps
+    )
+    print(f"sent {sent} datagrams to {group}:{port} from {args.host}")
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     if args.all and args.name:
         raise LabError("give a lab NAME or --all, not both")
@@ -146,6 +267,57 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument("--all", action="store_true", help="every netlab lab except those of running programs")
     down.add_argument("--force", action="store_true", help="with --all: also labs of running programs")
     down.set_defaults(func=cmd_down)
+
+    host_help = "LAB/HOST, or HOST when only one lab has that host"
+    dir_help = "in: what the host receives (its bridge-side veth), out: what it sends, both"
+    imp = sub.add_parser(
+        "impair",
+        help="set, change, show or clear impairments of a host's link",
+        description="Replaces the host's impairment in that direction; with no options, shows it.",
+    )
+    imp.add_argument("host", metavar="HOST", help=host_help)
+    imp.add_argument("--loss", type=_percent, help="random loss, e.g. 5%%")
+    imp.add_argument("--burst", type=float, help="with --loss: mean burst length in packets (Gilbert model)")
+    imp.add_argument("--delay", type=_quantity("time", "ms"), help="e.g. 20ms")
+    imp.add_argument("--jitter", type=_quantity("time", "ms"), help="uniform +- this, e.g. 2ms")
+    imp.add_argument("--reorder", type=_percent, help="share of packets that skip the delay, e.g. 1%%")
+    imp.add_argument("--duplicate", type=_percent, help="e.g. 1%%")
+    imp.add_argument("--rate", type=_quantity("rate", "kbit"), help="e.g. 10mbit, 512kbit")
+    imp.add_argument("--dir", choices=["in", "out", "both"], help=f"{dir_help} (default: in; --clear: both)")
+    imp.add_argument("--clear", action="store_true", help="remove all impairments, partition included")
+    imp.set_defaults(func=cmd_impair)
+
+    drop = sub.add_parser("drop", help="drop exactly the next N packets on a host's link")
+    drop.add_argument("host", metavar="HOST", help=host_help)
+    drop.add_argument("count", type=int, metavar="N")
+    drop.add_argument("--udp-port", type=int, help="count only UDP datagrams to this port")
+    drop.add_argument("--dir", choices=["in", "out", "both"], default="in", help=dir_help)
+    drop.set_defaults(func=cmd_drop)
+
+    part = sub.add_parser("partition", help="drop all traffic to and from a host (netlab heal undoes it)")
+    part.add_argument("host", metavar="HOST", help=host_help)
+    part.set_defaults(func=cmd_partition)
+
+    heal = sub.add_parser("heal", help="undo netlab partition")
+    heal.add_argument("host", metavar="HOST", help=host_help)
+    heal.set_defaults(func=cmd_heal)
+
+    cap = sub.add_parser("capture", help="capture on a host's interface: multicast summary and a pcap file")
+    cap.add_argument("host", metavar="HOST", help=host_help)
+    cap.add_argument("--out", metavar="FILE.pcap", help="write the frames here")
+    cap.add_argument("--seconds", type=float, default=10.0, help="stop after this long (default 10)")
+    cap.add_argument("--count", type=int, default=0, help="stop after this many frames")
+    cap.add_argument("--filter", metavar="BPF", help="capture filter, e.g. 'udp port 5555'")
+    cap.set_defaults(func=cmd_capture)
+
+    inj = sub.add_parser("inject", help="send junk UDP datagrams to a multicast group from a host")
+    inj.add_argument("host", metavar="HOST", help=host_help)
+    inj.add_argument("target", type=_group_port, metavar="GROUP:PORT")
+    inj.add_argument("--count", type=int, default=10)
+    inj.add_argument("--size", type=int, default=64, help="payload bytes (default 64)")
+    inj.add_argument("--src", metavar="IP[:PORT]", help="forged source, e.g. the real publisher's")
+    inj.add_argument("--pps", type=float, default=1000.0, help="datagrams per second (default 1000)")
+    inj.set_defaults(func=cmd_inject)
     return parser
 
 
