@@ -44,7 +44,9 @@ def test_late_joiner_catches_up_on_100k_records_then_merges_with_live(deployment
     assert lab.run("pub", publish, deployment.ingest, 100_000, 30_000, 20_000.0, timeout=WAIT_S) == 130_000
     result = sub.result(timeout=WAIT_S)
     check(result, 1, 130_000)
-    assert result["sources"].get("replay", 0) >= 100_000
+    # History came from the journal; OpenPGM may also serve a late joiner part of it from the sender's
+    # transmit window (RATE x RECOVERY_IVL), so the split varies: only both sources being used is certain.
+    assert result["sources"].get("replay", 0) > 0, result["sources"]
     assert result["sources"].get("live:A", 0) > 0, result["sources"]  # it did switch to live
     assert result["state"] == "MERGED"
 
