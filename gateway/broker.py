@@ -7,7 +7,7 @@ count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced
 *before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
 
 Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
-that does not parse is counted. When multicast output falls behind (NORM pacing, a slow link), the gateway
+that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), the gateway
 stops reading publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them.
 """
 
@@ -28,8 +28,9 @@ import zmq
 from gateway import batch as B
 from gateway import protocol as P
 from gateway.journal import Durability, JournalWriter, Retention
-from gateway.mcast import Endpoint, Heartbeat, Pacer, Tuning, open_pub
+from gateway.mcast import Endpoint, Heartbeat, Tuning, open_pub
 from gateway.metrics import GatewayMetrics
+from gateway.norm import NormSender
 
 log = logging.getLogger(__name__)
 
@@ -97,30 +98,33 @@ class _Lane:
 
 
 class _Out:
-    """One multicast endpoint: its PUB socket, a bounded queue, its pacing, and the last sequence sent."""
+    """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
 
-    def __init__(self, sock: zmq.Socket, endpoint: Endpoint, pacer: Pacer | None) -> None:
+    Both transports limit their own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate) and answer zmq.Again
+    when full: the batch then stays queued, and a long queue stops the gateway reading publishers (`run`).
+    """
+
+    RETRY_S = 0.001  # how soon a full transport is tried again
+
+    def __init__(self, sock: zmq.Socket | NormSender, endpoint: Endpoint) -> None:
         self.sock = sock
         self.endpoint = endpoint
-        self.pacer = pacer
         self.queue: deque[tuple[bytes, bytes, int]] = deque()  # (stream, batch, last_seq)
         self.sent_head: dict[str, int] = {}
 
     def pump(self) -> float:
-        """Send what pacing allows; return seconds until the next send is allowed (0 when idle)."""
+        """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
         while self.queue:
             stream, data, last = self.queue[0]
-            if self.pacer is not None:
-                wait = self.pacer.delay(len(data))
-                if wait > 0:
-                    return wait
-                self.pacer.spend(len(data))
             try:
                 self.sock.send_multipart((stream, data), zmq.NOBLOCK, copy=len(data) < 8192)
             except zmq.Again:
-                return 0.001  # the transport is at its rate: keep the batch, try again shortly
+                return self.RETRY_S
             self.queue.popleft()
             self.sent_head[stream.decode()] = last
+        # NORM takes part of a message that does not fit and the rest only when asked again.
+        if isinstance(self.sock, NormSender) and not self.sock.drain():
+            return self.RETRY_S
         return 0.0
 
 
@@ -158,8 +162,7 @@ class Gateway:
         self.outs: list[_Out] = []
         for text in config.multicast:
             endpoint = Endpoint.parse(text)
-            pacer = Pacer(config.tuning.rate_kbps) if endpoint.transport == "norm" else None
-            out = _Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, pacer)
+            out = _Out(open_pub(self.ctx, endpoint, config.tuning), endpoint)
             # What earlier runs journaled counts as sent: subscribers fetch it from replay.
             out.sent_head = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
             self.outs.append(out)

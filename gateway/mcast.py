@@ -1,4 +1,4 @@
-"""Real-time multicast out and in: endpoints, socket tuning, frames, heartbeats and NORM pacing.
+"""Real-time multicast out and in: endpoints, socket tuning, frames and heartbeats.
 
 Every multicast message has two frames: the stream name, then a payload. The name comes first so that a SUB
 can select streams by prefix on a shared group (ZeroMQ filters on the first frame; readers then check the
@@ -9,13 +9,14 @@ finds the replay sidecar from the multicast alone.
 With PGM and NORM the publisher cannot see subscriptions (seed 001): filtering happens at the SUB side, and
 subscribers subscribe to whole streams so that they see every sequence (exact gap detection).
 
-Traps measured on this platform (docs/tuning.md):
+Traps measured on this platform (docs/gateway.md, docs/norm.md):
 - OpenPGM resolves interface names through the resolver and fails inside namespaces: endpoints are built
   with the interface's IPv4 address (`resolve`).
 - ZMQ_RATE (kbit/s) defaults to 100 and the PGM receive window derives from RATE and RECOVERY_IVL on the SUB
   side too: both are set on both sides.
-- libzmq 4.3.4's NORM ignores RATE and its sender stalls for good once a burst fills its buffer: NORM output
-  is paced by the gateway itself (`Pacer`).
+- libzmq 4.3.4's norm:// engine cannot carry batches (a frame over 2,038 bytes hangs its sender for good,
+  bursts stall it, a receiver aborts on loss): norm:// endpoints are served by `gateway.norm`, which drives
+  libnorm directly at a fixed rate with backpressure, on the same wire framing as libzmq.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
-import time
 from dataclasses import dataclass
 
 import zmq
 
 from gateway.batch import MAGIC as BATCH_MAGIC
 from gateway.batch import Batch, BatchError
+from gateway.norm import NormReceiver, NormSender, NormSettings
 
 HEARTBEAT_MAGIC = b"ZH"
 _HEARTBEAT = struct.Struct("<2sBBIQQ")
@@ -62,9 +63,7 @@ class Endpoint:
             addr = ipaddress.IPv4Address(group)
             port_no = int(port)
         except ValueError as exc:
-            raise McastError(
-                f"{text!r}: expected GROUP:PORT with an IPv4 group, e.g. 239.192.1.1:5555"
-            ) from exc
+            raise McastError(f"{text!r}: expected GROUP:PORT with an IPv4 group, e.g. 239.192.1.1:5555") from exc
         if not addr.is_multicast:
             raise McastError(f"{text!r}: {group} is not a multicast address (224.0.0.0/4)")
         if not 0 < port_no < 65536:
@@ -101,8 +100,10 @@ def interface_address(name: str) -> str:
 class Tuning:
     """Transport settings, configured once and applied as each transport needs.
 
-    rate_kbps: PGM's ZMQ_RATE on both sides; for NORM the gateway's own pacing rate.
+    rate_kbps: PGM's ZMQ_RATE on both sides; NORM's fixed transmit rate (repairs included).
     recovery_ivl_ms: how long PGM senders keep data for NAK repair (also sizes the receive window).
+    norm_buffer_bytes: the NORM sender's stream buffer: its repair window and the most a burst may queue
+        (receivers size their buffer for that sender from it); at rate_kbps it drains in buffer*8/rate s.
     """
 
     rate_kbps: int = 100_000
@@ -112,6 +113,7 @@ class Tuning:
     hops: int = 16
     sndhwm: int = 64  # messages (batches) libzmq may hold per endpoint before senders see zmq.Again
     linger_ms: int = 2_000
+    norm_buffer_bytes: int = 8 * 1024 * 1024
 
     def apply(self, sock: zmq.Socket, endpoint: Endpoint) -> None:
         sock.setsockopt(zmq.LINGER, self.linger_ms)
@@ -122,28 +124,50 @@ class Tuning:
             sock.setsockopt(zmq.SNDBUF, self.sndbuf)
             sock.setsockopt(zmq.RCVBUF, self.rcvbuf)
 
+    def norm(self) -> NormSettings:
+        """The NORM session settings these stand for (the rest are NormSettings' measured defaults)."""
+        return NormSettings(
+            rate_kbps=self.rate_kbps,
+            buffer_bytes=self.norm_buffer_bytes,
+            socket_buffer_bytes=max(self.sndbuf, self.rcvbuf),
+            ttl=self.hops,
+        )
 
-def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket:
-    """An XPUB socket on the multicast endpoint (interface resolved to its address).
 
-    A PUB drops silently at its high-water mark; an XPUB with XPUB_NODROP raises zmq.Again instead, so a
-    sender that outruns the transport's rate keeps its data and slows down rather than losing it.
+def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket | NormSender:
+    """A sender on the multicast endpoint (interface resolved to its address).
+
+    PGM: an XPUB with XPUB_NODROP. A PUB drops silently at its high-water mark; this raises zmq.Again
+    instead, so a sender that outruns the transport's rate keeps its data and slows down rather than losing it.
+    NORM: a `NormSender` (libnorm at tuning.rate_kbps), which raises zmq.Again the same way when its stream
+    is full; `ctx` is not used.
     """
+    resolved = endpoint.resolve()
+    if endpoint.transport == "norm":
+        return NormSender(resolved.interface, resolved.group, resolved.port, tuning.norm(), tuning.linger_ms)
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_NODROP, 1)
     sock.setsockopt(zmq.SNDHWM, tuning.sndhwm)
     tuning.apply(sock, endpoint)
-    sock.connect(str(endpoint.resolve()))
+    sock.connect(str(resolved))
     return sock
 
 
-def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> zmq.Socket:
-    """A SUB socket on the multicast endpoint, subscribed to whole streams (every sequence is seen)."""
+def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> zmq.Socket | NormReceiver:
+    """A receiver on the multicast endpoint, subscribed to whole streams (every sequence is seen).
+
+    PGM: a SUB socket. NORM: a `NormReceiver`, which offers the same poll / recv_multipart / close (and a
+    fileno for zmq.Poller); `ctx` is not used.
+    """
+    resolved = endpoint.resolve()
+    if endpoint.transport == "norm":
+        names = [stream.encode() for stream in streams]
+        return NormReceiver(resolved.interface, resolved.group, resolved.port, tuning.norm(), names)
     sock = ctx.socket(zmq.SUB)
     tuning.apply(sock, endpoint)
     for stream in streams:
         sock.setsockopt(zmq.SUBSCRIBE, stream.encode())
-    sock.connect(str(endpoint.resolve()))
+    sock.connect(str(resolved))
     return sock
 
 
@@ -191,34 +215,3 @@ def parse_payload(payload: bytes | memoryview) -> Batch | Heartbeat:
     if magic == HEARTBEAT_MAGIC:
         return Heartbeat.decode(payload)
     raise McastError(f"unknown payload magic {magic!r}")
-
-
-class Pacer:
-    """A token bucket in bytes: how long to wait before `nbytes` may go out at `rate_kbps`.
-
-    NORM in libzmq 4.3.4 has no rate control of its own and stalls for good when a burst fills its buffer,
-    so the gateway spreads its output; `burst_bytes` bounds what may leave back to back.
-    """
-
-    def __init__(self, rate_kbps: int, burst_bytes: int = 256 * 1024, clock=time.monotonic) -> None:
-        if rate_kbps <= 0:
-            raise ValueError("rate_kbps must be positive")
-        self.rate = rate_kbps * 1000 / 8  # bytes per second
-        self.burst = burst_bytes
-        self.clock = clock
-        self.tokens = float(burst_bytes)
-        self.stamp = clock()
-
-    def delay(self, nbytes: int) -> float:
-        """Seconds to wait before sending `nbytes` (0.0: send now). Call `spend` when it is sent."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        return (
-            0.0
-            if self.tokens >= min(nbytes, self.burst)
-            else (min(nbytes, self.burst) - self.tokens) / self.rate
-        )
-
-    def spend(self, nbytes: int) -> None:
-        self.tokens -= nbytes

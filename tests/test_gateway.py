@@ -221,3 +221,26 @@ def test_plain_pub_publishers_through_xsub(tmp_path: Path) -> None:
     ticks = [(key, body) for _, key, body in records if key == "tick"]
     assert ticks == [("tick", b"%d" % i) for i in range(100)]
     assert not any(key == "bad" for _, key, _ in records)
+
+
+def test_metrics_endpoint_counts_published_and_rejected(tmp_path: Path) -> None:
+    import urllib.request
+
+    port = free_port()
+    gw = GatewayProcess(tmp_path, "--metrics", f"127.0.0.1:{port}")
+    try:
+        with Publisher(gw.ingest, STREAM, confirm=True) as pub:
+            for i in range(300):
+                pub.publish("k", b"%d" % i)
+            pub.flush()
+        ask(zeps_client(gw.ingest), b"\xaa\xa5\x63")  # one INVALID
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        gw.stop()
+    values = {
+        line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert values["zeps_published_records_total"] == 300
+    assert values["zeps_journaled_records_total"] == 300
+    assert values['zeps_rejected_input_total{kind="invalid"}'] == 1
+    assert values["zeps_journal_fsync_seconds_count"] >= 1

@@ -93,6 +93,8 @@ def start_gateway(lab: Lab, journal: Path, multicast: str, extra: list[str]) -> 
     ("transport", "rate", "extra"),
     [
         ("epgm", 0.0, ["--rate-kbps", "100000"]),
+        # NORM goes through libnorm at a fixed rate with backpressure (docs/norm.md): an unpaced burst is fine.
+        ("norm", 0.0, ["--rate-kbps", "100000"]),
     ],
 )
 def test_every_record_reaches_both_subscribers(make_lab, tmp_path: Path, transport, rate, extra) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway import batch as B
-from gateway.mcast import Endpoint, Heartbeat, McastError, Pacer, parse_payload
+from gateway.mcast import Endpoint, Heartbeat, McastError, parse_payload
 
 
 def test_endpoint_parse_and_format() -> None:
@@ -59,16 +59,3 @@ def test_payload_distinguishes_batches() -> None:
     assert isinstance(got, B.Batch) and got.first_seq == 3
     with pytest.raises(McastError, match="bad batch: CRC32C mismatch"):
         parse_payload(raw[:-1] + b"X")
-
-
-def test_pacer_holds_the_average_rate() -> None:
-    now = [0.0]
-    pacer = Pacer(rate_kbps=800, burst_bytes=10_000, clock=lambda: now[0])  # 100,000 bytes/s
-    sent = 0
-    for _ in range(1000):
-        wait = pacer.delay(5_000)
-        now[0] += wait
-        pacer.spend(5_000)
-        sent += 5_000
-    # 5 MB at 100 kB/s with a 10 kB head start takes 49.9 s of simulated time.
-    assert now[0] == pytest.approx((sent - 10_000) / 100_000, rel=1e-6)
