@@ -106,11 +106,11 @@ class _Out:
 
     RETRY_S = 0.001  # how soon a full transport is tried again
 
-    def __init__(self, sock: zmq.Socket | NormSender, endpoint: Endpoint) -> None:
+    def __init__(self, sock: zmq.Socket | NormSender, endpoint: Endpoint, heads: dict[str, int]) -> None:
         self.sock = sock
         self.endpoint = endpoint
         self.queue: deque[tuple[bytes, bytes, int]] = deque()  # (stream, batch, last_seq)
-        self.sent_head: dict[str, int] = {}
+        self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
 
     def pump(self) -> float:
         """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
@@ -162,10 +162,8 @@ class Gateway:
         self.outs: list[_Out] = []
         for text in config.multicast:
             endpoint = Endpoint.parse(text)
-            out = _Out(open_pub(self.ctx, endpoint, config.tuning), endpoint)
-            # What earlier runs journaled counts as sent: subscribers fetch it from replay.
-            out.sent_head = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-            self.outs.append(out)
+            heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+            self.outs.append(_Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, heads))
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0

@@ -251,9 +251,9 @@ def history(
             yield from _records_until(client, lambda event: isinstance(event, P.FetchEnd))
             return
         client.require(P.FEATURE_TIME)
-        head = _probe(client, MAX_SEQ)[0].last
+        head = probe(client, MAX_SEQ)[0].last
         stop = min(last, head)
-        if stop < 1 or (_probe(client, head)[1] or 0) < since_ns:
+        if stop < 1 or (probe(client, head)[1] or 0) < since_ns:
             return
         client.subscribe_time(pattern, since_ns)
         yield from _records_until(client, lambda event: isinstance(event, B.Batch) and event.last_seq >= stop, stop)
@@ -277,9 +277,9 @@ def _records_until(client: ReplayClient, is_end: Callable[[Event], bool], stop: 
             return
 
 
-def _probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:
-    """FETCH seq..seq: its FETCH-END (whose last is the head when seq is beyond it) and the journal time
-    of the batch holding seq (None if there is none)."""
+def probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:
+    """FETCH seq..seq: its FETCH-END (whose last is the head when seq is beyond it, so MAX_SEQ asks for the
+    head alone) and the journal time of the batch holding seq (None if there is none)."""
     rid = client.fetch(seq, seq)
     ts = None
     while (event := client.recv()) is not None:

@@ -37,7 +37,7 @@ from gateway.mcast import Endpoint, Heartbeat, McastError, Tuning, open_sub, par
 from gateway.protocol import Deliver as ZepsDeliver
 from gateway.protocol import FetchEnd
 from gateway.protocol import Trimmed as ZepsTrimmed
-from gateway.replay_client import ReplayClient, ReplayError
+from gateway.replay_client import MAX_SEQ, ReplayClient, ReplayError, probe
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,16 @@ class Received:
 
 @dataclass
 class SubscriberStats:
-    delivered: int = 0
     from_live: int = 0
     from_replay: int = 0
     losses: int = 0
     rejected_packets: int = 0
     replay_reconnects: int = 0
     states: list[str] = field(default_factory=list)
+
+    @property
+    def delivered(self) -> int:
+        return self.from_live + self.from_replay
 
     def summary(self, reconciler: R.Reconciler) -> dict[str, int]:
         s = reconciler.stats
@@ -170,6 +173,10 @@ class Subscriber:
         for i, text in enumerate(multicast):
             sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
             self.feeds[sock] = chr(ord("A") + i)
+        self._poller = zmq.Poller()
+        for sock in self.feeds:
+            self._poller.register(sock, zmq.POLLIN)
+        self._polled_replay: tuple[zmq.Socket, ...] = ()
         self.catchup: ReplayClient | None = None
         self.catchup_id: int | None = None
         self.fill: ReplayClient | None = None
@@ -256,13 +263,14 @@ class Subscriber:
 
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
-        poller = zmq.Poller()
-        for sock in self.feeds:
-            poller.register(sock, zmq.POLLIN)
-        for client in (self.catchup, self.fill):
-            if client is not None:
-                poller.register(client.sock, zmq.POLLIN)
-        ready = dict(poller.poll(int(timeout * 1000)))
+        replay = tuple(c.sock for c in (self.catchup, self.fill) if c is not None)
+        if replay != self._polled_replay:  # connections come and go; the feeds stay registered
+            for sock in self._polled_replay:
+                self._poller.unregister(sock)
+            for sock in replay:
+                self._poller.register(sock, zmq.POLLIN)
+            self._polled_replay = replay
+        ready = dict(self._poller.poll(int(timeout * 1000)))
         now = time.monotonic()
         for sock, feed in self.feeds.items():
             if sock in ready:
@@ -358,7 +366,6 @@ class Subscriber:
                 continue
             self.pending.append(Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source))
             n += 1
-        self.stats.delivered += n
         if live:
             self.stats.from_live += n
         else:
@@ -435,17 +442,4 @@ class Subscriber:
                 if isinstance(event, ZepsDeliver):
                     return event.sequence
             # Nothing journaled since then yet: start with the next record.
-            return client_head(self.replay_endpoint, self.stream, self.ctx) + 1
-
-
-def client_head(endpoint: str | None, stream: str, ctx: zmq.Context) -> int:
-    """The stream's current head, from a FETCH beyond any sequence (its FETCH-END carries the head)."""
-    assert endpoint is not None
-    with ReplayClient(endpoint, stream, ctx=ctx) as client:
-        rid = client.fetch(2**64 - 1, 2**64 - 1)
-        while True:
-            event = client.recv(5.0)
-            if event is None:
-                raise ReplayError(f"{endpoint}: no FETCH-END within 5 s")
-            if isinstance(event, FetchEnd) and event.request_id == rid:
-                return event.last
+            return probe(client, MAX_SEQ)[0].last + 1
