@@ -217,10 +217,12 @@ class Subscriber:
             self.handed = None
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.pending:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return None
-            self.poll(TICK_S if left is None else min(TICK_S, left))
+            wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
+            self.poll(max(wait, 0.0))  # timeout=0 still takes in what has arrived
+            if wait <= 0:
+                break
+        if not self.pending:
+            return None
         item = self.pending.popleft()
         if isinstance(item, Exception):
             raise item
@@ -261,8 +263,12 @@ class Subscriber:
 
     # --- the loop ---------------------------------------------------------------------------------------
 
-    def poll(self, timeout: float) -> None:
-        """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
+    def pollables(self) -> list:
+        """What `poll` waits on now (sockets and file-like objects), for an event loop to watch instead."""
+        self._sync_poller()
+        return [sock for sock, _ in self._poller.sockets]
+
+    def _sync_poller(self) -> None:
         replay = tuple(c.sock for c in (self.catchup, self.fill) if c is not None)
         if replay != self._polled_replay:  # connections come and go; the feeds stay registered
             for sock in self._polled_replay:
@@ -270,6 +276,10 @@ class Subscriber:
             for sock in replay:
                 self._poller.register(sock, zmq.POLLIN)
             self._polled_replay = replay
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
+        self._sync_poller()
         ready = dict(self._poller.poll(int(timeout * 1000)))
         now = time.monotonic()
         for sock, feed in self.feeds.items():

@@ -5,12 +5,17 @@ that `Lab.start` can pickle them by reference.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import generate_latest
+
+from gateway.async_subscriber import AsyncSubscriber
 from gateway.commands.publish import generated
 from gateway.deployment import Deployment
+from gateway.metrics import SubscriberMetrics
 from gateway.publisher import Publisher
 from gateway.subscriber import DataLoss, Subscriber
 from netlab import Lab
@@ -39,25 +44,63 @@ def publish(ingest: str, skip: int, count: int, rate: float) -> int | None:
         return pub.flush()
 
 
+class _Tally:
+    """What a subscriber under test delivered, for the test to compare with what was published."""
+
+    def __init__(self, until: int) -> None:
+        self.until = until
+        self.got: list[tuple[int, bytes]] = []
+        self.losses: list[tuple[int, int]] = []
+        self.sources: dict[str, int] = {}
+        self.deadline = time.monotonic() + WAIT_S
+
+    def running(self) -> bool:
+        return time.monotonic() < self.deadline and (not self.got or self.got[-1][0] < self.until)
+
+    def take(self, rec: Any) -> None:
+        if rec is not None:
+            self.got.append((rec.seq, rec.body))
+            self.sources[rec.source] = self.sources.get(rec.source, 0) + 1
+
+    def result(self, sub: Subscriber | AsyncSubscriber) -> dict[str, Any]:
+        return {"records": self.got, "losses": self.losses, "sources": self.sources, "summary": sub.summary(),
+                "state": sub.state}  # fmt: skip
+
+
 def subscribe(multicast: list[str], replay: str, start: Any, until: int, ready: Any = None) -> dict[str, Any]:
     """Run a Subscriber until sequence `until` is delivered; returns (seq, body) pairs and the summary."""
-    got: list[tuple[int, bytes]] = []
-    losses: list[tuple[int, int]] = []
-    sources: dict[str, int] = {}
+    tally = _Tally(until)
     with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0) as sub:
         if ready is not None:
             ready.put("up")
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline and (not got or got[-1][0] < until):
+        while tally.running():
             try:
-                rec = sub.next(timeout=0.5)
+                tally.take(sub.next(timeout=0.5))
             except DataLoss as exc:
-                losses.append((exc.lo, exc.hi))
-                continue
-            if rec is not None:
-                got.append((rec.seq, rec.body))
-                sources[rec.source] = sources.get(rec.source, 0) + 1
-        return {"records": got, "losses": losses, "sources": sources, "summary": sub.summary(), "state": sub.state}
+                tally.losses.append((exc.lo, exc.hi))
+        return tally.result(sub)
+
+
+def subscribe_async(multicast: list[str], replay: str, start: Any, until: int, ready: Any = None) -> dict[str, Any]:
+    """`subscribe` on an event loop (AsyncSubscriber); the result also holds the metrics exposition text."""
+
+    async def run() -> dict[str, Any]:
+        tally = _Tally(until)
+        async with AsyncSubscriber(
+            STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0
+        ) as sub:
+            if ready is not None:
+                ready.put("up")
+            while tally.running():
+                try:
+                    tally.take(await sub.next(timeout=0.5))
+                except DataLoss as exc:
+                    tally.losses.append((exc.lo, exc.hi))
+            result = tally.result(sub)
+            result["metrics"] = generate_latest(SubscriberMetrics(sub.sync).registry).decode()
+            return result
+
+    return asyncio.run(run())
 
 
 def deploy(lab: Lab, journal: Path, feeds: int = 1) -> Deployment:

@@ -5,12 +5,14 @@ In every scenario the delivered sequence must equal the published one, record fo
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
-from feedlab import WAIT_S, deploy, expected, publish, subscribe
+from feedlab import STREAM, WAIT_S, deploy, expected, publish, subscribe, subscribe_async
 
 from gateway.deployment import Deployment
+from netlab.impair import Impairment, counters, drop_next, impair, wait_burst
 from netlab.procs import MP
 
 pytestmark = pytest.mark.lab
@@ -101,3 +103,75 @@ def test_gateway_killed_and_restarted(deployment: Deployment) -> None:
     # Sequences continue from the journal head: the subscriber sees one unbroken stream.
     assert lab.run("pub", publish, deployment.ingest, 20_000, 20_000, 20_000.0, timeout=WAIT_S) == 40_000
     check(sub.result(timeout=WAIT_S), 1, 40_000)
+
+
+def _feed_port(deployment: Deployment) -> int:
+    return int(deployment.multicast[0].rsplit(":", 1)[1])
+
+
+def _without_pgm_repair(deployment: Deployment, host: str) -> None:
+    """Drop every PGM packet `host` sends (its NAKs): what PGM would repair itself, the reconciler must."""
+    drop_next(deployment.lab, host, 10**9, udp_port=_feed_port(deployment), direction="out")
+
+
+def test_random_5pct_loss_on_the_subscriber_link(deployment: Deployment) -> None:
+    lab = deployment.lab
+    impair(lab, "sub", Impairment(loss_pct=5.0), direction="both")  # data, repairs and NAKs all suffer
+    ready = MP.Queue()
+    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 30_000, ready)
+    ready.get(timeout=WAIT_S)
+    lab.run("pub", publish, deployment.ingest, 0, 30_000, 20_000.0, timeout=WAIT_S)
+    result = sub.result(timeout=WAIT_S)
+    check(result, result["records"][0][0], 30_000)
+    assert counters(lab, "sub", "in").dropped > 100  # the loss was real
+
+
+def test_burst_of_1000_lost_packets_is_filled_from_replay(deployment: Deployment) -> None:
+    lab = deployment.lab
+    _without_pgm_repair(deployment, "sub")
+    ready = MP.Queue()
+    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 40_000, ready)
+    ready.get(timeout=WAIT_S)
+    lab.run("pub", publish, deployment.ingest, 0, 10_000, 20_000.0, timeout=WAIT_S)
+    drop_next(lab, "sub", 1000, udp_port=_feed_port(deployment))
+    lab.run("pub", publish, deployment.ingest, 10_000, 30_000, 20_000.0, timeout=WAIT_S)
+    assert wait_burst(lab, "sub").burst_dropped == 1000
+    result = sub.result(timeout=WAIT_S)
+    check(result, result["records"][0][0], 40_000)
+    # PGM holds back everything after a hole it cannot repair: the reconciler sees either a gap or a silent
+    # feed, and fills from replay either way.
+    assert result["sources"].get("replay", 0) > 1000, result["summary"]
+
+
+def test_tail_loss_is_found_from_heartbeats_and_filled(deployment: Deployment) -> None:
+    """The last batches are lost and nothing follows them but heartbeats: their head reveals the tail."""
+    lab = deployment.lab
+    _without_pgm_repair(deployment, "sub")
+    ready = MP.Queue()
+    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 20_000, ready)
+    ready.get(timeout=WAIT_S)
+    lab.run("pub", publish, deployment.ingest, 0, 19_000, 20_000.0, timeout=WAIT_S)
+    time.sleep(0.5)  # let the subscriber take in the first part
+    drop_next(lab, "sub", 10**9, udp_port=_feed_port(deployment))  # the tail is lost, whatever its size
+    assert lab.run("pub", publish, deployment.ingest, 19_000, 1_000, 0.0, timeout=WAIT_S) == 20_000
+    time.sleep(0.5)
+    drop_next(lab, "sub", 0, udp_port=_feed_port(deployment))  # the publisher has stopped: only heartbeats now
+    result = sub.result(timeout=WAIT_S)
+    check(result, result["records"][0][0], 20_000)
+    assert result["sources"].get("replay", 0) >= 1_000, result["sources"]
+
+
+def test_async_subscriber_late_join_with_metrics(deployment: Deployment) -> None:
+    lab = deployment.lab
+    lab.run("pub", publish, deployment.ingest, 0, 30_000, 0.0, timeout=WAIT_S)
+    ready = MP.Queue()
+    sub = lab.start("sub", subscribe_async, deployment.for_host("sub"), deployment.replay, "earliest", 40_000, ready)
+    ready.get(timeout=WAIT_S)
+    lab.run("pub", publish, deployment.ingest, 30_000, 10_000, 20_000.0, timeout=WAIT_S)
+    result = sub.result(timeout=WAIT_S)
+    check(result, 1, 40_000)
+    assert result["sources"].get("replay", 0) > 0 and result["state"] == "MERGED"
+    metrics = result["metrics"]
+    assert f'zeps_subscriber_delivered_total{{stream="{STREAM}"}} 40000.0' in metrics, metrics
+    assert f'zeps_subscriber_state{{stream="{STREAM}",zeps_subscriber_state="MERGED"}} 1.0' in metrics, metrics
+    assert "zeps_subscriber_lag_records" in metrics

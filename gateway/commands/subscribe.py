@@ -28,10 +28,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
     p.add_argument("--max-lag", type=int, help="records behind the live feed before switching to replay")
     p.add_argument("--quiet", action="store_true", help="print no records, only the summary")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics (counters, lag, state) here")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.metrics import SubscriberMetrics
     from gateway.subscriber import DataLoss, Subscriber
 
     stop = []
@@ -48,6 +50,9 @@ def _run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
     ) as sub:
+        metrics = SubscriberMetrics(sub) if args.metrics else None
+        if metrics:
+            metrics.serve(args.metrics)
         idle_since = time.monotonic()
         while not stop and (args.count is None or n < args.count):
             try:
@@ -67,5 +72,7 @@ def _run(args: argparse.Namespace) -> int:
                 out.write(json.dumps({"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": body}) + "\n")
         out.flush()
         summary = sub.summary()
+        if metrics:
+            metrics.close()
     print("zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in summary.items()), file=sys.stderr)
     return 0
