@@ -27,6 +27,15 @@ def deployment(make_lab, tmp_path: Path, request):
     assert not dep.close()
 
 
+def start_subscriber(deployment: Deployment, start: str, until: int, *, feeds: list[str] | None = None, run=subscribe):
+    """A subscriber process on host "sub", until sequence `until`; returns once its sockets are up."""
+    ready = MP.Queue()
+    feeds = deployment.for_host("sub") if feeds is None else feeds
+    proc = deployment.lab.start("sub", run, feeds, deployment.replay, start, until, ready)
+    ready.get(timeout=WAIT_S)
+    return proc
+
+
 def check(result: dict, first: int, last: int) -> None:
     assert not result["losses"], result["losses"]
     want = expected(first, last)
@@ -39,9 +48,7 @@ def check(result: dict, first: int, last: int) -> None:
 def test_late_joiner_catches_up_on_100k_records_then_merges_with_live(deployment: Deployment) -> None:
     lab = deployment.lab
     assert lab.run("pub", publish, deployment.ingest, 0, 100_000, 0.0, timeout=WAIT_S) == 100_000
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "earliest", 130_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "earliest", 130_000)
     # Live traffic keeps flowing while the late joiner replays history.
     assert lab.run("pub", publish, deployment.ingest, 100_000, 30_000, 20_000.0, timeout=WAIT_S) == 130_000
     result = sub.result(timeout=WAIT_S)
@@ -58,9 +65,7 @@ def test_ab_feeds_with_one_feed_dead(deployment: Deployment) -> None:
     lab = deployment.lab
     dead, alive = deployment.for_host("sub")
     dead = dead.replace(dead.split(";")[1].split(":")[0], "239.192.254.254")  # a group nobody sends to
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, [dead, alive], deployment.replay, "latest", 20_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "latest", 20_000, feeds=[dead, alive])
     lab.run("pub", publish, deployment.ingest, 0, 20_000, 20_000.0, timeout=WAIT_S)
     result = sub.result(timeout=WAIT_S)
     first = result["records"][0][0]
@@ -71,9 +76,7 @@ def test_ab_feeds_with_one_feed_dead(deployment: Deployment) -> None:
 @pytest.mark.parametrize("deployment", [2], indirect=True)
 def test_ab_feeds_first_copy_wins(deployment: Deployment) -> None:
     lab = deployment.lab
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 20_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "latest", 20_000)
     lab.run("pub", publish, deployment.ingest, 0, 20_000, 20_000.0, timeout=WAIT_S)
     result = sub.result(timeout=WAIT_S)
     check(result, result["records"][0][0], 20_000)
@@ -83,9 +86,7 @@ def test_ab_feeds_first_copy_wins(deployment: Deployment) -> None:
 def test_replay_sidecar_restarted_mid_catch_up(deployment: Deployment) -> None:
     lab = deployment.lab
     lab.run("pub", publish, deployment.ingest, 0, 200_000, 0.0, timeout=WAIT_S)
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "earliest", 210_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "earliest", 210_000)
     deployment.kill9("replay")
     deployment.start_replay()
     lab.run("pub", publish, deployment.ingest, 200_000, 10_000, 10_000.0, timeout=WAIT_S)
@@ -94,9 +95,7 @@ def test_replay_sidecar_restarted_mid_catch_up(deployment: Deployment) -> None:
 
 def test_gateway_killed_and_restarted(deployment: Deployment) -> None:
     lab = deployment.lab
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "earliest", 40_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "earliest", 40_000)
     lab.run("pub", publish, deployment.ingest, 0, 20_000, 20_000.0, timeout=WAIT_S)
     deployment.kill9("gateway")
     deployment.start_gateway()
@@ -117,9 +116,7 @@ def _without_pgm_repair(deployment: Deployment, host: str) -> None:
 def test_random_5pct_loss_on_the_subscriber_link(deployment: Deployment) -> None:
     lab = deployment.lab
     impair(lab, "sub", Impairment(loss_pct=5.0), direction="both")  # data, repairs and NAKs all suffer
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 30_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "latest", 30_000)
     lab.run("pub", publish, deployment.ingest, 0, 30_000, 20_000.0, timeout=WAIT_S)
     result = sub.result(timeout=WAIT_S)
     check(result, result["records"][0][0], 30_000)
@@ -129,9 +126,7 @@ def test_random_5pct_loss_on_the_subscriber_link(deployment: Deployment) -> None
 def test_burst_of_1000_lost_packets_is_filled_from_replay(deployment: Deployment) -> None:
     lab = deployment.lab
     _without_pgm_repair(deployment, "sub")
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 40_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "latest", 40_000)
     lab.run("pub", publish, deployment.ingest, 0, 10_000, 20_000.0, timeout=WAIT_S)
     drop_next(lab, "sub", 1000, udp_port=_feed_port(deployment))
     lab.run("pub", publish, deployment.ingest, 10_000, 30_000, 20_000.0, timeout=WAIT_S)
@@ -147,9 +142,7 @@ def test_tail_loss_is_found_from_heartbeats_and_filled(deployment: Deployment) -
     """The last batches are lost and nothing follows them but heartbeats: their head reveals the tail."""
     lab = deployment.lab
     _without_pgm_repair(deployment, "sub")
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe, deployment.for_host("sub"), deployment.replay, "latest", 20_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "latest", 20_000)
     lab.run("pub", publish, deployment.ingest, 0, 19_000, 20_000.0, timeout=WAIT_S)
     time.sleep(0.5)  # let the subscriber take in the first part
     drop_next(lab, "sub", 10**9, udp_port=_feed_port(deployment))  # the tail is lost, whatever its size
@@ -164,9 +157,7 @@ def test_tail_loss_is_found_from_heartbeats_and_filled(deployment: Deployment) -
 def test_async_subscriber_late_join_with_metrics(deployment: Deployment) -> None:
     lab = deployment.lab
     lab.run("pub", publish, deployment.ingest, 0, 30_000, 0.0, timeout=WAIT_S)
-    ready = MP.Queue()
-    sub = lab.start("sub", subscribe_async, deployment.for_host("sub"), deployment.replay, "earliest", 40_000, ready)
-    ready.get(timeout=WAIT_S)
+    sub = start_subscriber(deployment, "earliest", 40_000, run=subscribe_async)
     lab.run("pub", publish, deployment.ingest, 30_000, 10_000, 20_000.0, timeout=WAIT_S)
     result = sub.result(timeout=WAIT_S)
     check(result, 1, 40_000)
