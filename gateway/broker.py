@@ -359,8 +359,10 @@ class Gateway:
         if batch.first_seq != 0 or not batch.dense or batch.count == 0:
             self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
             return
-        if batch.nbytes > self.config.max_message_bytes + B.HEADER_SIZE + batch.count * B.RECORD_OVERHEAD:
-            self._reject(identity, f"batch of {batch.nbytes} bytes is over the limit")
+        payload = batch.nbytes - B.HEADER_SIZE - batch.count * B.RECORD_OVERHEAD  # keys and bodies
+        if payload > self.config.max_message_bytes:
+            limit = self.config.max_message_bytes
+            self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
             return
         lane = self.lanes[session.stream]
         self._flush(lane)
