@@ -160,12 +160,14 @@ class Publisher:
         """Raise PublishError if the connection dropped: the gateway keeps no session across connections."""
         if self.lost is None and self._monitor.poll(0):
             self._monitor.recv_multipart()
-            self._poll(block=False)  # what the gateway answered before the drop still counts
-            self.lost = (
-                f"the connection to the gateway was lost (it restarted, or closed the connection for a frame over "
-                f"its size limit): {self.sent - self.confirmed} records sent are not confirmed; publish them "
-                "again with a new Publisher"
-            )
+            try:
+                self._poll(block=False)  # what the gateway answered before the drop still counts
+            finally:
+                self.lost = (
+                    f"the connection to the gateway was lost (it restarted, or closed the connection for a frame "
+                    f"over its size limit): {self.sent - self.confirmed} records sent are not confirmed; publish "
+                    "them again with a new Publisher"
+                )
         if self.lost is not None:
             raise PublishError(self.lost)
 
