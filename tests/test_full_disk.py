@@ -186,7 +186,7 @@ def attempts(ingest: str, skip: int, count: int, seconds: float, until_ok: bool)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and not (until_ok and outcomes and outcomes[-1][1] == "ok"):
         try:
-            with Publisher(ingest, STREAM, confirm=True, timeout=5) as pub:
+            with Publisher(ingest, STREAM, confirm=True, timeout=5, linger_ms=60_000) as pub:  # one batch
                 for key, body in bodies:
                     pub.publish(key, body)
                 pub.flush()
