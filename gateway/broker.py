@@ -14,6 +14,7 @@ stops reading publishers until it drains, and ZeroMQ's high-water marks push the
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import random
@@ -35,6 +36,8 @@ from gateway.norm import NormSender
 log = logging.getLogger(__name__)
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
+FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class ConfigError(ValueError):
@@ -58,6 +61,8 @@ class GatewayConfig:
     batch_bytes: int = 60_000
     max_message_bytes: int = 1024 * 1024
     max_clients: int = 1024
+    client_timeout: float = 60.0  # at the client limit, sessions silent this long make room for new ones
+    journal_retry_ms: int = 1000  # while the journal's disk is full: refuse publishes this long between tries
     max_out_queue: int = 256
     durability: Durability = field(default_factory=Durability)
     retention: Retention = field(default_factory=Retention)
@@ -71,6 +76,15 @@ class GatewayConfig:
             P.validate_stream_name(name)
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
+        if min(self.max_message_bytes, self.max_clients, self.journal_retry_ms) < 1 or self.client_timeout <= 0:
+            raise ConfigError("--max-message-bytes, --max-clients, --journal-retry-ms and --client-timeout must be > 0")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The ingest's ZMQ_MAXMSGSIZE: ZeroMQ closes a connection that sends a larger frame without reading it
+        (so no peer can make the gateway buffer unbounded frames). Smaller frames over the record limit are
+        read and answered with INVALID naming the limit."""
+        return self.max_message_bytes + FRAME_SLACK
 
 
 @dataclass
@@ -91,10 +105,15 @@ class _Lane:
         self.pending: list[tuple[int, bytes, bytes]] = []
         self.pending_bytes = 0
         self.pending_since = 0.0
-        # (identity, records) in publish order: who is owed a PUBLISH-OK for the records not yet sequenced.
-        self.unsequenced: list[tuple[bytes, int]] = []
+        # (identity, records, confirm) in publish order: the ZEPS publishers of the records not yet sequenced,
+        # owed a PUBLISH-OK (if confirm) once journaled, or an INVALID if the journal refuses them.
+        self.unsequenced: list[tuple[bytes, int, bool]] = []
         # (identity, first_seq, count) owed once the journal has synced through first_seq + count - 1.
         self.confirms: deque[tuple[bytes, int, int]] = deque()
+        # Disk full: since when (None: writable), and the time before which no write is tried again.
+        self.full_since: float | None = None
+        self.retry_at = 0.0
+        self.full_reason = ""
 
 
 class _Out:
@@ -153,10 +172,12 @@ class Gateway:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         self.router.bind(config.ingest)
         self.xsub: zmq.Socket | None = None
         if config.ingest_pub:
             self.xsub = self.ctx.socket(zmq.XSUB)
+            self.xsub.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
         self.outs: list[_Out] = []
@@ -271,7 +292,11 @@ class Gateway:
             case P.Ping():
                 self._reply(identity, P.PingOk())
             case _ if session is None:
-                self._reject(identity, f"{cmd.NAME} before ATTACH: attach to a stream first")
+                self._reject(
+                    identity,
+                    f"{cmd.NAME} before ATTACH: attach to a stream first (a session ends when the gateway restarts "
+                    "or closes the connection, e.g. for a frame over its size limit)",
+                )
             case P.Publish(key=key, body=body):
                 self._publish(identity, session, key.encode(), bytes(body))
             case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
@@ -293,11 +318,22 @@ class Gateway:
             served = ", ".join(sorted(self.lanes))
             self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
             return
-        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients:
-            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later")
+        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients and not self._evict_idle():
+            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later", kind="clients")
             return
         self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
         self._reply(identity, P.AttachOk())
+
+    def _evict_idle(self) -> bool:
+        """At the client limit: end the sessions silent for `client_timeout` (publishers that vanished without
+        DETACH, as ROUTER sockets never say a peer left); whether that made room."""
+        cutoff = time.monotonic() - self.config.client_timeout
+        idle = [identity for identity, s in self.sessions.items() if s.last_seen < cutoff]
+        for identity in idle:
+            del self.sessions[identity]
+        if idle:
+            log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
+        return bool(idle)
 
     def _publish(self, identity: bytes | None, session: _Session | None, key: bytes, body: bytes) -> None:
         if len(body) > self.config.max_message_bytes:
@@ -308,8 +344,8 @@ class Gateway:
             lane.pending_since = time.monotonic()
         lane.pending.append((time.time_ns(), key, body))
         lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
-        if identity is not None and session is not None and P.FEATURE_CONFIRM in session.features:
-            _owe(lane.unsequenced, identity, 1)
+        if identity is not None and session is not None:
+            _owe(lane.unsequenced, identity, 1, P.FEATURE_CONFIRM in session.features)
         self.metrics.published.inc()
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
@@ -323,13 +359,14 @@ class Gateway:
         if batch.first_seq != 0 or not batch.dense or batch.count == 0:
             self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
             return
-        if batch.nbytes > self.config.max_message_bytes + B.HEADER_SIZE + batch.count * B.RECORD_OVERHEAD:
-            self._reject(identity, f"batch of {batch.nbytes} bytes is over the limit")
+        payload = batch.nbytes - B.HEADER_SIZE - batch.count * B.RECORD_OVERHEAD  # keys and bodies
+        if payload > self.config.max_message_bytes:
+            limit = self.config.max_message_bytes
+            self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
             return
         lane = self.lanes[session.stream]
         self._flush(lane)
-        if P.FEATURE_CONFIRM in session.features:
-            _owe(lane.unsequenced, identity, batch.count)
+        _owe(lane.unsequenced, identity, batch.count, P.FEATURE_CONFIRM in session.features)
         self.metrics.published.inc(batch.count)
         self._journal(lane, batch)
 
@@ -343,15 +380,32 @@ class Gateway:
 
     def _journal(self, lane: _Lane, batch: B.Batch) -> None:
         """Write-ahead: the journal first, then the multicast queues."""
+        if lane.full_since is not None and time.monotonic() < lane.retry_at:
+            self._refuse_unjournaled(lane, batch.count, lane.full_reason, "journal-full")
+            return
         try:
             sealed = lane.writer.append(batch)
         except OSError as exc:
-            self._refuse_unjournaled(lane, batch.count, exc)
+            if exc.errno in DISK_FULL:
+                self._refuse_unjournaled(lane, batch.count, self._disk_full(lane, exc), "journal-full")
+            else:
+                reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}): records refused"
+                log.error("stream %s: %s (%d)", lane.stream, reason, batch.count)
+                self._refuse_unjournaled(lane, batch.count, reason, "journal")
             return
+        if lane.full_since is not None:
+            log.warning(
+                "stream %s: the journal takes writes again after %.1f s; accepting publishes",
+                lane.stream,
+                time.monotonic() - lane.full_since,
+            )
+            lane.full_since = None
+            self.metrics.journal_full.labels(lane.stream).set(0)
         last = lane.writer.last_seq
         first = last - batch.count + 1
-        for identity, n in lane.unsequenced:
-            lane.confirms.append((identity, first, n))
+        for identity, n, confirm in lane.unsequenced:
+            if confirm:
+                lane.confirms.append((identity, first, n))
             first += n
         lane.unsequenced.clear()
         self.metrics.journaled.inc(batch.count)
@@ -361,12 +415,37 @@ class Gateway:
             out.queue.append((name, sealed, last))
         self.metrics.multicast.inc(len(self.outs))
 
-    def _refuse_unjournaled(self, lane: _Lane, count: int, exc: OSError) -> None:
-        reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}); {count} records refused"
-        log.error("stream %s: %s", lane.stream, reason)
-        self.metrics.rejected.labels("journal").inc(count)
-        for identity, _ in lane.unsequenced:
-            self._reject(identity, reason)
+    def _disk_full(self, lane: _Lane, exc: OSError) -> str:
+        """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
+
+        The writer has cut the failed batch back, so the journal holds whole batches only and nothing accepted
+        is lost; multicast, heartbeats and replay carry on. The first write tried after the pause ends the state.
+        """
+        now = time.monotonic()
+        retry_s = self.config.journal_retry_ms / 1000
+        lane.retry_at = now + retry_s
+        if lane.full_since is None:
+            lane.full_since = now
+            lane.full_reason = (
+                f"journal of stream {lane.stream!r} is full ({os.strerror(exc.errno)}): records refused until "
+                f"space is freed there; the gateway tries again every {retry_s:g} s"
+            )
+            log.error(
+                "stream %s: journal disk full (%s) in %s: refusing publishes, trying again every %g s. Fix: free "
+                "space on that filesystem (or give the journal a bigger one, or limit it with --retention-bytes)",
+                lane.stream,
+                os.strerror(exc.errno),
+                lane.writer.directory,
+                retry_s,
+            )
+            self.metrics.journal_full.labels(lane.stream).set(1)
+        return lane.full_reason
+
+    def _refuse_unjournaled(self, lane: _Lane, count: int, reason: str, kind: str) -> None:
+        """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
+        self.metrics.rejected.labels(kind).inc(count)
+        for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
+            self.router.send_multipart((identity, P.invalid(reason)))
         lane.unsequenced.clear()
 
     def _send_confirms(self, lane: _Lane) -> None:
@@ -405,8 +484,8 @@ class Gateway:
     def _reply(self, identity: bytes, cmd: P.Command) -> None:
         self.router.send_multipart((identity, P.encode(cmd)))
 
-    def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True) -> None:
-        self.metrics.rejected.labels("invalid").inc()
+    def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True, kind: str = "invalid") -> None:
+        self.metrics.rejected.labels(kind).inc()
         log.debug("INVALID to %s: %s", identity.hex() if identity else "-", reason)
         if identity is not None and reply:
             self.router.send_multipart((identity, P.invalid(reason)))
@@ -429,9 +508,9 @@ class Gateway:
         self.metrics.close()
 
 
-def _owe(owed: list[tuple[bytes, int]], identity: bytes, n: int) -> None:
+def _owe(owed: list[tuple[bytes, int, bool]], identity: bytes, n: int, confirm: bool) -> None:
     """Add n records to what `identity` is owed, merging with its last entry when it is the same publisher."""
-    if owed and owed[-1][0] == identity:
-        owed[-1] = (identity, owed[-1][1] + n)
+    if owed and owed[-1][0] == identity and owed[-1][2] == confirm:
+        owed[-1] = (identity, owed[-1][1] + n, confirm)
     else:
-        owed.append((identity, n))
+        owed.append((identity, n, confirm))

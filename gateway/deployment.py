@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import zmq
@@ -23,9 +24,18 @@ class Deployment:
     """`zeps gateway` and `zeps replay` as processes on one lab host, restartable, stopped by `close()`."""
 
     def __init__(
-        self, lab: Lab, journal: Path, stream: str, *, feeds: int = 1, transport: str = "epgm", host: str = "gw"
+        self,
+        lab: Lab,
+        journal: Path,
+        stream: str,
+        *,
+        feeds: int = 1,
+        transport: str = "epgm",
+        host: str = "gw",
+        gateway_args: Sequence[str] = (),
     ) -> None:
         self.lab = lab
+        self.gateway_args = list(gateway_args)  # more `zeps gateway` options
         self.journal = journal
         self.stream = stream
         self.host = host
@@ -52,7 +62,7 @@ class Deployment:
                 "--replay-endpoint", self.replay, "--heartbeat-ms", "50"]  # fmt: skip
         for ep in self.multicast:
             args += ["--multicast", ep]
-        self.gateway = self._zeps(*args)
+        self.gateway = self._zeps(*args, *self.gateway_args)
         self._wait_ping(self.ingest, self.gateway)
 
     def start_replay(self) -> None:

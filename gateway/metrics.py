@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
@@ -48,6 +48,12 @@ class GatewayMetrics(Metrics):
         self.multicast = Counter("zeps_multicast_batches", "Batches queued for multicast, per endpoint", registry=r)
         self.heartbeats = Counter("zeps_heartbeats", "Heartbeats sent, per endpoint and stream", registry=r)
         self.rejected = Counter("zeps_rejected_input", "Input refused or dropped", ["kind"], registry=r)
+        self.journal_full = Gauge(
+            "zeps_journal_full",
+            "1 while a stream's journal is out of disk space (publishes refused)",
+            ["stream"],
+            registry=r,
+        )
         self.batch_records = Histogram(
             "zeps_batch_records", "Records per journaled batch", buckets=(1, 4, 16, 64, 256, 1024, 4096), registry=r
         )

@@ -6,6 +6,9 @@ server that grants no extension it falls back to one PUBLISH per record: plain Z
 
 Errors are never swallowed: an INVALID from the gateway is raised as PublishError on the next call, and a
 gateway that stops accepting (backpressure beyond `timeout`, or gone) raises instead of blocking forever.
+A lost connection ends the session (the gateway restarted, or closed it for a frame over its size limit):
+the Publisher then raises PublishError for good, and records sent but not confirmed must be published again
+with a new one. That is at-least-once: a record journaled just before a crash, unconfirmed, comes twice.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ class Publisher:
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, int(timeout * 1000))
         self.sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.lost: str | None = None  # why the session ended, once the connection has dropped
         self.sock.connect(endpoint)
         self.pending: list[tuple[int, bytes, bytes]] = []
         self.pending_bytes = 0
@@ -56,14 +64,18 @@ class Publisher:
         self.sent = 0  # records handed to the gateway
         self.confirmed = 0  # records the gateway confirmed as journaled
         self.last_seq: int | None = None  # sequence of the last confirmed record
-        self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
-        self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
-        wanted = (P.FEATURE_BATCH, P.FEATURE_CONFIRM) if confirm else (P.FEATURE_BATCH,)
-        self._send(P.Extend(wanted))
-        granted = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
-        self.features = frozenset(granted.features) if granted else frozenset()
-        if confirm and P.FEATURE_CONFIRM not in self.features:
-            raise PublishError(f"the gateway at {endpoint} does not grant publish confirms")
+        try:
+            self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
+            self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
+            wanted = (P.FEATURE_BATCH, P.FEATURE_CONFIRM) if confirm else (P.FEATURE_BATCH,)
+            self._send(P.Extend(wanted))
+            granted = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
+            self.features = frozenset(granted.features) if granted else frozenset()
+            if confirm and P.FEATURE_CONFIRM not in self.features:
+                raise PublishError(f"the gateway at {endpoint} does not grant publish confirms")
+        except BaseException:
+            self.abort()
+            raise
 
     def publish(self, key: str, body: bytes) -> None:
         """Queue one record; it leaves when the batch fills, the linger time passes, or on flush()."""
@@ -97,10 +109,21 @@ class Publisher:
         return self.last_seq
 
     def close(self) -> None:
+        """Flush (waiting for confirms), DETACH so the gateway frees the session at once, and close."""
         try:
             self.flush()
+            self._send(P.Detach())
         finally:
-            self.sock.close()
+            self._release(None)
+
+    def abort(self) -> None:
+        """Close at once, dropping what is not sent yet: after a PublishError, before publishing again."""
+        self._release(0)
+
+    def _release(self, linger: int | None) -> None:
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self.sock.close(linger=linger)
 
     def __enter__(self) -> Publisher:
         return self
@@ -109,11 +132,12 @@ class Publisher:
         if et is None:
             self.close()
         else:
-            self.sock.close(linger=0)
+            self.abort()
 
     # --- internals ------------------------------------------------------------------------------------
 
     def _send_pending(self) -> None:
+        self._check_connection()
         if not self.pending:
             return
         records, self.pending, self.pending_bytes = self.pending, [], 0
@@ -132,10 +156,30 @@ class Publisher:
                 f"the gateway accepted nothing for {self.timeout} s (backpressure, or it is gone)"
             ) from None
 
+    def _check_connection(self) -> None:
+        """Raise PublishError if the connection dropped: the gateway keeps no session across connections."""
+        if self.lost is None and self._monitor.poll(0):
+            self._monitor.recv_multipart()
+            try:
+                self._poll(block=False)  # what the gateway answered before the drop still counts
+            finally:
+                self.lost = (
+                    f"the connection to the gateway was lost (it restarted, or closed the connection for a frame "
+                    f"over its size limit): {self.sent - self.confirmed} records sent are not confirmed; publish "
+                    "them again with a new Publisher"
+                )
+        if self.lost is not None:
+            raise PublishError(self.lost)
+
     def _poll(self, *, block: bool, until: float = 0.0) -> None:
         while True:
             wait = max(0, int((until - time.monotonic()) * 1000)) if block else 0
-            if not self.sock.poll(wait):
+            if block:
+                ready = dict(self._poller.poll(wait))
+                if self.sock not in ready:
+                    self._check_connection()
+                    return
+            elif not self.sock.poll(0):
                 return
             cmd = P.decode(self.sock.recv())
             match cmd:

@@ -55,6 +55,9 @@ class ReplayConfig:
     sndhwm: int = 256  # frames queued per client in ZeroMQ before a send counts as "client slow"
     max_clients: int = 256
     max_fetches: int = 16  # outstanding FETCHes per client
+    # ZMQ_MAXMSGSIZE: larger frames close the connection unread. Clients send only commands, the largest valid
+    # one (EXTEND naming 255 features of 255 bytes) is 65,284 bytes.
+    max_command_bytes: int = 65_536
     frames_per_turn: int = 256
     reads_per_turn: int = 8
     max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
@@ -67,6 +70,8 @@ class ReplayConfig:
             raise ValueError("client timeout and tail poll interval must be positive")
         if min(self.sndhwm, self.max_clients, self.max_fetches, self.frames_per_turn, self.reads_per_turn) < 1:
             raise ValueError("sndhwm, max_clients, max_fetches, frames_per_turn and reads_per_turn must be >= 1")
+        if self.max_command_bytes < 1024:
+            raise ValueError("max_command_bytes must be at least 1024: clients' ATTACH and FETCH must fit")
 
 
 class ReplayMetrics(Metrics):
@@ -122,6 +127,7 @@ class ReplayServer:
         self.router = (ctx or zmq.Context.instance()).socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full pipe -> EAGAIN (slow client), gone -> EHOSTUNREACH
         self.router.setsockopt(zmq.SNDHWM, config.sndhwm)
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.max_command_bytes)
         self.router.setsockopt(zmq.LINGER, 500)
         self.router.bind(config.bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()

@@ -31,6 +31,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-records", type=int, help="records per batch at most (default 1024)")
     p.add_argument("--batch-bytes", type=int, help="bytes per batch at most (default 60000)")
     p.add_argument("--max-message-bytes", type=int, help="largest record body accepted (default 1 MiB)")
+    p.add_argument("--max-clients", type=int, help="ZEPS publisher sessions at most (default 1024)")
+    p.add_argument("--client-timeout", type=float, help="at the client limit, end sessions silent this long (60 s)")
+    p.add_argument("--journal-retry-ms", type=int, help="disk full: refuse publishes this long between tries (1000)")
     p.add_argument("--fsync", choices=("always", "group", "never"), help="journal durability (default group)")
     p.add_argument("--fsync-ms", type=int, help="group commit: fsync at least this often")
     p.add_argument("--retention-bytes", type=int, help="delete old segments beyond this many bytes per stream")
@@ -75,7 +78,16 @@ def config_from(settings: dict):
         metrics=settings.get("metrics"),
         **{
             k: settings[k]
-            for k in ("heartbeat_ms", "linger_ms", "batch_records", "batch_bytes", "max_message_bytes")
+            for k in (
+                "heartbeat_ms",
+                "linger_ms",
+                "batch_records",
+                "batch_bytes",
+                "max_message_bytes",
+                "max_clients",
+                "client_timeout",
+                "journal_retry_ms",
+            )
             if k in settings
         },
     )

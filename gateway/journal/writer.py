@@ -146,6 +146,7 @@ class JournalWriter:
         self._fd = self._idx_fd = -1
         self._size = 0  # bytes in the active segment
         self._index_off = -index_interval  # offset of the active segment's last index entry
+        self._index_owed: tuple[int, int, int] | None = None  # (seq, ts, offset) of an entry not written yet
         self._next_seq = 1
         self._last_ts = 0
         self._synced_seq = 0
@@ -153,6 +154,7 @@ class JournalWriter:
         self._unsynced_since: float | None = None  # time.monotonic() of the first unsynced append
         self._last_sync_s = 0.0
         self._head_at = 0.0
+        self._head_failed = False
         self._closed = False
 
     @classmethod
@@ -240,9 +242,9 @@ class JournalWriter:
         self._size += len(data)
         self._next_seq += batch.count
         self._last_ts = ts
-        if offset - self._index_off >= self._index_interval:
-            os.write(self._idx_fd, INDEX_ENTRY.pack(first, ts, offset))
-            self._index_off = offset
+        if self._index_owed is None and offset - self._index_off >= self._index_interval:
+            self._index_owed = (first, ts, offset)
+        self._write_owed_index()
         self._pending(len(data))
         return data
 
@@ -258,6 +260,25 @@ class JournalWriter:
         except OSError:
             os.ftruncate(self._fd, self._size)
             raise
+
+    def _write_owed_index(self) -> None:
+        """Write the index entry that is owed, if any. The batch it names is journaled already and the index is
+        derived data, so an entry that cannot be written yet (disk full) does not fail the append: it is cut
+        back rather than left half-written, stays owed, and is tried again by the next append and by
+        maybe_sync(); later batches get no entry before it, so entries stay in order."""
+        if self._index_owed is None:
+            return
+        size = os.lseek(self._idx_fd, 0, os.SEEK_END)
+        try:
+            written = os.write(self._idx_fd, INDEX_ENTRY.pack(*self._index_owed))
+        except OSError as exc:
+            log.debug("journal %s: index entry %s owed: %s", self.stream, self._index_owed, exc)
+            written = 0
+        if written == INDEX_ENTRY.size:
+            self._index_off = self._index_owed[2]
+            self._index_owed = None
+        else:
+            os.ftruncate(self._idx_fd, size)
 
     def _pending(self, nbytes: int) -> None:
         mode = self._durability.mode
@@ -285,6 +306,7 @@ class JournalWriter:
         due = self.sync_due(time.monotonic())
         if due:
             self.sync()
+        self._write_owed_index()
         self._apply_retention()
         return due
 
@@ -323,7 +345,16 @@ class JournalWriter:
         self._fd = self._idx_fd = self._lock_fd = -1
 
     def _write_head(self) -> None:
-        write_head(self.directory, self._next_seq, self._last_ts)
+        """Refresh the head file. It is a floor for segments removed by hand, not data: a failure (disk full) is
+        logged once and the refresh retried by the next sync, rather than failing the append or sync that asked."""
+        try:
+            write_head(self.directory, self._next_seq, self._last_ts)
+        except OSError as exc:
+            if not self._head_failed:
+                log.warning("journal %s: cannot refresh the head file (%s); will retry at each sync", self.stream, exc)
+            self._head_failed = True
+            return
+        self._head_failed = False
         self._head_at = time.monotonic()
 
     # -- segments --------------------------------------------------------------------------------------
@@ -337,29 +368,52 @@ class JournalWriter:
         return seg_path(self.directory, self._active)
 
     def _roll(self) -> None:
-        """Seal the active segment (data and index synced) and start one named by the next sequence."""
+        """Seal the active segment (data and index synced) and start one named by the next sequence.
+
+        If the new segment cannot be created (disk full), the old one stays active and nothing has changed.
+        """
         self.sync()
+        self._write_owed_index()
+        if self._index_owed is not None:
+            log.warning(
+                "journal %s: sealing %s without its last index entry (disk full); it is rebuilt on the next open",
+                self.stream,
+                segment_name(self._active),
+            )
         os.fsync(self._idx_fd)
-        self._sizes[self._active] = self._size
-        os.close(self._fd)
-        os.close(self._idx_fd)
-        self._fd = self._idx_fd = -1
+        sealed, size, fd, idx_fd = self._active, self._size, self._fd, self._idx_fd
         self._start_segment(self._next_seq)
+        self._sizes[sealed] = size
+        os.close(fd)
+        os.close(idx_fd)
+        self._sync_dir()
         self._write_head()
         self._apply_retention()
 
     def _start_segment(self, seq: int) -> None:
+        """Create the segment `seq` and make it the active one. Raises with nothing created, or with it created
+        and active: readers take an older segment as final once its successor exists, so it is never reverted."""
         # The index first: a reader that sees the segment finds its index too.
-        self._idx_fd = os.open(idx_path(self.directory, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._fd = os.open(seg_path(self.directory, seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
+        idx = idx_path(self.directory, seq)
+        idx_fd = os.open(idx, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.fsync(dir_fd)  # the new name itself must survive a power loss
-        finally:
-            os.close(dir_fd)
+            fd = os.open(seg_path(self.directory, seq), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        except OSError:
+            os.close(idx_fd)
+            idx.unlink(missing_ok=True)
+            raise
+        self._fd, self._idx_fd = fd, idx_fd
         self._segments.append(seq)
         self._first_ts[seq] = None
-        self._size, self._index_off = 0, -self._index_interval
+        self._size, self._index_off, self._index_owed = 0, -self._index_interval, None
+
+    def _sync_dir(self) -> None:
+        """fsync the stream directory: a new segment's name itself must survive a power loss."""
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def _apply_retention(self) -> None:
         """Delete whole oldest segments while the stream is over its size or age limit. Never the active one."""
@@ -434,6 +488,7 @@ class JournalWriter:
         self._last_ts = max(last_ts or 0, head[1] if head else 0)
         if self._fd < 0:
             self._start_segment(end)
+            self._sync_dir()
         os.fdatasync(self._fd)  # what a crashed writer left may be only in the page cache
         self._synced_seq = end - 1
         self._write_head()
