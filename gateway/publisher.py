@@ -17,6 +17,7 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.auth import CurveClientKeys, Handshake
 
 
 class PublishError(RuntimeError):
@@ -38,6 +39,7 @@ class Publisher:
         batch_bytes: int = 60_000,
         linger_ms: float = 5.0,
         timeout: float = 10.0,
+        curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
         P.validate_stream_name(stream)
@@ -49,6 +51,9 @@ class Publisher:
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, int(timeout * 1000))
         self.sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
+        if curve is not None:
+            curve.apply(self.sock)
+        self.handshake = Handshake(self.sock)  # explains a gateway that stays silent (CURVE refusals)
         self.sock.connect(endpoint)
         self.pending: list[tuple[int, bytes, bytes]] = []
         self.pending_bytes = 0
@@ -56,8 +61,14 @@ class Publisher:
         self.sent = 0  # records handed to the gateway
         self.confirmed = 0  # records the gateway confirmed as journaled
         self.last_seq: int | None = None  # sequence of the last confirmed record
-        self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
-        self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
+        try:
+            self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
+            self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
+        except BaseException:
+            self.sock.close(linger=0)
+            raise
+        finally:
+            self.handshake.close()  # answered (or given up): the monitor is no longer needed
         wanted = (P.FEATURE_BATCH, P.FEATURE_CONFIRM) if confirm else (P.FEATURE_BATCH,)
         self._send(P.Extend(wanted))
         granted = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
@@ -149,8 +160,9 @@ class Publisher:
             block = False
 
     def _expect(self, kind: type[P.Command], what: str, *, invalid_ok: bool = False) -> P.Command | None:
-        if not self.sock.poll(int(self.timeout * 1000)):
-            raise PublishError(f"{what}: no answer within {self.timeout} s; is the gateway running there?")
+        if not self.handshake.poll(self.timeout):
+            why = self.handshake.explain() or f"no answer within {self.timeout} s; is the gateway running there?"
+            raise PublishError(f"{what}: {why}")
         cmd = P.decode(self.sock.recv())
         if isinstance(cmd, kind):
             return cmd

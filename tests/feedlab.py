@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.commands.publish import generated
-from gateway.deployment import Deployment
+from gateway.deployment import Deployment, Keys
 from gateway.publisher import Publisher
 from gateway.subscriber import DataLoss, Subscriber
 from netlab import Lab
@@ -27,9 +27,9 @@ def expected(first: int, last: int) -> list[tuple[int, bytes]]:
     return [(i + 1, body) for i, (_, body) in enumerate(bodies) if i + 1 >= first]
 
 
-def publish(ingest: str, skip: int, count: int, rate: float) -> int | None:
+def publish(ingest: str, skip: int, count: int, rate: float, curve: Any = None) -> int | None:
     """Publish records skip..skip+count-1 of the generated load (confirmed); returns the last sequence."""
-    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S, batch_records=100) as pub:
+    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S, batch_records=100, curve=curve) as pub:
         for i, (key, body) in enumerate(generated(skip + count, BODY, KEYS, 0)):
             if i < skip:
                 continue
@@ -39,12 +39,15 @@ def publish(ingest: str, skip: int, count: int, rate: float) -> int | None:
         return pub.flush()
 
 
-def subscribe(multicast: list[str], replay: str, start: Any, until: int, ready: Any = None) -> dict[str, Any]:
-    """Run a Subscriber until sequence `until` is delivered; returns (seq, body) pairs and the summary."""
+def subscribe(
+    multicast: list[str], replay: str, start: Any, until: int, ready: Any = None, **options: Any
+) -> dict[str, Any]:
+    """Run a Subscriber (with `options`) until sequence `until` is delivered; returns (seq, body) pairs and the
+    summary."""
     got: list[tuple[int, bytes]] = []
     losses: list[tuple[int, int]] = []
     sources: dict[str, int] = {}
-    with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0) as sub:
+    with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0, **options) as sub:
         if ready is not None:
             ready.put("up")
         deadline = time.monotonic() + WAIT_S
@@ -60,5 +63,5 @@ def subscribe(multicast: list[str], replay: str, start: Any, until: int, ready: 
         return {"records": got, "losses": losses, "sources": sources, "summary": sub.summary(), "state": sub.state}
 
 
-def deploy(lab: Lab, journal: Path, feeds: int = 1) -> Deployment:
-    return Deployment(lab, journal, STREAM, feeds=feeds)
+def deploy(lab: Lab, journal: Path, feeds: int = 1, keys: Keys | None = None) -> Deployment:
+    return Deployment(lab, journal, STREAM, feeds=feeds, keys=keys)

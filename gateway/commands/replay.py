@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -26,6 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--sndhwm", type=int, default=256, help="frames queued per client before it counts as slow (256)")
     p.add_argument("--max-clients", type=int, default=256, help="sessions at most (default 256)")
     p.add_argument("--max-fetches", type=int, default=16, help="outstanding FETCHes per client (default 16)")
+    keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -44,6 +47,7 @@ def _run(args: argparse.Namespace) -> int:
             sndhwm=args.sndhwm,
             max_clients=args.max_clients,
             max_fetches=args.max_fetches,
+            curve=keyopts.server_curve(args),
         )
         server = ReplayServer(config)
     except (ValueError, OSError, zmq.ZMQError) as exc:

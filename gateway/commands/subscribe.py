@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -28,10 +30,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
     p.add_argument("--max-lag", type=int, help="records behind the live feed before switching to replay")
     p.add_argument("--quiet", action="store_true", help="print no records, only the summary")
+    p.add_argument(
+        "--stream-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="accept only multicast signed with this key (repeat while a key is rotated)",
+    )
+    keyopts.add_client_options(p)
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.auth import StreamKey
     from gateway.subscriber import DataLoss, Subscriber
 
     stop = []
@@ -47,6 +58,8 @@ def _run(args: argparse.Namespace) -> int:
         start=args.start,
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
+        stream_key=[StreamKey.load(path) for path in args.stream_key],
+        curve=keyopts.client_curve(args),
     ) as sub:
         idle_since = time.monotonic()
         while not stop and (args.count is None or n < args.count):
