@@ -47,7 +47,7 @@ class DemoPlan:
     timeout_s: float = 120.0
 
 
-def publish_feed(ingest: str, count: int, rate: float, curve: CurveClientKeys) -> int | None:
+def publish_feed(ingest: str, count: int, rate: float, curve: CurveClientKeys | None) -> int | None:
     """In host "pub": the generated feed, paced, every record confirmed as journaled."""
     with Publisher(ingest, STREAM, confirm=True, batch_records=50, curve=curve) as pub:
         start = time.monotonic()
@@ -59,7 +59,13 @@ def publish_feed(ingest: str, count: int, rate: float, curve: CurveClientKeys) -
 
 
 def run_subscriber(
-    multicast: list[str], replay: str, count: int, timeout_s: float, ready: Any, key: StreamKey, curve: CurveClientKeys
+    multicast: list[str],
+    replay: str,
+    count: int,
+    timeout_s: float,
+    ready: Any,
+    key: StreamKey,
+    curve: CurveClientKeys | None,
 ) -> dict[str, Any]:
     """In a subscriber host: receive from the start until record `count`, checking each against the feed."""
     logging.getLogger("gateway.auth").setLevel(logging.ERROR)  # the rogue's messages are counted in the table
@@ -98,8 +104,8 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
     with tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp, Lab(hosts) as lab:
         say(f"LAN up: {', '.join(f'{h.name}={h.ip}' for h in lab.hosts)} (bridge {lab.bridge})")
         keys = Keys.create(Path(tmp) / "keys")
-        key, curve = keys.stream_key(), keys.client()
         dep = Deployment(lab, Path(tmp) / "journal", STREAM, keys=keys)
+        key, curve = keys.stream_key(), dep.curve
         say(f"gw: gateway (ingest {dep.ingest}, multicast {dep.multicast[0]}) and replay sidecar ({dep.replay})")
         say(f"gw: multicast signed with stream key {key.id:08x}; CURVE on ingest and replay")
         try:

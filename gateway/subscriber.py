@@ -307,7 +307,8 @@ class Subscriber:
                 item = parse_payload(self.verifier.open(frames))
             except McastError as exc:
                 self.stats.rejected_packets += 1
-                self.stats.unauthenticated += isinstance(exc, Unauthenticated)
+                if isinstance(exc, Unauthenticated):
+                    self.stats.unauthenticated += 1
                 log.debug("feed %s: dropped a packet: %s", feed, exc)
                 continue
             if isinstance(item, Heartbeat):

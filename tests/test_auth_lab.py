@@ -2,8 +2,8 @@
 
 Real processes: the gateway (signing with a stream key, CURVE on ingest) and the replay sidecar (CURVE) on
 "gw", a publisher on "pub", a keyed subscriber on "sub", a subscriber without the key on "plain", and on
-"rogue" a second ZeroMQ PUB (gateway.rogue: forged batches and heartbeats, replayed genuine messages) and
-scapy junk to the same group and port. Figures are printed for docs/security.md (pytest -s).
+"rogue" a second sender (gateway.rogue: forged batches and heartbeats, replayed genuine messages) and scapy
+junk to the same group and port; over epgm and norm. Figures are printed for docs/security.md (pytest -s).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from feedlab import STREAM, WAIT_S, deploy, expected, publish, subscribe
+from feedlab import STREAM, WAIT_S, expected, publish, subscribe
 
-from gateway.deployment import Keys
+from gateway.deployment import Deployment, Keys
 from gateway.journal import JournalReader
 from gateway.mcast import Endpoint
 from gateway.rogue import FORGED, attack
@@ -43,10 +43,11 @@ def subscribe_logged(multicast: list[str], replay: str, until: int, ready: Any, 
     return result
 
 
-def test_rogue_sender_cannot_inject(make_lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["epgm", "norm"])
+def test_rogue_sender_cannot_inject(make_lab, tmp_path: Path, transport: str) -> None:
     lab = make_lab(["gw", "pub", "sub", "plain", "rogue"])
     keys = Keys.create(tmp_path / "keys")
-    dep = deploy(lab, tmp_path / "journal", keys=keys)
+    dep = Deployment(lab, tmp_path / "journal", STREAM, transport=transport, keys=keys)
     feed = Endpoint.parse(dep.multicast[0])
     half = COUNT // 2
     try:
@@ -86,8 +87,9 @@ def test_rogue_sender_cannot_inject(make_lab, tmp_path: Path) -> None:
     assert got["records"] == expected(1, COUNT)
     assert got["losses"] == []
     assert got["sources"].get("live:A", 0) > 0
-    assert 0 < s["unauthenticated"] <= forged
     assert s["unauthenticated"] >= 0.9 * forged, "most forged messages should have reached the subscriber"
+    if transport == "epgm":  # PGM checks its packets; over NORM the junk damages a few genuine ones (security.md)
+        assert s["unauthenticated"] <= forged
     assert s["duplicates_dropped"] >= 1 and sent.get("replayed", 0) > 0  # replayed genuine batches: duplicates
     assert any("failed" in w or "dropped" in w for w in got["warnings"])
     assert got["state"] == "MERGED"  # no forged heartbeat made it chase a head that does not exist
