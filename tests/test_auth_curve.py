@@ -82,6 +82,11 @@ class Secured:
     rogue: CurveClientKeys  # a key pair not allowed, for the right server
     wrong_server: CurveClientKeys  # an allowed key pair, with someone else's server key
 
+    def client_options(self) -> list[str]:
+        """The well-keyed client's options on the command line."""
+        keys = self.keys.dir
+        return ["--curve-key", str(keys / "client.key_secret"), "--curve-server", str(keys / "server.key")]
+
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[Secured]:
@@ -136,10 +141,18 @@ def test_curve_ingest(secured: Secured) -> None:
         sock.send(P.encode(P.Ping()))
         assert not sock.poll(1000)
 
-    assert gw.metric('zeps_rejected_input_total{kind="auth"}') >= 4
+    # The command line, as an operator would run it.
+    cli = [sys.executable, "-m", "gateway.cli", "publish", "--ingest", gw.endpoint, "--stream", STREAM, "--count",
+           "10", "--confirm"]  # fmt: skip
+    good = subprocess.run([*cli, *secured.client_options()], capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and f"last sequence {COUNT + 10}" in good.stderr, good.stderr
+    bare = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 1 and "give --curve-key and --curve-server" in bare.stderr
+
+    assert gw.metric('zeps_rejected_input_total{kind="auth"}') >= 5
     err = gw.stop()
     assert "refused" in err and "plain TCP" not in err
-    assert JournalReader(secured.journal, STREAM).last_seq == COUNT
+    assert JournalReader(secured.journal, STREAM).last_seq == COUNT + 10
 
 
 def test_curve_replay(secured: Secured) -> None:
@@ -161,15 +174,18 @@ def test_curve_replay(secured: Secured) -> None:
     assert [r.body for r in got if r is not None] == [b"%d" % i for i in range(COUNT)]
 
     # The command line, as an operator would run it.
-    keys = secured.keys.dir
     cli = [sys.executable, "-m", "gateway.cli", "history", "--replay", rp.endpoint, "--stream", STREAM]
-    good = subprocess.run([*cli, "--curve-key", str(keys / "client.key_secret"), "--curve-server",
-                           str(keys / "server.key")], capture_output=True, text=True, timeout=60)  # fmt: skip
+    good = subprocess.run([*cli, *secured.client_options()], capture_output=True, text=True, timeout=60)
     assert good.returncode == 0 and len(good.stdout.splitlines()) == COUNT, good.stderr
     bare = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert bare.returncode == 1 and "give --curve-key and --curve-server" in bare.stderr
-    half = subprocess.run([*cli, "--curve-key", str(keys / "client.key_secret")], capture_output=True, text=True)
+    half = subprocess.run([*cli, *secured.client_options()[:2]], capture_output=True, text=True, timeout=60)
     assert half.returncode == 2 and "go together" in half.stderr
+    sub = subprocess.run([sys.executable, "-m", "gateway.cli", "subscribe", "--replay", rp.endpoint, "--stream", STREAM,
+                          "--from", "earliest", "--count", str(COUNT), "--quiet", "--stream-key",
+                          str(secured.keys.stream_key_file), *secured.client_options()],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert sub.returncode == 0 and f"delivered={COUNT}," in sub.stderr and "unauthenticated=0" in sub.stderr
 
     assert rp.metric('zeps_replay_invalid_frames_total{kind="auth"}') >= 4
 
