@@ -354,13 +354,13 @@ class TcpGuard:
     """CURVE on a process's server sockets (or plain TCP, said once), counting and logging refused clients.
 
     `secure(sock)` before bind. Refusals are seen on socket monitors, drained by one thread per socket, and
-    reported through `on_refused(reason)` (a metrics counter); the log gets the first one, then at most one
-    line a minute with the count, so a client retrying with a bad key cannot flood it.
+    reported through `on_refused()` (a metrics counter); the log gets the first one, then at most one line a
+    minute with the count, so a client retrying with a bad key cannot flood it.
     """
 
     LOG_EVERY_S = 60.0
 
-    def __init__(self, ctx: zmq.Context, keys: CurveServerKeys | None, on_refused: Callable[[str], None]) -> None:
+    def __init__(self, ctx: zmq.Context, keys: CurveServerKeys | None, on_refused: Callable[[], None]) -> None:
         self.ctx = ctx
         self.keys = keys
         self.on_refused = on_refused
@@ -369,7 +369,7 @@ class TcpGuard:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._refused = 0  # since the last log line
-        self._logged_at = -self.LOG_EVERY_S
+        self._logged_at = float("-inf")
         self._zap = False
 
     def secure(self, sock: zmq.Socket, what: str) -> None:
@@ -405,7 +405,7 @@ class TcpGuard:
             monitor.close(linger=0)
 
     def _refuse(self, what: str, reason: str) -> None:
-        self.on_refused(reason)
+        self.on_refused()
         with self._lock:
             self._refused += 1
             now = time.monotonic()

@@ -156,7 +156,7 @@ class Gateway:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        self.guard = TcpGuard(self.ctx, config.curve, lambda _: self.metrics.rejected.labels("auth").inc())
+        self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
         self.guard.secure(self.router, f"ingest {config.ingest}")
         self.router.bind(config.ingest)
         self.xsub: zmq.Socket | None = None

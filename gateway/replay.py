@@ -126,7 +126,7 @@ class ReplayServer:
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full pipe -> EAGAIN (slow client), gone -> EHOSTUNREACH
         self.router.setsockopt(zmq.SNDHWM, config.sndhwm)
         self.router.setsockopt(zmq.LINGER, 500)
-        self.guard = TcpGuard(ctx, config.curve, lambda _: self.metrics.invalid.labels("auth").inc())
+        self.guard = TcpGuard(ctx, config.curve, self.metrics.invalid.labels("auth").inc)
         self.guard.secure(self.router, f"replay {config.bind}")
         self.router.bind(config.bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
