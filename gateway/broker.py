@@ -28,6 +28,7 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.auth import CurveServerKeys, StreamKey, TcpGuard, message
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Heartbeat, Tuning, open_pub
 from gateway.metrics import GatewayMetrics
@@ -68,6 +69,8 @@ class GatewayConfig:
     retention: Retention = field(default_factory=Retention)
     segment_bytes: int = 64 * 1024 * 1024
     metrics: str | None = None
+    stream_key: StreamKey | None = None  # signs every multicast message (gateway.auth)
+    curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -128,19 +131,19 @@ class _Out:
     def __init__(self, sock: zmq.Socket | NormSender, endpoint: Endpoint, heads: dict[str, int]) -> None:
         self.sock = sock
         self.endpoint = endpoint
-        self.queue: deque[tuple[bytes, bytes, int]] = deque()  # (stream, batch, last_seq)
+        self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
         self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
 
     def pump(self) -> float:
         """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
         while self.queue:
-            stream, data, last = self.queue[0]
+            frames, last = self.queue[0]
             try:
-                self.sock.send_multipart((stream, data), zmq.NOBLOCK, copy=len(data) < 8192)
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
             except zmq.Again:
                 return self.RETRY_S
             self.queue.popleft()
-            self.sent_head[stream.decode()] = last
+            self.sent_head[frames[0].decode()] = last
         # NORM takes part of a message that does not fit and the rest only when asked again.
         if isinstance(self.sock, NormSender) and not self.sock.drain():
             return self.RETRY_S
@@ -173,11 +176,14 @@ class Gateway:
         self.router.setsockopt(zmq.LINGER, 1000)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+        self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
+        self.guard.secure(self.router, f"ingest {config.ingest}")
         self.router.bind(config.ingest)
         self.xsub: zmq.Socket | None = None
         if config.ingest_pub:
             self.xsub = self.ctx.socket(zmq.XSUB)
             self.xsub.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+            self.guard.secure(self.xsub, f"ingest-pub {config.ingest_pub}")
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
         self.outs: list[_Out] = []
@@ -190,12 +196,14 @@ class Gateway:
         self._next_heartbeat = 0.0
         self._stopping = False
         log.info(
-            "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s",
+            "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
             ",".join(config.streams),
             config.ingest,
             ",".join(str(o.endpoint) for o in self.outs) or "none",
             config.journal,
+            config.stream_key,
+            config.curve,
         )
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -255,9 +263,9 @@ class Gateway:
         ts = time.time_ns()
         for out in self.outs:
             for stream, head in out.sent_head.items():
-                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id)
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
                 with contextlib.suppress(zmq.Again):  # a full transport skips a beat; the next one comes
-                    out.sock.send_multipart((stream.encode(), hb.encode()), zmq.NOBLOCK)
+                    out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 self.metrics.heartbeats.inc()
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------
@@ -410,9 +418,9 @@ class Gateway:
         lane.unsequenced.clear()
         self.metrics.journaled.inc(batch.count)
         self.metrics.batch_records.observe(batch.count)
-        name = lane.stream.encode()
+        frames = message(self.config.stream_key, lane.stream.encode(), sealed)  # signed once, for every output
         for out in self.outs:
-            out.queue.append((name, sealed, last))
+            out.queue.append((frames, last))
         self.metrics.multicast.inc(len(self.outs))
 
     def _disk_full(self, lane: _Lane, exc: OSError) -> str:
@@ -500,6 +508,7 @@ class Gateway:
         for lane in self.lanes.values():
             lane.writer.close()
             self._send_confirms(lane)
+        self.guard.close()
         self.router.close()
         if self.xsub is not None:
             self.xsub.close()

@@ -13,6 +13,7 @@ from gateway.commands import MODULES
 
 
 def _user_errors() -> tuple[type[Exception], ...]:
+    from gateway.auth import AuthError
     from gateway.batch import BatchError
     from gateway.broker import ConfigError
     from gateway.journal import JournalError
@@ -21,7 +22,17 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from gateway.publisher import PublishError
     from gateway.replay_client import ReplayError
 
-    return (BatchError, ConfigError, JournalError, McastError, ProtocolError, PublishError, ReplayError, OSError)
+    return (
+        AuthError,
+        BatchError,
+        ConfigError,
+        JournalError,
+        McastError,
+        ProtocolError,
+        PublishError,
+        ReplayError,
+        OSError,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

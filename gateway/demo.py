@@ -3,13 +3,17 @@
 Four network-namespace hosts on one bridge: "gw" runs the gateway and the replay sidecar, "pub" publishes
 a paced feed, "early" subscribes from the start behind 5% inbound packet loss, and "late" joins when
 a third of the feed has gone by; later "early" is cut off the LAN for longer than PGM's own repair
-window, so only the journal can fill what it missed. Each subscriber checks every record it receives against what was
-published, and the demo prints, per subscriber, where the records came from and whether the stream was
-complete, in order, and exactly once.
+window, so only the journal can fill what it missed. Meanwhile a fifth host, "rogue", attacks the feed: a
+ZeroMQ PUB of its own on the same group and port (forged batches and heartbeats, replayed genuine ones) and
+scapy junk. The deployment is secured (docs/security.md): multicast signed with a stream key, CURVE on
+ingest and replay. Each subscriber checks every record it receives against what was published, and the demo
+prints, per subscriber, where the records came from, what it dropped, and whether the stream was complete,
+in order, and exactly once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -17,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.auth import CurveClientKeys, StreamKey
 from gateway.commands.publish import generated
-from gateway.deployment import Deployment
+from gateway.deployment import Deployment, Keys
+from gateway.mcast import Endpoint
 from gateway.publisher import Publisher
+from gateway.rogue import FORGED, attack
 from gateway.subscriber import DataLoss, Subscriber
-from netlab import Lab
+from netlab import Lab, packets
 from netlab.impair import Impairment, heal, impair, partition
 
 STREAM = "demo.ticks"
@@ -35,12 +42,14 @@ class DemoPlan:
     loss_pct: float = 5.0
     late_at: float = 1 / 3  # fraction of the feed published before the late subscriber joins
     outage_s: float = 3.0  # "early" is partitioned this long, a while after "late" joins
+    rogue_messages: int = 400  # sent by the rogue PUB when "late" joins
+    junk: int = 300  # scapy datagrams of random bytes to the feed's group and port
     timeout_s: float = 120.0
 
 
-def publish_feed(ingest: str, count: int, rate: float) -> int | None:
+def publish_feed(ingest: str, count: int, rate: float, curve: CurveClientKeys | None) -> int | None:
     """In host "pub": the generated feed, paced, every record confirmed as journaled."""
-    with Publisher(ingest, STREAM, confirm=True, batch_records=50) as pub:
+    with Publisher(ingest, STREAM, confirm=True, batch_records=50, curve=curve) as pub:
         start = time.monotonic()
         for i, (key, body) in enumerate(generated(count, BODY, KEYS, 0)):
             pub.publish(key, body)
@@ -49,11 +58,20 @@ def publish_feed(ingest: str, count: int, rate: float) -> int | None:
         return pub.flush()
 
 
-def run_subscriber(multicast: list[str], replay: str, count: int, timeout_s: float, ready: Any) -> dict[str, Any]:
+def run_subscriber(
+    multicast: list[str],
+    replay: str,
+    count: int,
+    timeout_s: float,
+    ready: Any,
+    key: StreamKey,
+    curve: CurveClientKeys | None,
+) -> dict[str, Any]:
     """In a subscriber host: receive from the start until record `count`, checking each against the feed."""
+    logging.getLogger("gateway.auth").setLevel(logging.ERROR)  # the rogue's messages are counted in the table
     want = generated(count, BODY, KEYS, 0)
     report: dict[str, Any] = {"out_of_order": 0, "wrong_content": 0, "lost_reported": 0, "last_seq": 0}
-    with Subscriber(STREAM, multicast=multicast, replay=replay, start="earliest") as sub:
+    with Subscriber(STREAM, multicast=multicast, replay=replay, start="earliest", stream_key=key, curve=curve) as sub:
         ready.put("up")
         deadline = time.monotonic() + timeout_s
         expect = 1
@@ -82,26 +100,36 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
         raise PermissionError("zeps demo builds network namespaces and needs root: run it as root (sudo)")
     from netlab.procs import MP
 
-    with tempfile.TemporaryDirectory(prefix="zeps-demo-") as journal, Lab(["gw", "pub", "early", "late"]) as lab:
+    hosts = ["gw", "pub", "early", "late", "rogue"]
+    with tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp, Lab(hosts) as lab:
         say(f"LAN up: {', '.join(f'{h.name}={h.ip}' for h in lab.hosts)} (bridge {lab.bridge})")
-        dep = Deployment(lab, Path(journal), STREAM)
+        keys = Keys.create(Path(tmp) / "keys")
+        dep = Deployment(lab, Path(tmp) / "journal", STREAM, keys=keys)
+        key, curve = keys.stream_key(), dep.curve
         say(f"gw: gateway (ingest {dep.ingest}, multicast {dep.multicast[0]}) and replay sidecar ({dep.replay})")
+        say(f"gw: multicast signed with stream key {key.id:08x}; CURVE on ingest and replay")
         try:
             impair(lab, "early", Impairment(loss_pct=plan.loss_pct), direction="in")
             say(f"early: subscribes from the start, behind {plan.loss_pct:g}% inbound packet loss")
             ready = MP.Queue()
             early = lab.start("early", run_subscriber, dep.for_host("early"), dep.replay, plan.records,
-                              plan.timeout_s, ready)  # fmt: skip
+                              plan.timeout_s, ready, key, curve)  # fmt: skip
             ready.get(timeout=60)
             seconds = plan.records / plan.rate
             say(f"pub: publishing {plan.records:,} records of {BODY} bytes over {KEYS} keys at {plan.rate:,.0f}/s "
                 f"(~{seconds:.0f} s)")  # fmt: skip
-            feed = lab.start("pub", publish_feed, dep.ingest, plan.records, plan.rate)
+            feed = lab.start("pub", publish_feed, dep.ingest, plan.records, plan.rate, curve)
             time.sleep(seconds * plan.late_at)
             say(f"late: joins now, about {int(plan.records * plan.late_at):,} records behind, from the beginning")
             late = lab.start("late", run_subscriber, dep.for_host("late"), dep.replay, plan.records,
-                             plan.timeout_s, ready)  # fmt: skip
-            time.sleep(seconds * 0.2)
+                             plan.timeout_s, ready, key, curve)  # fmt: skip
+            outage_at = time.monotonic() + seconds * 0.2
+            rogue = lab.start("rogue", attack, dep.for_host("rogue")[0], STREAM, plan.rogue_messages)
+            group = Endpoint.parse(dep.multicast[0])
+            junk = packets.inject(lab, "rogue", group.group, group.port, count=plan.junk, size=200, pps=500)
+            say(f"rogue: a ZeroMQ PUB of its own on {group.group}:{group.port} (forged batches and heartbeats, "
+                f"replayed genuine ones), and {junk} datagrams of scapy junk")  # fmt: skip
+            time.sleep(max(0.0, outage_at - time.monotonic()))
             say(f"early: cut off the LAN for {plan.outage_s:g} s, longer than PGM can repair (recovery interval 2 s)")
             partition(lab, "early")
             time.sleep(plan.outage_s)
@@ -109,12 +137,15 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
             say("early: back on the LAN")
             last = feed.result(timeout=plan.timeout_s)
             say(f"pub: done, {plan.records:,} records confirmed journaled (last sequence {last})")
+            sent = rogue.result(timeout=plan.timeout_s)
             say("waiting for the subscribers to finish ...")
             reports = {"early": early.result(timeout=plan.timeout_s), "late": late.result(timeout=plan.timeout_s)}
         finally:
             problems = dep.close()
     for problem in problems:
         say(f"gw: {problem}")
+    forged = sum(sent.get(kind, 0) for kind in FORGED)
+    say(f"rogue: sent {forged} forged messages, {sent.get('replayed', 0)} replayed genuine ones, {junk} junk datagrams")
     return _verdict(plan.records, reports, say) and not problems
 
 
@@ -127,6 +158,7 @@ def _verdict(published: int, reports: dict[str, dict[str, Any]], say) -> bool:
         ("gaps detected", lambda r: r["gaps_detected"]),
         ("gaps filled", lambda r: r["gaps_filled"]),
         ("duplicates dropped", lambda r: r["duplicates_dropped"]),
+        ("rogue messages dropped", lambda r: r["unauthenticated"]),
         ("out of order", lambda r: r["out_of_order"]),
         ("wrong content", lambda r: r["wrong_content"]),
         ("reported lost", lambda r: r["lost_reported"]),
@@ -147,6 +179,8 @@ def _verdict(published: int, reports: dict[str, dict[str, Any]], say) -> bool:
         ok &= complete
         verdict = "COMPLETE: every record, in order, exactly once" if complete else "INCOMPLETE"
         say(f"{name}: {verdict} (final state {r['state']})")
+        intact = "stream intact" if complete else "stream NOT intact"
+        say(f"{name}: rogue packets dropped: {r['unauthenticated']:,} (the junk died in PGM's checks), {intact}")
     say("")
     say("VERDICT: PASS" if ok else "VERDICT: FAIL")
     return ok

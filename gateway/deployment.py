@@ -3,21 +3,56 @@
 Both are started with `python -m gateway.cli`, restartable (kill -9 included), and stopped with SIGTERM.
 Multicast feeds get distinct ports: on Linux a socket bound to a port receives every group joined on that
 port, and OpenPGM then accepts the other feed's packets too, so A and B on one port would cross-talk.
+With `Keys`, the deployment is secured: multicast signed with a stream key, CURVE on ingest and replay.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 
 from gateway import protocol as P
+from gateway.auth import CurveClientKeys, StreamKey, create_curve_certificates
 from netlab import Lab
+
+
+@dataclass(frozen=True)
+class Keys:
+    """A stream key and CURVE key pairs (the servers', one allowed client's) in one directory."""
+
+    dir: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> Keys:
+        keys = cls(directory)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        StreamKey.generate().save(keys.stream_key_file)
+        create_curve_certificates(directory / "server")
+        public, _ = create_curve_certificates(directory / "client")
+        (directory / "allow").mkdir(mode=0o700)
+        shutil.copy(public, directory / "allow")
+        return keys
+
+    @property
+    def stream_key_file(self) -> Path:
+        return self.dir / "stream.key"
+
+    def server_args(self) -> list[str]:
+        return ["--curve-secret", str(self.dir / "server.key_secret"), "--curve-allow", str(self.dir / "allow")]
+
+    def stream_key(self) -> StreamKey:
+        return StreamKey.load(self.stream_key_file)
+
+    def client(self) -> CurveClientKeys:
+        return CurveClientKeys.load(self.dir / "client.key_secret", self.dir / "server.key")
 
 
 class Deployment:
@@ -33,9 +68,12 @@ class Deployment:
         transport: str = "epgm",
         host: str = "gw",
         gateway_args: Sequence[str] = (),
+        keys: Keys | None = None,
     ) -> None:
         self.lab = lab
         self.gateway_args = list(gateway_args)  # more `zeps gateway` options
+        self.keys = keys
+        self.curve = keys.client() if keys else None  # what clients of this deployment need
         self.journal = journal
         self.stream = stream
         self.host = host
@@ -62,11 +100,14 @@ class Deployment:
                 "--replay-endpoint", self.replay, "--heartbeat-ms", "50"]  # fmt: skip
         for ep in self.multicast:
             args += ["--multicast", ep]
+        if self.keys:
+            args += ["--stream-key", str(self.keys.stream_key_file), *self.keys.server_args()]
         self.gateway = self._zeps(*args, *self.gateway_args)
         self._wait_ping(self.ingest, self.gateway)
 
     def start_replay(self) -> None:
-        self.sidecar = self._zeps("replay", "--journal", str(self.journal), "--bind", self.replay)
+        secured = self.keys.server_args() if self.keys else []
+        self.sidecar = self._zeps("replay", "--journal", str(self.journal), "--bind", self.replay, *secured)
         self._wait_ping(self.replay, self.sidecar)
 
     def kill9(self, which: str) -> None:
@@ -76,7 +117,7 @@ class Deployment:
         proc.wait(10)
 
     def _wait_ping(self, endpoint: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-        self.lab.run(self.host, wait_ping, endpoint, timeout, timeout=timeout + 5)
+        self.lab.run(self.host, wait_ping, endpoint, timeout, self.curve, timeout=timeout + 5)
         assert proc.poll() is None, proc.communicate()[1]
 
     def close(self) -> list[str]:
@@ -97,10 +138,12 @@ class Deployment:
         return problems
 
 
-def wait_ping(endpoint: str, timeout: float) -> None:
+def wait_ping(endpoint: str, timeout: float, curve: CurveClientKeys | None = None) -> None:
     """Inside a lab host: until a ZEPS server at `endpoint` answers PING."""
     with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(sock)
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

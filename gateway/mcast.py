@@ -4,7 +4,8 @@ Every multicast message has two frames: the stream name, then a payload. The nam
 can select streams by prefix on a shared group (ZeroMQ filters on the first frame; readers then check the
 name exactly). The payload is either a record batch (`gateway.batch`, magic b"ZB") or a heartbeat (magic
 b"ZH") carrying the stream's head sequence and the replay endpoint, so a subscriber detects tail loss and
-finds the replay sidecar from the multicast alone.
+finds the replay sidecar from the multicast alone. A gateway with a stream key adds a third frame, the
+authenticator of both (`gateway.auth`).
 
 With PGM and NORM the publisher cannot see subscriptions (seed 001): filtering happens at the SUB side, and
 subscribers subscribe to whole streams so that they see every sequence (exact gap detection).

@@ -20,6 +20,7 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.auth import CurveClientKeys, Handshake
 
 
 class PublishError(RuntimeError):
@@ -41,6 +42,7 @@ class Publisher:
         batch_bytes: int = 60_000,
         linger_ms: float = 5.0,
         timeout: float = 10.0,
+        curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
         P.validate_stream_name(stream)
@@ -52,11 +54,9 @@ class Publisher:
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, int(timeout * 1000))
         self.sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._poller = zmq.Poller()
-        self._poller.register(self.sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
-        self.lost: str | None = None  # why the session ended, once the connection has dropped
+        if curve is not None:
+            curve.apply(self.sock)
+        self.handshake = Handshake(self.sock)  # explains a gateway that stays silent (CURVE refusals)
         self.sock.connect(endpoint)
         self.pending: list[tuple[int, bytes, bytes]] = []
         self.pending_bytes = 0
@@ -67,6 +67,17 @@ class Publisher:
         try:
             self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
             self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
+        except BaseException:
+            self.sock.close(linger=0)
+            raise
+        finally:
+            self.handshake.close()  # answered, or given up: make way for the monitor that watches for a drop
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._poller = zmq.Poller()
+        self._poller.register(self.sock, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.lost: str | None = None  # why the session ended, once the connection has dropped
+        try:
             wanted = (P.FEATURE_BATCH, P.FEATURE_CONFIRM) if confirm else (P.FEATURE_BATCH,)
             self._send(P.Extend(wanted))
             granted = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
@@ -193,8 +204,9 @@ class Publisher:
             block = False
 
     def _expect(self, kind: type[P.Command], what: str, *, invalid_ok: bool = False) -> P.Command | None:
-        if not self.sock.poll(int(self.timeout * 1000)):
-            raise PublishError(f"{what}: no answer within {self.timeout} s; is the gateway running there?")
+        if not self.handshake.poll(self.timeout):
+            why = self.handshake.explain() or f"no answer within {self.timeout} s; is the gateway running there?"
+            raise PublishError(f"{what}: {why}")
         cmd = P.decode(self.sock.recv())
         if isinstance(cmd, kind):
             return cmd

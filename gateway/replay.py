@@ -30,6 +30,7 @@ import zmq
 from prometheus_client import Counter, Gauge
 
 from gateway import protocol as P
+from gateway.auth import CurveServerKeys, TcpGuard
 from gateway.journal import JournalError, JournalReader, NotAJournal
 from gateway.journal.layout import list_segments, seg_path
 from gateway.metrics import Metrics
@@ -61,6 +62,7 @@ class ReplayConfig:
     frames_per_turn: int = 256
     reads_per_turn: int = 8
     max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
+    curve: CurveServerKeys | None = None  # CURVE with allowed client keys; None: plain TCP
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -124,11 +126,14 @@ class ReplayServer:
         self.config = config
         self.metrics = ReplayMetrics()
         self.sessions: dict[bytes, Session] = {}
-        self.router = (ctx or zmq.Context.instance()).socket(zmq.ROUTER)
+        ctx = ctx or zmq.Context.instance()
+        self.router = ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)  # full pipe -> EAGAIN (slow client), gone -> EHOSTUNREACH
         self.router.setsockopt(zmq.SNDHWM, config.sndhwm)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_command_bytes)
         self.router.setsockopt(zmq.LINGER, 500)
+        self.guard = TcpGuard(ctx, config.curve, self.metrics.invalid.labels("auth").inc)
+        self.guard.secure(self.router, f"replay {config.bind}")
         self.router.bind(config.bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
         if config.metrics:
@@ -373,5 +378,6 @@ class ReplayServer:
         """Tell every client the server is going (DETACH), then close the socket and the metrics endpoint."""
         for s in list(self.sessions.values()):
             self._end(s, "shutdown", notify=True)
+        self.guard.close()
         self.router.close()
         self.metrics.close()

@@ -1,11 +1,12 @@
 """Replay throughput: records/s from a `zeps replay` process into a Python ReplayClient, batched vs per-record.
 
-    python -m gateway.replay_bench [--records 300000] [--body 100]
+    python -m gateway.replay_bench [--records 300000] [--body 100] [--curve]
 
 Writes a journal of `records` records (`body`-byte bodies, in batches of the size the gateway makes by
 default: ~60 KB) to a temporary directory, starts the sidecar on it as a subprocess, and times one client
 replaying it all from sequence 0 with DELIVER-BATCH (iterating every record of every batch) and with plain
-DELIVER. Each run is bounded by `time_limit` seconds; a run cut short reports the rate it reached.
+DELIVER. Each run is bounded by `time_limit` seconds; a run cut short reports the rate it reached. With
+--curve, the sidecar and the client use CURVE (encrypted, authenticated TCP), to measure what it costs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.auth import CurveClientKeys
+from gateway.deployment import Keys
 from gateway.journal import JournalWriter
 from gateway.replay_client import ReplayClient
 
@@ -34,9 +37,16 @@ def write_journal(root: Path, stream: str, records: int, body: int) -> None:
             writer.append(B.Batch.parse(raw, check_crc=False))
 
 
-def _replay(endpoint: str, stream: str, records: int, features: tuple[str, ...], time_limit: float) -> float:
+def _replay(
+    endpoint: str,
+    stream: str,
+    records: int,
+    features: tuple[str, ...],
+    time_limit: float,
+    curve: CurveClientKeys | None,
+) -> float:
     """Records/s for one client reading the whole stream from the start."""
-    with ReplayClient(endpoint, stream, features=features, window=16 << 20) as client:
+    with ReplayClient(endpoint, stream, features=features, window=16 << 20, curve=curve) as client:
         start = time.perf_counter()
         deadline = time.monotonic() + time_limit
         client.subscribe()
@@ -52,12 +62,18 @@ def _replay(endpoint: str, stream: str, records: int, features: tuple[str, ...],
         return got / (time.perf_counter() - start)
 
 
-def benchmark(records: int = 300_000, body: int = 100, time_limit: float = 60.0) -> dict[str, float]:
+def benchmark(
+    records: int = 300_000, body: int = 100, time_limit: float = 60.0, curve: bool = False
+) -> dict[str, float]:
     """{"batch": records/s, "deliver": records/s} on a fresh journal and sidecar."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "journal"
         write_journal(root, "bench", records, body)
         cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
+        keys = Keys.create(Path(tmp) / "keys") if curve else None
+        if keys:
+            cmd += keys.server_args()
+        client = keys.client() if keys else None
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
         try:
             line = proc.stdout.readline().decode()  # type: ignore[union-attr]
@@ -65,8 +81,8 @@ def benchmark(records: int = 300_000, body: int = 100, time_limit: float = 60.0)
             if not match:
                 raise RuntimeError(f"zeps replay did not start: {line!r}")
             return {
-                "batch": _replay(match.group(1), "bench", records, (P.FEATURE_BATCH,), time_limit),
-                "deliver": _replay(match.group(1), "bench", records, (), time_limit),
+                "batch": _replay(match.group(1), "bench", records, (P.FEATURE_BATCH,), time_limit, client),
+                "deliver": _replay(match.group(1), "bench", records, (), time_limit, client),
             }
         finally:
             proc.terminate()
@@ -78,8 +94,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--body", type=int, default=100)
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per run at most")
+    parser.add_argument("--curve", action="store_true", help="CURVE between the sidecar and the client")
     args = parser.parse_args()
-    for mode, rate in benchmark(args.records, args.body, args.time_limit).items():
+    for mode, rate in benchmark(args.records, args.body, args.time_limit, args.curve).items():
         print(f"{mode:8s} {rate:12,.0f} records/s ({args.records} records, {args.body}-byte bodies)")
 
 

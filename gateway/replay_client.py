@@ -21,6 +21,7 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.auth import CurveClientKeys, Handshake
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class ReplayClient:
         features: tuple[str, ...] = DEFAULT_FEATURES,
         window: int = 4 << 20,
         timeout: float = 10.0,
+        curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
         P.validate_stream_name(stream)
@@ -58,6 +60,9 @@ class ReplayClient:
         self.timeout = timeout
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self.sock)
+        self.handshake = Handshake(self.sock)  # explains a server that stays silent (CURVE refusals)
         self.sock.connect(endpoint)
         self._early: deque[tuple[P.Command, int]] = deque()  # stream frames that came while awaiting an answer
         self._window_open = False  # the initial window has been granted
@@ -67,11 +72,13 @@ class ReplayClient:
         try:
             self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
             self._expect(P.AttachOk, f"ATTACH to stream {stream!r}")
+            self.handshake.close()  # answered: the monitor is no longer needed
             if features:
                 self._send(P.Extend(features))
                 ok = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
                 self.features = frozenset(ok.features) if ok else frozenset()
         except BaseException:
+            self.handshake.close()
             self.sock.close()
             raise
 
@@ -180,7 +187,7 @@ class ReplayClient:
         try:
             frame = self.sock.recv(zmq.NOBLOCK)  # while frames stream in, skip the poll
         except zmq.Again:
-            if not self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            if not self.handshake.poll(deadline - time.monotonic()):
                 return None
             frame = self.sock.recv()
         try:
@@ -203,9 +210,8 @@ class ReplayClient:
                 self._send(P.PingOk())
             else:
                 self._early.append(got)
-        raise ReplayError(
-            f"{what}: no answer from {self.endpoint} within {self.timeout} s; is `zeps replay` running there?"
-        )
+        why = self.handshake.explain() or f"no answer within {self.timeout} s; is `zeps replay` running there?"
+        raise ReplayError(f"{what} at {self.endpoint}: {why}")
 
     def close(self) -> None:
         """DETACH (waiting briefly for DETACH-OK, so the server frees the session now), then close."""
@@ -235,6 +241,7 @@ def history(
     last: int = MAX_SEQ,
     pattern: str = "",
     timeout: float = 10.0,
+    curve: CurveClientKeys | None = None,
 ) -> Iterator[B.Record]:
     """The records of `stream` from `first` (0: the first retained) or from journal time `since_ns`, up to
     `last` or the journal's head when the request is served, whichever comes first.
@@ -244,7 +251,7 @@ def history(
     with its journal time (nothing to do if that is before since_ns); the records then come from
     SUBSCRIBE-TIME, up to the batch whose coverage reaches the head.
     """
-    with ReplayClient(endpoint, stream, timeout=timeout) as client:
+    with ReplayClient(endpoint, stream, timeout=timeout, curve=curve) as client:
         client.require(P.FEATURE_BATCH)
         if since_ns is None:
             client.fetch(first, last, pattern)

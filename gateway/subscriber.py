@@ -14,6 +14,9 @@ Sockets, all driven by the caller's thread (no background threads):
 The replay endpoint may be given, or learnt from the multicast heartbeats. Records the application asked
 not to see (topic prefixes) are filtered here; the reconciler still sees every sequence.
 
+With a stream key, multicast that does not check out with it (a rogue sender, junk) never reaches the
+reconciler: it is dropped and counted (`unauthenticated`). Replay connections use CURVE when given keys.
+
 Loss the journal can no longer repair is never skipped in silence: iteration raises `DataLoss` naming the
 range, and iterating again continues after it.
 """
@@ -33,6 +36,7 @@ import zmq
 
 from gateway import batch as B
 from gateway import reconcile as R
+from gateway.auth import CurveClientKeys, StreamKey, Unauthenticated, Verifier
 from gateway.mcast import Endpoint, Heartbeat, McastError, Tuning, open_sub, parse_payload
 from gateway.protocol import Deliver as ZepsDeliver
 from gateway.protocol import FetchEnd
@@ -73,7 +77,8 @@ class SubscriberStats:
     from_live: int = 0
     from_replay: int = 0
     losses: int = 0
-    rejected_packets: int = 0
+    rejected_packets: int = 0  # multicast messages dropped: malformed, or failing the stream key check
+    unauthenticated: int = 0  # of those, the ones that failed the stream key check
     replay_reconnects: int = 0
     states: list[str] = field(default_factory=list)
 
@@ -92,6 +97,7 @@ class SubscriberStats:
             "duplicates_dropped": s.duplicates_dropped,
             "losses": self.losses,
             "rejected_packets": self.rejected_packets,
+            "unauthenticated": self.unauthenticated,
         }
 
 
@@ -157,6 +163,8 @@ class Subscriber:
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
+        stream_key: StreamKey | Sequence[StreamKey] = (),
+        curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
         if not multicast and not replay:
@@ -167,6 +175,9 @@ class Subscriber:
         self.pattern = topics[0] if len(topics) == 1 else ""
         self.replay_endpoint = replay
         self.replay_timeout = replay_timeout
+        self.curve = curve
+        # With a key (two while one is rotated), only multicast that checks out with it is let in.
+        self.verifier = Verifier(stream, [stream_key] if isinstance(stream_key, StreamKey) else stream_key)
         self.stats = SubscriberStats()
         self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
         self.feeds: dict[zmq.Socket, str] = {}
@@ -300,12 +311,14 @@ class Subscriber:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) != 2 or frames[0] != name:
+            if frames[0] != name:
                 continue  # another stream sharing the group and prefix
             try:
-                item = parse_payload(frames[1])
+                item = parse_payload(self.verifier.open(frames))
             except McastError as exc:
                 self.stats.rejected_packets += 1
+                if isinstance(exc, Unauthenticated):
+                    self.stats.unauthenticated += 1
                 log.debug("feed %s: dropped a packet: %s", feed, exc)
                 continue
             if isinstance(item, Heartbeat):
@@ -415,7 +428,9 @@ class Subscriber:
     def _connect(self) -> ReplayClient:
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
-        return ReplayClient(self.replay_endpoint, self.stream, timeout=self.replay_timeout, ctx=self.ctx)
+        return ReplayClient(
+            self.replay_endpoint, self.stream, timeout=self.replay_timeout, curve=self.curve, ctx=self.ctx
+        )
 
     def _replay_lost(self, now: float, reason: str) -> None:
         log.warning("replay connection lost (%s); reconnecting", reason)

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from gateway.async_subscriber import AsyncSubscriber
 from gateway.commands.publish import generated
-from gateway.deployment import Deployment
+from gateway.deployment import Deployment, Keys
 from gateway.metrics import SubscriberMetrics
 from gateway.publisher import Publisher
 from gateway.subscriber import DataLoss, Subscriber
@@ -32,9 +32,9 @@ def expected(first: int, last: int) -> list[tuple[int, bytes]]:
     return [(i + 1, body) for i, (_, body) in enumerate(bodies) if i + 1 >= first]
 
 
-def publish(ingest: str, skip: int, count: int, rate: float) -> int | None:
+def publish(ingest: str, skip: int, count: int, rate: float, curve: Any = None) -> int | None:
     """Publish records skip..skip+count-1 of the generated load (confirmed); returns the last sequence."""
-    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S, batch_records=100) as pub:
+    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S, batch_records=100, curve=curve) as pub:
         for i, (key, body) in enumerate(generated(skip + count, BODY, KEYS, 0)):
             if i < skip:
                 continue
@@ -67,10 +67,13 @@ class _Tally:
                 "state": sub.state}  # fmt: skip
 
 
-def subscribe(multicast: list[str], replay: str, start: Any, until: int, ready: Any = None) -> dict[str, Any]:
-    """Run a Subscriber until sequence `until` is delivered; returns (seq, body) pairs and the summary."""
+def subscribe(
+    multicast: list[str], replay: str, start: Any, until: int, ready: Any = None, **options: Any
+) -> dict[str, Any]:
+    """Run a Subscriber (with `options`) until sequence `until` is delivered; returns (seq, body) pairs and the
+    summary."""
     tally = _Tally(until)
-    with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0) as sub:
+    with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0, **options) as sub:
         if ready is not None:
             ready.put("up")
         while tally.running():
@@ -103,5 +106,5 @@ def subscribe_async(multicast: list[str], replay: str, start: Any, until: int, r
     return asyncio.run(run())
 
 
-def deploy(lab: Lab, journal: Path, feeds: int = 1) -> Deployment:
-    return Deployment(lab, journal, STREAM, feeds=feeds)
+def deploy(lab: Lab, journal: Path, feeds: int = 1, keys: Keys | None = None) -> Deployment:
+    return Deployment(lab, journal, STREAM, feeds=feeds, keys=keys)

@@ -7,6 +7,8 @@ import signal
 import tomllib
 from pathlib import Path
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -39,6 +41,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--retention-bytes", type=int, help="delete old segments beyond this many bytes per stream")
     p.add_argument("--retention-s", type=float, help="delete segments older than this many seconds")
     p.add_argument("--metrics", help="serve Prometheus metrics at HOST:PORT")
+    p.add_argument("--stream-key", metavar="FILE", help="sign every multicast message with this key (zeps keygen)")
+    keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -53,6 +57,7 @@ def _settings(args: argparse.Namespace) -> dict:
 
 
 def config_from(settings: dict):
+    from gateway.auth import StreamKey, server_keys
     from gateway.broker import GatewayConfig
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
@@ -76,6 +81,8 @@ def config_from(settings: dict):
         durability=Durability(**durability),
         retention=Retention(max_bytes=settings.get("retention_bytes"), max_age_s=settings.get("retention_s")),
         metrics=settings.get("metrics"),
+        stream_key=StreamKey.load(settings["stream_key"]) if settings.get("stream_key") else None,
+        curve=server_keys(settings.get("curve_secret"), settings.get("curve_allow")),
         **{
             k: settings[k]
             for k in (

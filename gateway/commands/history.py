@@ -8,6 +8,8 @@ import json
 import sys
 from datetime import UTC, datetime
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -29,6 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--to", type=int, help="last sequence (default: the head)")
     p.add_argument("--topic", default="", help="only keys starting with this prefix")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
+    keyopts.add_client_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -66,6 +69,7 @@ def _run(args: argparse.Namespace) -> int:
             last=MAX_SEQ if args.to is None else args.to,
             pattern=args.topic,
             timeout=args.timeout,
+            curve=keyopts.client_curve(args),
         ):
             body = base64.b64encode(rec.body).decode()
             line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": body}

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -23,6 +25,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=0.0, help="generated records per second (default: unpaced)")
     p.add_argument("--keys", type=int, default=1, help="generated keys key000.. (default 1)")
     p.add_argument("--confirm", action="store_true", help="wait until the gateway confirms all is journaled")
+    keyopts.add_client_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -48,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         records = ((args.key, line.rstrip(b"\n")) for line in sys.stdin.buffer)
     try:
-        with Publisher(args.ingest, args.stream, confirm=args.confirm) as pub:
+        with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args)) as pub:
             n = 0
             for key, body in records:
                 pub.publish(key, body)

@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -29,6 +31,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-command-bytes", type=int, default=65_536, help="larger frames close the connection (default 65536)"
     )
+    keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -48,6 +51,7 @@ def _run(args: argparse.Namespace) -> int:
             max_clients=args.max_clients,
             max_fetches=args.max_fetches,
             max_command_bytes=args.max_command_bytes,
+            curve=keyopts.server_curve(args),
         )
         server = ReplayServer(config)
     except (ValueError, OSError, zmq.ZMQError) as exc:

@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+from gateway.commands import keyopts
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -29,10 +31,19 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-lag", type=int, help="records behind the live feed before switching to replay")
     p.add_argument("--quiet", action="store_true", help="print no records, only the summary")
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics (counters, lag, state) here")
+    p.add_argument(
+        "--stream-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="accept only multicast signed with this key (repeat while a key is rotated)",
+    )
+    keyopts.add_client_options(p)
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.auth import StreamKey
     from gateway.metrics import SubscriberMetrics
     from gateway.subscriber import DataLoss, Subscriber
 
@@ -49,6 +60,8 @@ def _run(args: argparse.Namespace) -> int:
         start=args.start,
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
+        stream_key=[StreamKey.load(path) for path in args.stream_key],
+        curve=keyopts.client_curve(args),
     ) as sub:
         metrics = SubscriberMetrics(sub) if args.metrics else None
         if metrics:
