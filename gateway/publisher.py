@@ -13,6 +13,7 @@ with a new one. That is at-least-once: a record journaled just before a crash, u
 
 from __future__ import annotations
 
+import itertools
 import time
 from types import TracebackType
 
@@ -21,6 +22,8 @@ import zmq
 from gateway import batch as B
 from gateway import protocol as P
 from gateway.auth import CurveClientKeys, Handshake
+
+_ids = itertools.count()  # monitor addresses
 
 
 class PublishError(RuntimeError):
@@ -72,7 +75,8 @@ class Publisher:
             raise
         finally:
             self.handshake.close()  # answered, or given up: make way for the monitor that watches for a drop
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # A fresh address: the handshake monitor's may not be released yet (libzmq closes sockets lazily).
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED, f"inproc://publisher-drop-{next(_ids)}")
         self._poller = zmq.Poller()
         self._poller.register(self.sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
