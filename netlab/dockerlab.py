@@ -52,7 +52,6 @@ _ID_RE = re.compile(r"^zd[0-9a-f]{3}$")
 _OBJECT_RE = re.compile(r"^(zd[0-9a-f]{3})-")
 _PREFIX_RE = re.compile(r"^zd[0-9a-f]{0,3}-?$")
 _CONFLICT = 409
-_BRIDGE_OPTION = "com.docker.network.bridge."
 
 
 def client() -> docker.DockerClient:
@@ -304,7 +303,9 @@ def lab_ids_present(engine: docker.DockerClient | None) -> set[str]:
             lab_id = container.labels.get(LABEL_ID, "")
             if _ID_RE.match(lab_id) and container.name.startswith(f"{lab_id}-"):
                 ids.add(lab_id)
-        ids |= {n.name for n in engine.networks.list(filters=label) if _ID_RE.match(n.name)}
+        for net in engine.networks.list(filters=label):
+            if _ID_RE.match(net.name) and (net.attrs.get("Labels") or {}).get(LABEL_ID) == net.name:
+                ids.add(net.name)
     return ids | {r["id"] for r in state.load_all() if _ID_RE.match(r["id"])}
 
 

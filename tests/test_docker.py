@@ -12,9 +12,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.lab
 NETLAB_CLI = Path(sys.executable).parent / "netlab"
 JOURNAL = Path("/var/lib/zeps/journal")  # inside the gateway's container
 COUNT = 6000
-RATE = 2000.0  # records/s: the feed lasts 3 s, long after the subscriber has joined
+RATE = 2000.0  # records/s: the feed lasts 3 s
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +74,16 @@ def zeps(*args: str) -> list[str]:
     return [sys.executable, "-m", "gateway.cli", *args]
 
 
+def wait_joined(group: str, timeout: float) -> None:
+    """Inside a host: until a socket there has joined ``group`` (the kernel's list, /proc/net/igmp, is per netns)."""
+    wanted = socket.inet_aton(group)[::-1].hex().upper()  # the file shows groups as little-endian hex
+    deadline = time.monotonic() + timeout
+    while wanted not in Path("/proc/net/igmp").read_text():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing joined {group} within {timeout} s")
+        time.sleep(0.05)
+
+
 def netlab_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run([str(NETLAB_CLI), *args], capture_output=True, text=True, timeout=240)
     assert not check or done.returncode == 0, done.stderr
@@ -92,6 +104,7 @@ def test_gateway_feed_crosses_containers_exactly_once(docker_lab: Callable[..., 
                  "--count", str(COUNT), "--timeout", "60"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        lab.run("sub", wait_joined, group, 30.0, timeout=40)
         pub = lab.popen(
             "pub",
             zeps("publish", "--ingest", deployment.ingest, "--stream", STREAM, "--count", str(COUNT),
