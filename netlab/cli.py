@@ -347,10 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("netlab: %(message)s"))
-    logging.getLogger("netlab").addHandler(handler)  # progress of long work, such as building the Docker image
-    logging.getLogger("netlab").setLevel(logging.INFO)
+    log = logging.getLogger("netlab")
+    if not log.handlers:  # show the progress of long work, such as building the Docker image
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("netlab: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     if os.geteuid() != 0:
         print(f"netlab: {lab_mod.ROOT_MESSAGE}", file=sys.stderr)
         return 1

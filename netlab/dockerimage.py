@@ -19,6 +19,7 @@ in the same Python minor version, bookworm's 3.11, which is checked.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -40,6 +41,8 @@ from pathlib import Path
 import docker
 import docker.errors
 
+from netlab.lab import LabError
+
 log = logging.getLogger("netlab")
 
 PROJECT = "zeps-gateway"
@@ -47,7 +50,7 @@ IMAGE = "zeps-netlab"
 BASE_IMAGE = "zeps-netlab-base"
 LABEL_SOURCE = "netlab.source"  # the checkout an image was built from: older images of it are pruned
 SUITE = "bookworm"
-IMAGE_PYTHON = (3, 11)  # bookworm's python3
+PYTHON_VERSION = (3, 11)  # bookworm's python3
 BASE_PACKAGES = ("python3", "libzmq5", "libnorm1", "iproute2", "iputils-ping", "procps")
 MIRROR = os.environ.get("NETLAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SITE_DIR = "/usr/local/lib/python3.11/dist-packages"
@@ -56,7 +59,7 @@ _TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/sh
 _PROGRESS_EVERY = 10.0  # seconds between debootstrap progress lines
 
 
-class ImageError(RuntimeError):
+class ImageError(LabError):
     """The image could not be built; the message says why and what to do."""
 
 
@@ -99,6 +102,7 @@ def _build_lock(directory: Path) -> Iterator[None]:
 
 
 def base_tag() -> str:
+    """``zeps-netlab-base:<hash of what debootstrap is asked for>``."""
     spec = {"suite": SUITE, "variant": "minbase", "packages": BASE_PACKAGES, "mirror": MIRROR, "trim": _TRIM}
     return f"{BASE_IMAGE}:{_digest(json.dumps(spec, sort_keys=True).encode())}"
 
@@ -110,12 +114,12 @@ def _debootstrap(rootfs: Path) -> None:
     argv = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), MIRROR]
     log.info("building the base image: %s (about a minute)", " ".join(argv))
     start = last = time.monotonic()
-    tail: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=20)
     packages = 0
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
-            tail = [*tail[-19:], line.rstrip()]
+            tail.append(line.rstrip())
             packages += line.startswith("I: Retrieving ") and len(line.split()) == 4  # "I: Retrieving NAME VERSION"
             if time.monotonic() - last >= _PROGRESS_EVERY:
                 last = time.monotonic()
@@ -230,9 +234,9 @@ def _scripts(project: importlib.metadata.Distribution) -> dict[str, bytes]:
 
 def _context_files() -> dict[str, Path | bytes]:
     """What the project layer adds, by path in the build context: ``site/...`` and ``bin/...``."""
-    if sys.version_info[:2] != IMAGE_PYTHON:
+    if sys.version_info[:2] != PYTHON_VERSION:
         raise ImageError(
-            f"the image runs Debian {SUITE}'s Python {'.'.join(map(str, IMAGE_PYTHON))} and gets its packages from "
+            f"the image runs Debian {SUITE}'s Python {'.'.join(map(str, PYTHON_VERSION))} and gets its packages from "
             f"this environment, but this is Python {sys.version_info.major}.{sys.version_info.minor}: compiled "
             "extensions would not load. Run netlab from a Python 3.11 virtualenv (scripts/setup.sh makes one)."
         )
