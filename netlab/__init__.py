@@ -1,6 +1,7 @@
 """netlab: throw-away LANs of network namespaces (or Docker containers) for multicast tests and demos."""
 
 from netlab import impair, packets
+from netlab.dockerlab import DockerLab
 from netlab.impair import Impairment, LinkCounters
 from netlab.lab import GROUP_NET, HOST_IFNAME, LAB_NET, PREFIX, Host, Lab, LabError, down_all
 from netlab.ns import interface_ipv4
@@ -14,6 +15,7 @@ __all__ = [
     "MP",
     "PREFIX",
     "Capture",
+    "DockerLab",
     "Flow",
     "Host",
     "HostError",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import signal
@@ -15,9 +16,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from netlab import dockerlab, packets, state
 from netlab import impair as impair_mod
 from netlab import lab as lab_mod
-from netlab import packets, state
+from netlab.dockerlab import DockerLab
 from netlab.lab import Lab, LabError, down_all
 
 
@@ -82,9 +84,17 @@ def _group_port(text: str) -> tuple[str, int]:
     return group, int(port)
 
 
+def _load(name: str) -> Lab:
+    """The lab called ``name``, as an object of its backend's class (Docker labs run commands in containers)."""
+    records = [r for r in state.load_all() if name in (r["name"], r["id"])]
+    if records and records[0].get("backend") == dockerlab.BACKEND:
+        return DockerLab.load(name)
+    return Lab.load(name)
+
+
 def _load_host(spec: str) -> tuple[Lab, str]:
     lab_name, host = resolve_host(spec, state.load_all())
-    return Lab.load(lab_name), host
+    return _load(lab_name), host
 
 
 def _owner_text(record: dict[str, Any]) -> str:
@@ -95,11 +105,16 @@ def _owner_text(record: dict[str, Any]) -> str:
 
 
 def _print_lab(record: dict[str, Any]) -> None:
+    docker = f"  docker image {record['image']}" if record.get("backend") == dockerlab.BACKEND else ""
     print(
         f"{record['name']}  id {record['id']}  subnet {record['subnet']}  bridge {record['bridge']}"
-        f"  owner {_owner_text(record)}"
+        f"  owner {_owner_text(record)}{docker}"
     )
-    lab = Lab.load(record["id"])
+    try:
+        lab = Lab.load(record["id"])
+    except LabError:  # removed since the records were read: labs of running programs come and go
+        print("  (removed meanwhile)")
+        return
     for h in record["hosts"]:
         line = f"  {h['name']:<12} {h['ip']:<15} netns {h['netns']:<20} if {h['ifname']}"
         try:
@@ -117,14 +132,16 @@ def _only_lab() -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    lab = Lab(args.hosts, args.name, persistent=True).up()
+    backend = DockerLab if args.backend == dockerlab.BACKEND else Lab
+    lab = backend(args.hosts, args.name, persistent=True).up()
     _print_lab(lab.to_record())
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     records = state.load_all()
-    leftovers = sorted(lab_mod.lab_ids_present() - {r["id"] for r in records})
+    present = lab_mod.lab_ids_present() | dockerlab.lab_ids_present(dockerlab.running_client())
+    leftovers = sorted(present - {r["id"] for r in records})
     if args.json:
         print(json.dumps({"labs": records, "leftovers": leftovers}, indent=2))
         return 0
@@ -143,7 +160,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise LabError("no command given: netlab exec HOST -- CMD [ARG...]")
     lab_name, host = resolve_host(args.host, state.load_all())
     try:
-        proc = Lab.load(lab_name).popen(host, command)
+        proc = _load(lab_name).popen(host, command)
     except OSError as exc:  # exit codes as a shell gives them: not found 127, not executable 126
         print(f"netlab: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127 if isinstance(exc, FileNotFoundError) else 126
@@ -231,10 +248,10 @@ def cmd_down(args: argparse.Namespace) -> int:
         raise LabError("give a lab NAME or --all, not both")
     if not args.all:
         name = args.name or _only_lab()
-        Lab.load(name).down()
+        _load(name).down()
         print(f"removed {name}")
         return 0
-    removed = down_all(lab_mod.PREFIX, force=args.force)
+    removed = down_all(lab_mod.PREFIX, force=args.force) + dockerlab.down_all(dockerlab.PREFIX, force=args.force)
     print(f"removed {', '.join(removed)}" if removed else "nothing to remove")
     kept = [r["name"] for r in state.load_all()]
     if kept:
@@ -244,13 +261,20 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="netlab", description="Throw-away LANs of network namespaces for multicast tests (needs root)."
+        prog="netlab",
+        description="Throw-away LANs of network namespaces or Docker containers for multicast tests (needs root).",
     )
     sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="create a lab that stays up after this command")
     up.add_argument("--hosts", type=_hosts_arg, default=2, help="host count (h1..hN) or names: pub,sub (default 2)")
     up.add_argument("--name", help="lab name (default: its id, e.g. zl3a9)")
+    up.add_argument(
+        "--backend",
+        choices=["netns", dockerlab.BACKEND],
+        default="netns",
+        help="hosts are network namespaces (default) or Docker containers of an image built from this project",
+    )
     up.set_defaults(func=cmd_up)
 
     status = sub.add_parser("status", help="list labs, their hosts and addresses")
@@ -323,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log = logging.getLogger("netlab")
+    if not log.handlers:  # show the progress of long work, such as building the Docker image
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("netlab: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     if os.geteuid() != 0:
         print(f"netlab: {lab_mod.ROOT_MESSAGE}", file=sys.stderr)
         return 1

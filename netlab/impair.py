@@ -334,7 +334,7 @@ def _program(map_fd: int) -> bytes:
 def _load_program(name: str) -> tuple[int, int]:
     """Create the map and load the program; return (program fd, map fd)."""
     attr = bytearray(128)
-    struct.pack_into("<IIIII12x16s", attr, 0, _MAP_TYPE_ARRAY, 4, _VALUE_SIZE, 1, _F_MMAPABLE, name.encode())
+    struct.pack_into("<IIIII8x16s", attr, 0, _MAP_TYPE_ARRAY, 4, _VALUE_SIZE, 1, _F_MMAPABLE, name.encode())
     map_fd = _bpf(_MAP_CREATE, attr)
     try:
         code = ctypes.create_string_buffer(_program(map_fd))

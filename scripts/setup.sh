@@ -50,4 +50,18 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   has_multicast || die "installing the project replaced pyzmq with a build without pgm/norm"
   touch "$stamp"
 fi
+# --- the Docker engine (netlab's Docker backend) ----------------------------------------------------
+# Debian's docker.io is not started by anything on a machine without systemd: start dockerd ourselves.
+# Its FORWARD policy DROP does not strand namespace labs: each inserts an ACCEPT rule for its bridge.
+DOCKERD_LOG=/var/log/dockerd.log
+if ! docker info >/dev/null 2>&1; then
+  [ "$(id -u)" -eq 0 ] || die "the Docker engine is not running; start it as root: dockerd (or re-run this as root)"
+  if ! pgrep -x dockerd >/dev/null; then  # one that is running may still be starting: wait for it below
+    log "starting the Docker engine (log: $DOCKERD_LOG)"
+    setsid dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+  fi
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || die "the Docker engine did not answer within 30 s; see the end of $DOCKERD_LOG"
+fi
+
 log "ready: $("$PY" -c "import zmq; print('pyzmq', zmq.__version__, 'libzmq', zmq.zmq_version(), 'pgm', zmq.has('pgm'), 'norm', zmq.has('norm'))")"
