@@ -184,7 +184,7 @@ def ensure_base(client: docker.DockerClient, cache: Path) -> str:
 
 def _requirement_closure(name: str) -> list[importlib.metadata.Distribution]:
     """``name``'s distribution and all it requires (no extras, markers evaluated for this machine)."""
-    from packaging.requirements import Requirement  # installed with pip/pytest; only image builds need it
+    from packaging.requirements import Requirement
 
     found: dict[str, importlib.metadata.Distribution] = {}
     todo = [name]
