@@ -32,7 +32,7 @@ from gateway.journal import JournalWriter, iso_utc
 from gateway.journal.layout import idx_path, list_segments, seg_path
 from gateway.spark import get_session
 from gateway.spark.analyze import ACCURACY, NS, QUANTILES, analyze, summary
-from gateway.spark.source import JournalScan, SeqRange
+from gateway.spark.source import JournalScan, ReplayStream, SeqRange
 
 BASE = 1_750_000_000 * NS
 STREAM = "ticks"
@@ -188,6 +188,10 @@ def test_ranges_are_resolved_by_the_index_into_segment_partitions(spark, journal
 
     df = read(spark, journal, fromTime=t0, toTime=t1, journalTime="true")
     assert df.rdd.getNumPartitions() == len(parts)
+    with pytest.raises(Exception, match="option fromSeq='-5': expected an integer >= 0"):
+        read(spark, journal, fromSeq=-5).count()
+    with pytest.raises(ValueError, match="startingSeq 'soon'"):
+        ReplayStream.from_options({"replay": "tcp://127.0.0.1:1", "stream": "s", "startingSeq": "soon"})
     rows = df.select("seq", "journal_ts_ns").collect()
     assert sorted(r.seq for r in rows) == list(range(7001, 15_001))
     assert all(journal.journal_ts[r.seq] == r.journal_ts_ns for r in rows)

@@ -68,6 +68,7 @@ def get_session(
     """The active Spark session, or a new one, with the `zeps` data source registered.
 
     `master` None keeps what the environment says (spark-submit's --master, else Spark's default local[*]).
+    A local Spark started here binds to loopback (SPARK_LOCAL_IP, unless set).
     Python workers run this interpreter unless PYSPARK_PYTHON says otherwise: the package must be importable
     where the readers run (docs/spark.md: the package on executors).
     """
@@ -78,19 +79,23 @@ def get_session(
     from gateway.spark.source import ZepsDataSource
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    starts_jvm = SparkSession.getActiveSession() is None and "PYSPARK_GATEWAY_PORT" not in os.environ
+    if starts_jvm and (master or "local").startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Spark on this machine alone needs no network
     # zeps commands show their own progress (gateway.spark.progress): quiet unless on a terminal.
     builder = SparkSession.builder.appName(app).config("spark.ui.showConsoleProgress", "false")
     if master:
         builder = builder.master(master)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    if SparkSession.getActiveSession() is None and not _java_present():
+    if starts_jvm and not _java_present():
         raise SparkUnavailable(f"no java found; {JAVA_HINT}")
     try:
         spark = builder.getOrCreate()
     except PySparkException as exc:
         raise SparkUnavailable(f"Spark did not start ({exc}); {JAVA_HINT}") from None
     spark.sparkContext.setLogLevel(log_level)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # it logs every connection at INFO
     spark.dataSource.register(ZepsDataSource)
     return spark
 

@@ -185,7 +185,7 @@ class ReplayStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starting=starting,
             max_records=_integer(options, "maxRecordsPerBatch", 0),
             records_per_partition=_integer(options, "recordsPerPartition", RECORDS_PER_PARTITION, minimum=1),
-            timeout=float(options.get("timeout", "10")),
+            timeout=_seconds(options, "timeout", 10.0),
             journal_time=_flag(options, "journalTime"),
         )
 
@@ -262,6 +262,17 @@ def _integer(options: Mapping[str, str], name: str, default: int, *, minimum: in
     if not text.isdigit() or int(text) < minimum:
         raise ValueError(f"zeps: option {name}={text!r}: expected an integer >= {minimum}")
     return min(int(text), LAST)
+
+
+def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
+    text = options.get(name)
+    try:
+        value = default if text is None else float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"zeps: option {name}={text!r}: expected seconds > 0")
+    return value
 
 
 def _time(options: Mapping[str, str], name: str) -> int | None:
