@@ -12,6 +12,7 @@ EAGAIN, which means "this client is slow": it gets nothing more this turn and no
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
 it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
 segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
+Snapshot indexes (gateway.snapshot) follow their journals on a timer of their own, in bounded slices.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from gateway.journal import JournalError, JournalReader, NotAJournal
 from gateway.journal.layout import list_segments, seg_path
 from gateway.metrics import Metrics
 from gateway.replay_session import Session
+from gateway.snapshot import SnapshotIndexes
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,9 @@ class ReplayConfig:
     frames_per_turn: int = 256
     reads_per_turn: int = 8
     max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
+    snapshots: bool = True  # keep a last-value index per stream and grant 'snapshot' (docs/snapshots.md)
+    snapshot_poll_s: float = 0.05  # how often snapshot indexes read what their journals gained
+    snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -82,6 +87,9 @@ class ReplayMetrics(Metrics):
         self.send_stalls = Counter("zeps_replay_send_stalls", "Sends refused by a full pipe (slow client)", registry=r)
         self.invalid = Counter("zeps_replay_invalid_frames", "Frames refused or dropped", ["kind"], registry=r)
         self.ended = Counter("zeps_replay_sessions_ended", "Sessions ended, by reason", ["reason"], registry=r)
+        self.snapshot_keys = Gauge(
+            "zeps_replay_snapshot_keys", "Keys in a stream's snapshot index", ["stream"], registry=r
+        )
 
 
 class _TailWatch:
@@ -135,6 +143,9 @@ class ReplayServer:
         self._turn = 0
         self._blocked: set[bytes] = set()  # clients whose pipe was full this turn
         self._stopping = False
+        self.snapshots = SnapshotIndexes(config.journal) if config.snapshots else None
+        self._next_index = 0.0
+        self._indexes_current = True
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -161,6 +172,12 @@ class ReplayServer:
 
     def _on_timers(self, now: float) -> float:
         """Wake tailing clients, ping idle ones, drop silent ones; return seconds to the next timer."""
+        if self.snapshots is not None and (now >= self._next_index or not self._indexes_current):
+            # Indexes follow their journals; one that is behind (building) gets a slice of work every turn.
+            self._next_index = now + self.config.snapshot_poll_s
+            self._indexes_current = self.snapshots.follow(self.config.snapshot_budget_s)
+            for stream, index in self.snapshots.indexes.items():
+                self.metrics.snapshot_keys.labels(stream).set(len(index))
         if now >= self._next_tail:
             self._next_tail = now + self.config.tail_poll_ms / 1000
             self._wake_tails(now)
@@ -176,6 +193,8 @@ class ReplayServer:
         deadline = min(self._next_idle, now + _MAX_WAIT_S)
         if any(s.tailing for s in self.sessions.values()):
             deadline = min(deadline, self._next_tail)
+        if self.snapshots is not None:
+            deadline = min(deadline, self._next_index if self._indexes_current else now)
         return max(0.0, deadline - now)
 
     def _wake_tails(self, now: float) -> None:
@@ -255,7 +274,8 @@ class ReplayServer:
         elif len(self.sessions) >= self.config.max_clients:
             self._invalid(identity, f"too many clients (max {self.config.max_clients}); retry later", "attach")
             return
-        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now)
+        snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
+        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
         self.sessions[identity] = session
         self.metrics.sessions.set(len(self.sessions))
         log.debug("replay: %s attached", session)
@@ -367,5 +387,7 @@ class ReplayServer:
         """Tell every client the server is going (DETACH), then close the socket and the metrics endpoint."""
         for s in list(self.sessions.values()):
             self._end(s, "shutdown", notify=True)
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.router.close()
         self.metrics.close()

@@ -6,16 +6,21 @@ import argparse
 import base64
 import json
 import sys
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from gateway.batch import Record
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "history",
         help="print journaled records as JSON lines (from the replay sidecar)",
-        description='Prints {"seq", "ts_ns", "key", "body_b64"} per record, one JSON object a line, and '
-        "exits at --to or at the journal's head as it was when the request was served (the server ends the "
-        "request there), whichever comes first. ts_ns is the record's publish time.",
+        description='Prints {"seq", "ts_ns", "key", "body_b64"} per record (and "ttl_ms" if it has one), one JSON '
+        "object a line, and exits at --to or at the journal's head as it was when the request was served (the "
+        "server ends the request there), whichever comes first. ts_ns is the record's publish time.",
     )
     p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
     p.add_argument("--stream", required=True)
@@ -48,6 +53,15 @@ def parse_start(text: str) -> tuple[int, int | None]:
     return 0, (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
 
 
+def write_records(records: Iterable[Record], out: TextIO) -> None:
+    """One JSON object a line per record: seq, ts_ns (publish time), key, body_b64, and ttl_ms when set."""
+    for rec in records:
+        line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": base64.b64encode(rec.body).decode()}
+        if rec.ttl_ms:
+            line["ttl_ms"] = rec.ttl_ms
+        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
 def _run(args: argparse.Namespace) -> int:
     from gateway.replay_client import MAX_SEQ, ReplayError, history
 
@@ -56,24 +70,21 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"zeps history: {exc}", file=sys.stderr)
         return 2
-    out = sys.stdout
+    records = history(
+        args.replay,
+        args.stream,
+        first=first,
+        since_ns=since_ns,
+        last=MAX_SEQ if args.to is None else args.to,
+        pattern=args.topic,
+        timeout=args.timeout,
+    )
     try:
-        for rec in history(
-            args.replay,
-            args.stream,
-            first=first,
-            since_ns=since_ns,
-            last=MAX_SEQ if args.to is None else args.to,
-            pattern=args.topic,
-            timeout=args.timeout,
-        ):
-            body = base64.b64encode(rec.body).decode()
-            line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": body}
-            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        write_records(records, sys.stdout)
     except ReplayError as exc:
         print(f"zeps history: {exc.reason}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
-    out.flush()
+    sys.stdout.flush()
     return 0

@@ -26,6 +26,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--sndhwm", type=int, default=256, help="frames queued per client before it counts as slow (256)")
     p.add_argument("--max-clients", type=int, default=256, help="sessions at most (default 256)")
     p.add_argument("--max-fetches", type=int, default=16, help="outstanding FETCHes per client (default 16)")
+    p.add_argument(
+        "--no-snapshots",
+        dest="snapshots",
+        action="store_false",
+        help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -44,6 +50,7 @@ def _run(args: argparse.Namespace) -> int:
             sndhwm=args.sndhwm,
             max_clients=args.max_clients,
             max_fetches=args.max_fetches,
+            snapshots=args.snapshots,
         )
         server = ReplayServer(config)
     except (ValueError, OSError, zmq.ZMQError) as exc:

@@ -1,0 +1,49 @@
+"""`zeps snapshot`: print the last record of every key of a stream as JSON lines, from the replay sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from gateway.commands.history import write_records
+
+if TYPE_CHECKING:
+    from gateway.batch import Record
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "snapshot",
+        help="print the last record of every key as JSON lines (the current state; from the replay sidecar)",
+        description='Prints {"seq", "ts_ns", "key", "body_b64"} (and "ttl_ms" if set) of the last record of every '
+        "key, in sequence order, as of one sequence N, which is reported on stderr. Deleted keys (last record "
+        "with an empty body) and records whose TTL has run out are left out. To follow on from it: "
+        "zeps subscribe --from N+1, or zeps subscribe --from snapshot, which does both.",
+    )
+    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--topic", action="append", default=[], help="only keys starting with this prefix (repeatable)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gateway.replay_client import ReplayError, snapshot
+
+    last: list[int] = []
+
+    def records() -> Iterator[Record]:  # the records, keeping the generator's return value (N)
+        last.append((yield from snapshot(args.replay, args.stream, prefixes=tuple(args.topic), timeout=args.timeout)))
+
+    try:
+        write_records(records(), sys.stdout)
+    except ReplayError as exc:
+        print(f"zeps snapshot: {exc.reason}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+    sys.stdout.flush()
+    print(f"zeps snapshot: as of sequence {last[0]}; follow on with --from {last[0] + 1}", file=sys.stderr)
+    return 0
