@@ -39,6 +39,10 @@ class ReplayError(RuntimeError):
         self.reason = reason
 
 
+class NotGranted(ReplayError):
+    """The server does not grant an extension the request needs."""
+
+
 class ReplayClient:
     """One session with a replay server. Not thread-safe; use one per thread."""
 
@@ -173,9 +177,9 @@ class ReplayClient:
     # --- plumbing -------------------------------------------------------------------------------------
 
     def require(self, feature: str) -> None:
-        """ReplayError (saying what to do) unless the server granted `feature`."""
+        """NotGranted (a ReplayError saying what to do) unless the server granted `feature`."""
         if feature not in self.features:
-            raise ReplayError(
+            raise NotGranted(
                 f"the replay server at {self.endpoint} did not grant the '{feature}' extension "
                 f"(granted: {', '.join(sorted(self.features)) or 'none'}): use a server that speaks it (zeps replay)"
             )

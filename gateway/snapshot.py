@@ -29,15 +29,16 @@ import heapq
 import logging
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from gateway import batch as B
 from gateway.journal import Cursor, JournalError, JournalReader, NotAJournal, Trimmed, journal_streams
 from gateway.journal.layout import list_segments
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 #: seq, then the record of a FLAG_TTL batch without its delta: ts_ns, key_len, body_len, ttl_ms (key, body follow)
 VALUE = struct.Struct("<QQBII")
@@ -52,9 +53,42 @@ PROGRESS_S = 2.0
 HOUSEKEEPING_S = 1.0  # how often a current index drops expired keys and checks what retention trimmed
 
 
+def expires_at(ts_ns: int, ttl_ms: int) -> int:
+    """When a record published at ts_ns with ttl_ms > 0 expires (ns since the epoch)."""
+    return ts_ns + ttl_ms * 1_000_000
+
+
 def expired(ts_ns: int, ttl_ms: int, now_ns: int) -> bool:
     """Whether a record published at ts_ns with ttl_ms (0: none) has expired at now_ns (ns since the epoch)."""
-    return ttl_ms > 0 and ts_ns + ttl_ms * 1_000_000 <= now_ns
+    return ttl_ms > 0 and expires_at(ts_ns, ttl_ms) <= now_ns
+
+
+class Expiries(Generic[K]):
+    """When the values with a TTL of a last-value map expire: a heap of (expires_at, seq, key).
+
+    Entries of values replaced since are not removed (that would cost a search); they are skipped when they
+    come due, and the heap is rebuilt from `live()` (the map's current TTL values) once they make up more
+    than half of it, so it stays within about twice the keys.
+    """
+
+    def __init__(self, live: Callable[[], Iterable[tuple[int, int, K]]]) -> None:
+        self._live = live
+        self._heap: list[tuple[int, int, K]] = []
+
+    def add(self, ts_ns: int, ttl_ms: int, seq: int, key: K, keys: int) -> None:
+        """A value with a TTL was stored; `keys`: how many the map holds now."""
+        heapq.heappush(self._heap, (expires_at(ts_ns, ttl_ms), seq, key))
+        if len(self._heap) > 2 * keys + 1024:
+            self._heap = list(self._live())
+            heapq.heapify(self._heap)
+
+    def due(self, now_ns: int) -> Iterator[tuple[int, K]]:
+        """(seq, key) of the entries expired at now_ns, removed as they are yielded; the caller checks that
+        the key still holds that sequence."""
+        heap = self._heap
+        while heap and heap[0][0] <= now_ns:
+            _, seq, key = heapq.heappop(heap)
+            yield seq, key
 
 
 class Frozen(NamedTuple):
@@ -78,9 +112,7 @@ class SnapshotIndex:
         self.last = self.first - 1
         self.last_ts = 0
         self.ready = False  # has reached the journal's end at least once
-        # (expires_at_ns, seq, key) of every value with a TTL; entries for values since replaced are skipped
-        # when they come up, and the heap is rebuilt when they make up more than half of it.
-        self._expiry: list[tuple[int, int, bytes]] = []
+        self._expiries = Expiries(self._ttl_values)
         self._cursor: Cursor | None = None
         self._build_started = time.monotonic()
         self._build_target = 0
@@ -100,16 +132,14 @@ class SnapshotIndex:
 
     def apply(self, batch: B.Batch) -> None:
         """Apply one journal batch; records at or below `last` (a cursor's overlap) are skipped."""
-        entries, pack, expiry = self.entries, VALUE.pack, self._expiry
+        entries, pack = self.entries, VALUE.pack
         for seq, ts, key, body, ttl in batch.entries(self.last + 1):
             k = key.tobytes()
             entries.pop(k, None)  # re-inserted below: the dict stays in sequence order
             if body:
                 entries[k] = b"".join((pack(seq, ts, len(k), len(body), ttl), k, body))
                 if ttl:
-                    heapq.heappush(expiry, (ts + ttl * 1_000_000, seq, k))
-        if len(expiry) > 2 * len(entries) + 1024:
-            self._rebuild_expiry()
+                    self._expiries.add(ts, ttl, seq, k, len(entries))
         self.last = max(self.last, batch.last_seq)
         self.last_ts = batch.ts_ns
 
@@ -224,24 +254,19 @@ class SnapshotIndex:
 
     def purge(self, now_ns: int) -> int:
         """Drop the keys whose last record has expired at now_ns; returns how many."""
-        expiry, entries, gone = self._expiry, self.entries, 0
-        while expiry and expiry[0][0] <= now_ns:
-            _, seq, key = heapq.heappop(expiry)
+        entries, gone = self.entries, 0
+        for seq, key in self._expiries.due(now_ns):
             value = entries.get(key)
             if value is not None and _SEQ.unpack_from(value)[0] == seq:  # not replaced since
                 del entries[key]
                 gone += 1
         return gone
 
-    def _rebuild_expiry(self) -> None:
-        unpack = VALUE.unpack_from
-        self._expiry = [
-            (ts + ttl * 1_000_000, seq, key)
-            for key, value in self.entries.items()
-            for seq, ts, _, _, ttl in (unpack(value),)
-            if ttl
-        ]
-        heapq.heapify(self._expiry)
+    def _ttl_values(self) -> Iterator[tuple[int, int, bytes]]:
+        for key, value in self.entries.items():
+            seq, ts, _, _, ttl = VALUE.unpack_from(value)
+            if ttl:
+                yield expires_at(ts, ttl), seq, key
 
 
 class SnapshotFeed:
