@@ -317,7 +317,7 @@ class SnapshotFeed:
         parts: list[bytes | memoryview] = []
         pos, stop = self._pos, min(end, self._pos + self.scan_limit)
         top = start - 1  # highest sequence this batch covers so far
-        while pos < stop and size < self.batch_bytes:
+        while pos < stop and (size < self.batch_bytes or not count):  # at least one record a batch
             value = values[pos]
             if prefixes and not value.startswith(prefixes, VALUE.size, VALUE.size + value[_KLEN_AT]):
                 pos += 1
