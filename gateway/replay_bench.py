@@ -11,11 +11,13 @@ DELIVER. Each run is bounded by `time_limit` seconds; a run cut short reports th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gateway import batch as B
@@ -52,25 +54,32 @@ def _replay(endpoint: str, stream: str, records: int, features: tuple[str, ...],
         return got / (time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def sidecar(root: Path) -> Iterator[str]:
+    """`zeps replay` on `root` as a subprocess on a free loopback port; yields its endpoint."""
+    cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+        match = re.search(r" at (tcp://\S+)", line)
+        if not match:
+            raise RuntimeError(f"zeps replay did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def benchmark(records: int = 300_000, body: int = 100, time_limit: float = 60.0) -> dict[str, float]:
     """{"batch": records/s, "deliver": records/s} on a fresh journal and sidecar."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "journal"
         write_journal(root, "bench", records, body)
-        cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
-        try:
-            line = proc.stdout.readline().decode()  # type: ignore[union-attr]
-            match = re.search(r" at (tcp://\S+)", line)
-            if not match:
-                raise RuntimeError(f"zeps replay did not start: {line!r}")
+        with sidecar(root) as endpoint:
             return {
-                "batch": _replay(match.group(1), "bench", records, (P.FEATURE_BATCH,), time_limit),
-                "deliver": _replay(match.group(1), "bench", records, (), time_limit),
+                "batch": _replay(endpoint, "bench", records, (P.FEATURE_BATCH,), time_limit),
+                "deliver": _replay(endpoint, "bench", records, (), time_limit),
             }
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
 
 
 def main() -> None:

@@ -62,6 +62,7 @@ def join(multicast: list[str], replay: str, start: str, ready: Any) -> dict[str,
     """Subscribe from `start`; report the view once record HISTORY is handed out; then collect the live
     records up to HISTORY + LIVE and return them with the final view."""
     live: list[tuple[int, str, bytes, int]] = []
+    began = time.monotonic()
     with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, view=True) as sub:
         assert sub.view is not None
         deadline = time.monotonic() + WAIT_S
@@ -70,7 +71,7 @@ def join(multicast: list[str], replay: str, start: str, ready: Any) -> dict[str,
             if rec is None:
                 continue
             if rec.seq == HISTORY:
-                ready.put((start, dict(sub.view), sub.summary()))
+                ready.put((start, dict(sub.view), sub.summary(), time.monotonic() - began))
             elif rec.seq > HISTORY:
                 live.append((rec.seq, rec.key, rec.body, rec.ttl_ms))
                 if rec.seq == HISTORY + LIVE:
@@ -96,9 +97,8 @@ def test_snapshot_joiner_and_full_replayer_hold_the_same_map_and_agree_on_live(d
     full = lab.start("sub2", join, deployment.for_host("sub2"), deployment.replay, "earliest", ready)
     at_history = {}
     for _ in range(2):
-        start, view, summary = ready.get(timeout=WAIT_S)
-        at_history[start] = (view, summary)
-    caught_up = time.monotonic()
+        start, view, summary, took = ready.get(timeout=WAIT_S)
+        at_history[start] = (view, summary, took)
     want = model(HISTORY)
     assert len(want) > KEYS // 2  # deletes and expiries removed some keys, not most
     assert at_history["snapshot"][0] == want
@@ -118,6 +118,7 @@ def test_snapshot_joiner_and_full_replayer_hold_the_same_map_and_agree_on_live(d
     assert got["snapshot"]["view"] == got["earliest"]["view"] == model(HISTORY + LIVE)
     assert got["snapshot"]["state"] == got["earliest"]["state"] == "MERGED"
     print(
-        f"published {HISTORY:,} in {published - began:.1f} s; both caught up {caught_up - published:.1f} s later; "
-        f"snapshot joiner: {got['snapshot']['summary']}; full replayer: {got['earliest']['summary']}"
+        f"published {HISTORY:,} in {published - began:.1f} s; current after {at_history['snapshot'][2]:.1f} s "
+        f"by snapshot, {at_history['earliest'][2]:.1f} s by full replay; snapshot joiner: "
+        f"{got['snapshot']['summary']}; full replayer: {got['earliest']['summary']}"
     )
