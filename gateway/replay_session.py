@@ -2,9 +2,10 @@
 
 The socket loop (gateway.replay) owns the ROUTER socket; a Session owns everything else about one client:
 its granted extensions, its credit, its subscription and its outstanding FETCHes, each a _Feed holding a
-journal cursor and a sequence position. Frames are produced lazily, one step (at most one journal batch)
-at a time, only while the client has credit, so a client that stops granting credit costs a cursor and a
-position, never a growing buffer: at most one step's frames wait in `out` for credit or for the socket.
+journal cursor and a sequence position, and a snapshot in progress (gateway.snapshot.SnapshotFeed).
+Frames are produced lazily, one step (at most one journal batch) at a time, only while the client has
+credit, so a client that stops granting credit costs a cursor and a position, never a growing buffer: at most
+one step's frames wait in `out` for credit or for the socket.
 
 Two queues keep the order the protocol needs without letting flow control hold up liveness:
 `replies` (answers to commands: ATTACH-OK, SUBSCRIBE-OK, PING-OK, INVALID...) always go first and cost no

@@ -20,6 +20,8 @@ from gateway import batch as B
 from gateway import protocol as P
 from gateway.journal import JournalWriter
 from gateway.replay_client import DEFAULT_FEATURES, NotGranted, ReplayClient, history
+from gateway.snapshot_view import LastValues
+from gateway.subscriber import Subscriber
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -206,3 +208,56 @@ def test_no_snapshots_refuses_them_and_says_why(root: Path) -> None:
         out = zeps("snapshot", "--replay", side.endpoint, "--stream", "s")
     assert out.returncode == 1 and out.stdout == ""
     assert "did not grant the 'snapshot' extension" in out.stderr
+
+
+def test_a_second_snapshot_replaces_the_first(root: Path, raw: list[Raw]) -> None:
+    with JournalWriter.open(root, "s") as w:
+        write(w, [(b"a.%d" % i, b"v", 0) for i in range(3000)] + [(b"b.1", b"w", 0)], per_batch=100)
+    with start_sidecar(root) as side:
+        c = client(raw, side.endpoint)
+        c.attach("s", WANT)
+        c.send(P.Snapshot(("a.",)), P.Credit(1))  # one batch of the first, then no credit
+        c.take(c.expect(P.DeliverBatch))
+        c.batches.clear()
+        c.send(P.Snapshot(("b.",)), P.Credit(1 << 20))
+        got, end = snapshot_over(c)
+    assert (got, end.last) == ({b"b.1": (3001, b"w", 0)}, 3001)
+
+
+def test_subscriber_from_snapshot_keeps_its_view_current(root: Path) -> None:
+    w = JournalWriter.open(root, "s")
+    recs = load(5000, 100)
+    write(w, recs, per_batch=50)
+    mine = {k.decode(): v for k, v in last_values(recs).items() if k.startswith(b"k00000")}
+    with start_sidecar(root) as side:
+        with Subscriber("s", replay=side.endpoint, start="snapshot", topics=["k00000"]) as sub:
+            assert sub.view is not None
+            deadline = time.monotonic() + 30
+            while sub.view.seq != max(seq for seq, _, _ in mine.values()) and time.monotonic() < deadline:
+                sub.update(0.2)
+            assert dict(sub.view) == {k: body for k, (_, body, _) in mine.items()}
+            assert sub.summary()["from_snapshot"] == len(mine)
+            # Then the records after the snapshot: a delete, a value, and a value whose TTL ran out 10 s ago.
+            write(w, [(b"k000001", b"", 0), (b"k000002", b"new", 0)])
+            write(w, [(b"k000003", b"eph", 1000)], ts_ns=time.time_ns() - 10 * 10**9)
+            while sub.view.seq != 5003 and time.monotonic() < deadline:
+                sub.update(0.2)
+            want = {k: body for k, (_, body, _) in mine.items() if k not in ("k000001", "k000003")}
+            assert dict(sub.view) == want | {"k000002": b"new"}
+        out = zeps("subscribe", "--replay", side.endpoint, "--stream", "s", "--from", "snapshot", "--timeout", "1")
+    w.close()
+    assert out.returncode == 0, out.stderr
+    view = LastValues()  # what the printed records amount to (the snapshot may be as of 5000: shared for 1 s)
+    for line in out.stdout.splitlines():
+        x = json.loads(line)
+        view.apply(B.Record(x["seq"], x["ts_ns"], x["key"], base64.b64decode(x["body_b64"]), x.get("ttl_ms", 0)))
+    live = last_values([*recs, (b"k000001", b"", 0), (b"k000002", b"new", 0), (b"k000003", b"", 0)])  # k3 expired
+    assert dict(view) == {k.decode(): body for k, (_, body, _) in live.items()}
+    assert "from_snapshot=" in out.stderr
+
+
+def test_subscriber_from_snapshot_without_snapshots_fails_at_once(root: Path) -> None:
+    with JournalWriter.open(root, "s") as w:
+        write(w, load(10, 3))
+    with start_sidecar(root, "--no-snapshots") as side, pytest.raises(NotGranted, match="'snapshot'"):
+        Subscriber("s", replay=side.endpoint, start="snapshot")

@@ -22,8 +22,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "object a line, and exits at --to or at the journal's head as it was when the request was served (the "
         "server ends the request there), whichever comes first. ts_ns is the record's publish time.",
     )
-    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
-    p.add_argument("--stream", required=True)
+    replay_arguments(p)
     p.add_argument(
         "--from",
         dest="start",
@@ -33,8 +32,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--to", type=int, help="last sequence (default: the head)")
     p.add_argument("--topic", default="", help="only keys starting with this prefix")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
     p.set_defaults(handler=_run)
+
+
+def replay_arguments(p: argparse.ArgumentParser) -> None:
+    """--replay, --stream and --timeout: what every command reading from the replay sidecar takes."""
+    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
 
 
 def parse_start(text: str) -> tuple[int, int | None]:

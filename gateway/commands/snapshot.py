@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from gateway.commands.history import write_records
+from gateway.commands.history import replay_arguments, write_records
 
 if TYPE_CHECKING:
     from gateway.batch import Record
@@ -22,10 +22,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "with an empty body) and records whose TTL has run out are left out. To follow on from it: "
         "zeps subscribe --from N+1, or zeps subscribe --from snapshot, which does both.",
     )
-    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
-    p.add_argument("--stream", required=True)
+    replay_arguments(p)
     p.add_argument("--topic", action="append", default=[], help="only keys starting with this prefix (repeatable)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
     p.set_defaults(handler=_run)
 
 
