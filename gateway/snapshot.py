@@ -345,11 +345,18 @@ class SnapshotFeed:
 
 class SnapshotIndexes:
     """Every stream's index in one replay sidecar: created at start for the streams there, and at the first
-    snapshot request for streams that appear later; all kept current by `follow`."""
+    snapshot request for streams that appear later; all kept current by `follow`.
+
+    An index whose journal fails to read (corrupt, removed) is dropped; for RETRY_S its snapshots fail with that
+    error (the journal's message names the repair), then the next request builds it afresh.
+    """
+
+    RETRY_S = 10.0
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.indexes: dict[str, SnapshotIndex] = {}
+        self.failed: dict[str, tuple[Exception, float]] = {}  # stream -> (error, until when it is the answer)
         try:
             streams = journal_streams(root)
         except NotAJournal:
@@ -357,24 +364,21 @@ class SnapshotIndexes:
         for stream in streams:
             self.get(stream)
 
-    def get(self, stream: str) -> SnapshotIndex | None:
+    def get(self, stream: str) -> SnapshotIndex:
+        """The stream's index, created (not yet built) if need be; the journal's error if it cannot be read."""
         index = self.indexes.get(stream)
         if index is None:
-            try:
-                index = self.indexes[stream] = SnapshotIndex(JournalReader(self.root, stream))
-            except (NotAJournal, ValueError):
-                return None
+            error, until = self.failed.get(stream, (None, 0.0))
+            if error is not None and time.monotonic() < until:
+                raise error
+            self.failed.pop(stream, None)
+            index = self.indexes[stream] = SnapshotIndex(JournalReader(self.root, stream))
             log.info("snapshot index of %s: building from the journal", stream)
         return index
 
     def source(self, stream: str) -> Callable[[], Frozen | None]:
         """What a session's SnapshotFeed freezes: this stream's index (None until it is built)."""
-
-        def freeze() -> Frozen | None:
-            index = self.get(stream)
-            return None if index is None else index.freeze()
-
-        return freeze
+        return lambda: self.get(stream).freeze()
 
     def follow(self, budget_s: float) -> bool:
         """Read what every journal gained, within about budget_s in all; True if every index is at its end."""
@@ -383,9 +387,10 @@ class SnapshotIndexes:
         for stream, index in list(self.indexes.items()):
             try:
                 current = index.follow(max(0.0, deadline - time.monotonic())) and current
-            except (JournalError, OSError) as exc:  # rebuilt at the next snapshot request
+            except (JournalError, OSError) as exc:
                 log.error("snapshot index of %s dropped: %s", stream, exc)
                 self.indexes.pop(stream).close()
+                self.failed[stream] = (exc, time.monotonic() + self.RETRY_S)
         return current
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from test_gateway import STREAM, GatewayProcess, journal_records
 
 from gateway import batch as B
 from gateway import protocol as P
-from gateway.journal import JournalReader, JournalWriter, Retention
+from gateway.journal import JournalCorrupt, JournalReader, JournalWriter, NotAJournal, Retention
 from gateway.publisher import Publisher, PublishError
 from gateway.snapshot import MAX_DELTA, VALUE, Frozen, SnapshotFeed, SnapshotIndex, SnapshotIndexes
 from gateway.snapshot_view import LastValues
@@ -325,7 +325,9 @@ def test_indexes_of_a_root_cover_its_streams_and_new_ones(tmp_path: Path) -> Non
     with JournalWriter.open(tmp_path, "one") as w:
         write(w, [(b"k", b"v", 0)])
     indexes = SnapshotIndexes(tmp_path)
-    assert set(indexes.indexes) == {"one"} and indexes.source("nope")() is None
+    assert set(indexes.indexes) == {"one"}
+    with pytest.raises(NotAJournal, match="no stream 'nope'"):
+        indexes.source("nope")()
     with JournalWriter.open(tmp_path, "two") as w:
         write(w, [(b"k", b"w", 0)] * 3)
     freeze = indexes.source("two")
@@ -333,6 +335,24 @@ def test_indexes_of_a_root_cover_its_streams_and_new_ones(tmp_path: Path) -> Non
     assert indexes.follow(1.0)
     assert freeze().last == 3 and indexes.source("one")().last == 1  # type: ignore[union-attr]
     indexes.close()
+
+
+def test_an_unreadable_journal_fails_its_snapshots_for_a_while_then_is_retried(tmp_path: Path) -> None:
+    with JournalWriter.open(tmp_path, "s") as w:
+        write(w, [(b"k%d" % i, b"v" * 50, 0) for i in range(100)], per_batch=10)
+    indexes = SnapshotIndexes(tmp_path)
+    (segment,) = (tmp_path / "s").glob("*.seg")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2 + 100] ^= 0x40  # inside a record: the CRC check fails
+    segment.write_bytes(data)
+    assert indexes.follow(1.0)  # the index is dropped, with the journal's error
+    with pytest.raises(JournalCorrupt, match="zeps journal"):  # the message names the repair
+        indexes.source("s")()
+    data[len(data) // 2 + 100] ^= 0x40  # inside a record: the CRC check fails
+    segment.write_bytes(data)
+    indexes.failed["s"] = (indexes.failed["s"][0], 0.0)  # RETRY_S has passed
+    assert indexes.source("s")() is None and indexes.follow(1.0)
+    assert indexes.source("s")().last == 100  # type: ignore[union-attr]
 
 
 # --- the client's view -----------------------------------------------------------------------------------------
