@@ -8,7 +8,7 @@ Layout (all integers little-endian)::
     header (40 bytes)
       0  magic        2s   b"ZB"
       2  version      u8   1
-      3  flags        u8   0 (no flag is defined yet; unknown flags are rejected)
+      3  flags        u8   FLAG_TTL (0x02) or 0; unknown flags are rejected
       4  length       u32  total bytes of the batch, header included
       8  crc          u32  CRC32C of bytes [12, length)
       12 count        u32  number of records
@@ -22,6 +22,12 @@ Layout (all integers little-endian)::
       13 body_len     u32
       17 key          key_len bytes (UTF-8 routing key)
          body         body_len bytes
+    with FLAG_TTL, every record of the batch has one more header field (21 bytes + key + body):
+      17 ttl_ms       u32  time to live after ts_ns, in ms; 0: none (key and body follow at 21)
+
+FLAG_TTL is set only when a publisher gives some record a TTL, so batches without one stay byte-identical to
+the format before it. The first 17 bytes of a record are the same either way: walkers differ only in where
+the key starts (`Batch.overhead`).
 
 Why deltas rather than absolute sequences: a publisher's batch is sequenced by rewriting the header alone
 (`resequence`), and a filtered replay batch (`select`) is built by copying record slices unchanged,
@@ -43,12 +49,19 @@ MAGIC = b"ZB"
 VERSION = 1
 HEADER = struct.Struct("<2sBBIIIQQQ")
 RECORD = struct.Struct("<IQBI")
+RECORD_TTL = struct.Struct("<IQBII")  # RECORD plus ttl_ms, in batches with FLAG_TTL
 HEADER_SIZE = HEADER.size  # 40
 RECORD_OVERHEAD = RECORD.size  # 17
+RECORD_TTL_OVERHEAD = RECORD_TTL.size  # 21
+FLAG_TTL = 0x02
+KNOWN_FLAGS = FLAG_TTL
 MAX_KEY = 255
+MAX_TTL_MS = 2**32 - 1  # about 49.7 days
 MAX_BATCH = 64 * 1024 * 1024
 _CRC_FROM = 12
 _LENGTH = struct.Struct("<I")
+_TTL = _DELTA = struct.Struct("<I")
+_TTL_AT = RECORD_OVERHEAD  # offset of ttl_ms in a record of a FLAG_TTL batch
 
 
 class BatchError(ValueError):
@@ -67,19 +80,21 @@ class Record:
     ts_ns: int
     key: str
     body: bytes
+    ttl_ms: int = 0  # 0: no time to live
 
 
 class Batch:
     """A validated, read-only view over one encoded batch. Parsing checks the CRC and every record bound."""
 
-    __slots__ = ("buf", "count", "first_seq", "last_seq", "ts_ns")
+    __slots__ = ("buf", "count", "first_seq", "flags", "last_seq", "ts_ns")
 
-    def __init__(self, buf: memoryview, count: int, first_seq: int, last_seq: int, ts_ns: int) -> None:
+    def __init__(self, buf: memoryview, count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int = 0) -> None:
         self.buf = buf
         self.count = count
         self.first_seq = first_seq
         self.last_seq = last_seq
         self.ts_ns = ts_ns
+        self.flags = flags
 
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview, *, check_crc: bool = True) -> Batch:
@@ -87,15 +102,20 @@ class Batch:
         buf = memoryview(data)
         if buf.format != "B" or buf.ndim != 1:
             buf = buf.cast("B")
-        count, first, last, ts_ns = _check_header(buf, len(buf))
+        count, first, last, ts_ns, flags = _check_header(buf, len(buf))
         if check_crc:
             _check_crc(buf)
-        _check_records(buf, count, last - first)
-        return cls(buf, count, first, last, ts_ns)
+        _check_records(buf, count, last - first, _overhead(flags))
+        return cls(buf, count, first, last, ts_ns, flags)
 
     @property
     def nbytes(self) -> int:
         return len(self.buf)
+
+    @property
+    def overhead(self) -> int:
+        """Bytes of each record's header in this batch: where its key starts."""
+        return _overhead(self.flags)
 
     @property
     def dense(self) -> bool:
@@ -112,11 +132,19 @@ class Batch:
 
     def raw(self, lo: int = 0, hi: int = 2**64) -> Iterator[tuple[int, int, memoryview, memoryview]]:
         """Yield (seq, ts_ns, key, body) for records with lo <= seq <= hi; key and body are views."""
+        for seq, ts, key, body, _ in self.entries(lo, hi):
+            yield seq, ts, key, body
+
+    def entries(self, lo: int = 0, hi: int = 2**64) -> Iterator[tuple[int, int, memoryview, memoryview, int]]:
+        """Yield (seq, ts_ns, key, body, ttl_ms) for records with lo <= seq <= hi; ttl_ms 0 means none."""
         buf, first, unpack = self.buf, self.first_seq, RECORD.unpack_from
+        has_ttl, overhead, ttl = self.flags & FLAG_TTL, self.overhead, 0
         pos = HEADER_SIZE
         for _ in range(self.count):
             delta, ts, klen, blen = unpack(buf, pos)
-            k = pos + RECORD_OVERHEAD
+            if has_ttl:
+                (ttl,) = _TTL.unpack_from(buf, pos + _TTL_AT)
+            k = pos + overhead
             b = k + klen
             pos = b + blen
             seq = first + delta
@@ -124,14 +152,14 @@ class Batch:
                 continue
             if seq > hi:
                 return
-            yield seq, ts, buf[k:b], buf[b:pos]
+            yield seq, ts, buf[k:b], buf[b:pos], ttl
 
     def records(self, lo: int = 0, hi: int = 2**64, prefixes: tuple[bytes, ...] = ()) -> Iterator[Record]:
         """Yield Records with lo <= seq <= hi whose key starts with one of `prefixes` (all when empty)."""
-        for seq, ts, key, body in self.raw(lo, hi):
+        for seq, ts, key, body, ttl in self.entries(lo, hi):
             kb = key.tobytes()
             if not prefixes or kb.startswith(prefixes):
-                yield Record(seq, ts, kb.decode(errors="replace"), body.tobytes())
+                yield Record(seq, ts, kb.decode(errors="replace"), body.tobytes(), ttl)
 
     def select(self, prefixes: tuple[bytes, ...]) -> bytes:
         """A batch with the same coverage holding only the records whose key starts with one of `prefixes`.
@@ -140,43 +168,71 @@ class Batch:
         """
         if not prefixes:
             return bytes(self.buf)
-        buf, unpack = self.buf, RECORD.unpack_from
+        buf, unpack, overhead = self.buf, RECORD.unpack_from, self.overhead
         parts: list[memoryview] = []
         pos = HEADER_SIZE
         for _ in range(self.count):
             _, _, klen, blen = unpack(buf, pos)
-            k = pos + RECORD_OVERHEAD
+            k = pos + overhead
             end = k + klen + blen
             if buf[k : k + klen].tobytes().startswith(prefixes):
                 parts.append(buf[pos:end])
             pos = end
-        return _seal(parts, len(parts), self.first_seq, self.last_seq, self.ts_ns)
+        return _seal(parts, len(parts), self.first_seq, self.last_seq, self.ts_ns, self.flags)
+
+    def part(self, lo: int, hi: int) -> bytes:
+        """The records lo..hi of a dense batch as a dense batch covering exactly lo..hi, journal time kept.
+
+        Record bytes (TTLs included) are copied; only each record's sequence delta is rewritten.
+        """
+        if not self.dense or not self.first_seq <= lo <= hi <= self.last_seq:
+            raise BatchError(f"{self!r}: only a dense batch can be cut, and only within its coverage ({lo}..{hi})")
+        buf, unpack, overhead = self.buf, RECORD.unpack_from, self.overhead
+        parts: list[bytes | memoryview] = []
+        pos = HEADER_SIZE
+        for i in range(hi - self.first_seq + 1):
+            _, _, klen, blen = unpack(buf, pos)
+            end = pos + overhead + klen + blen
+            delta = self.first_seq + i - lo
+            if delta >= 0:
+                parts.append(_DELTA.pack(delta))
+                parts.append(buf[pos + _DELTA.size : end])
+            pos = end
+        return _seal(parts, hi - lo + 1, lo, hi, self.ts_ns, self.flags)
 
 
 def encode(
     first_seq: int,
-    records: Iterable[tuple[int, bytes, bytes]],
+    records: Iterable[tuple[int, bytes, bytes]] | Iterable[tuple[int, bytes, bytes, int]],
     *,
     ts_ns: int = 0,
+    ttl: bool = False,
 ) -> bytes:
     """Encode a dense batch of (ts_ns, key, body) records numbered first_seq, first_seq + 1, ...
 
+    With ttl=True the records are (ts_ns, key, body, ttl_ms) and the batch has FLAG_TTL.
     Publishers encode with first_seq=0; the gateway then assigns real sequences with `resequence`.
     """
-    pack = RECORD.pack
+    pack = RECORD_TTL.pack if ttl else RECORD.pack
     parts: list[bytes] = []
     n = 0
-    for n, (ts, key, body) in enumerate(records, 1):
+    for n, rec in enumerate(records, 1):
+        ts, key, body = rec[0], rec[1], rec[2]
         if len(key) > MAX_KEY:
             raise BatchError(f"record {n - 1}: key is {len(key)} bytes, the limit is {MAX_KEY}")
         if len(body) > MAX_BATCH:
             raise BatchError(f"record {n - 1}: body is {len(body)} bytes, a batch holds at most {MAX_BATCH}")
-        parts.append(pack(n - 1, ts, len(key), len(body)))
+        if ttl:
+            if not 0 <= rec[3] <= MAX_TTL_MS:  # type: ignore[misc]
+                raise BatchError(f"record {n - 1}: ttl_ms {rec[3]} outside 0..{MAX_TTL_MS}")  # type: ignore[misc]
+            parts.append(pack(n - 1, ts, len(key), len(body), rec[3]))  # type: ignore[misc]
+        else:
+            parts.append(pack(n - 1, ts, len(key), len(body)))
         parts.append(key)
         parts.append(body)
     if n == 0:
         raise BatchError("a batch of records needs at least one record (use empty() to cover a range)")
-    return _seal(parts, n, first_seq, first_seq + n - 1, ts_ns)
+    return _seal(parts, n, first_seq, first_seq + n - 1, ts_ns, FLAG_TTL if ttl else 0)
 
 
 def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
@@ -188,7 +244,15 @@ def resequence(batch: Batch, first_seq: int, ts_ns: int) -> bytes:
     """Give a dense publisher batch its sequences and journal time: a new header, the records copied."""
     if not batch.dense or batch.count == 0:
         raise BatchError("only a dense, non-empty batch can be sequenced")
-    return _seal([batch.buf[HEADER_SIZE:]], batch.count, first_seq, first_seq + batch.count - 1, ts_ns)
+    return _seal([batch.buf[HEADER_SIZE:]], batch.count, first_seq, first_seq + batch.count - 1, ts_ns, batch.flags)
+
+
+def assemble(
+    parts: list[bytes | memoryview], count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int
+) -> bytes:
+    """A batch from `count` records already laid out as `flags` says, deltas relative to first_seq (a sparse
+    batch covering first_seq..last_seq, such as a snapshot's). Batch.parse checks what the caller vouches for."""
+    return _seal(parts, count, first_seq, last_seq, ts_ns, flags)
 
 
 def frame_length(buf: bytes | memoryview, offset: int = 0) -> int:
@@ -203,31 +267,35 @@ def frame_length(buf: bytes | memoryview, offset: int = 0) -> int:
     return length
 
 
-def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int) -> bytes:
+def _overhead(flags: int) -> int:
+    return RECORD_TTL_OVERHEAD if flags & FLAG_TTL else RECORD_OVERHEAD
+
+
+def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int = 0) -> bytes:
     body_len = sum(len(p) for p in parts)
     if HEADER_SIZE + body_len > MAX_BATCH:
         raise BatchError(f"batch of {HEADER_SIZE + body_len} bytes is over the limit of {MAX_BATCH}")
     out = bytearray(HEADER_SIZE + body_len)
     out[HEADER_SIZE:] = b"".join(parts)
-    HEADER.pack_into(out, 0, MAGIC, VERSION, 0, len(out), 0, count, first_seq, last_seq, ts_ns)
+    HEADER.pack_into(out, 0, MAGIC, VERSION, flags, len(out), 0, count, first_seq, last_seq, ts_ns)
     struct.pack_into("<I", out, 8, crc32c(memoryview(out)[_CRC_FROM:]))
     return bytes(out)
 
 
-def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int]:
+def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int, int]:
     length = frame_length(buf)
     if length != available:
         raise BatchError(f"batch claims {length} bytes but {available} were given")
     _, version, flags, _, _, count, first, last, ts_ns = HEADER.unpack_from(buf)
     if version != VERSION:
         raise BatchError(f"unsupported batch version {version} (this build reads {VERSION})")
-    if flags:
+    if flags & ~KNOWN_FLAGS:
         raise BatchError(f"unsupported batch flags 0x{flags:02x}")
     if last < first:
         raise BatchError(f"coverage {first}..{last} is empty")
     if count > last - first + 1:
         raise BatchError(f"{count} records cannot fit coverage {first}..{last}")
-    return count, first, last, ts_ns
+    return count, first, last, ts_ns, flags
 
 
 def _check_crc(buf: memoryview) -> None:
@@ -237,16 +305,16 @@ def _check_crc(buf: memoryview) -> None:
         raise BatchError(f"CRC32C mismatch: stored 0x{stored:08x}, computed 0x{actual:08x}")
 
 
-def _check_records(buf: memoryview, count: int, span: int) -> None:
+def _check_records(buf: memoryview, count: int, span: int, overhead: int) -> None:
     end, unpack = len(buf), RECORD.unpack_from
     pos, prev = HEADER_SIZE, -1
     for i in range(count):
-        if pos + RECORD_OVERHEAD > end:
+        if pos + overhead > end:
             raise BatchError(f"record {i}: header runs past the batch end at byte {pos}")
         delta, _, klen, blen = unpack(buf, pos)
         if delta <= prev or delta > span:
             raise BatchError(f"record {i}: sequence delta {delta} out of order or outside coverage")
         prev = delta
-        pos += RECORD_OVERHEAD + klen + blen
+        pos += overhead + klen + blen
     if pos != end:
         raise BatchError(f"records end at byte {pos} but the batch is {end} bytes")

@@ -1,6 +1,6 @@
 """ZEPS wire codec, sans-IO: one command <-> the bytes of one ZeroMQ frame.
 
-Grammar (seed "Protocol Specification", plus extensions 13-21)::
+Grammar (seed "Protocol Specification", plus extensions 13-23)::
 
     frame    = %xAA %xA5 command-id fields     ; exactly one command per frame, nothing after it
     number-N = N octets, unsigned, network byte order (N = 1, 2, 4, 8)
@@ -29,6 +29,8 @@ Grammar (seed "Protocol Specification", plus extensions 13-21)::
     19 DELIVER-BATCH   batch:chunk                             S       batch
     20 PUBLISH-OK      sequence:8 count:4                      S       confirm
     21 PUBLISH-BATCH   batch:chunk                             C       batch
+    22 SNAPSHOT        prefixes:strings                        C       snapshot
+    23 SNAPSHOT-END    last:8 records:8                        S       snapshot
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -263,8 +265,19 @@ class PublishBatch(Command):
     batch: Chunk
 
 
+@_command
+class Snapshot(Command):
+    prefixes: Strings  # key prefixes (subtrees); none: every key
+
+
+@_command
+class SnapshotEnd(Command):
+    last: Number8  # the snapshot is the last record of every key as of this sequence
+    records: Number8  # records the snapshot held
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 22+ are free (snapshots come later).
+# Ids 24+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -287,6 +300,8 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (19, "DELIVER-BATCH", DeliverBatch, FEATURE_BATCH, "server"),
     (20, "PUBLISH-OK", PublishOk, FEATURE_CONFIRM, "server"),
     (21, "PUBLISH-BATCH", PublishBatch, FEATURE_BATCH, "client"),
+    (22, "SNAPSHOT", Snapshot, FEATURE_SNAPSHOT, "client"),
+    (23, "SNAPSHOT-END", SnapshotEnd, FEATURE_SNAPSHOT, "server"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

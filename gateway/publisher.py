@@ -14,6 +14,7 @@ with a new one. That is at-least-once: a record journaled just before a crash, u
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from types import TracebackType
 
@@ -61,7 +62,8 @@ class Publisher:
             curve.apply(self.sock)
         self.handshake = Handshake(self.sock)  # explains a gateway that stays silent (CURVE refusals)
         self.sock.connect(endpoint)
-        self.pending: list[tuple[int, bytes, bytes]] = []
+        self.pending: list[tuple[int, bytes, bytes, int]] = []  # (ts_ns, key, body, ttl_ms)
+        self.pending_ttl = False  # some pending record has a TTL: the batch needs FLAG_TTL
         self.pending_bytes = 0
         self.pending_since = 0.0
         self.sent = 0  # records handed to the gateway
@@ -92,15 +94,23 @@ class Publisher:
             self.abort()
             raise
 
-    def publish(self, key: str, body: bytes) -> None:
-        """Queue one record; it leaves when the batch fills, the linger time passes, or on flush()."""
+    def publish(self, key: str, body: bytes, ttl: float | None = None) -> None:
+        """Queue one record; it leaves when the batch fills, the linger time passes, or on flush().
+
+        An empty body deletes the key from snapshots; `ttl` (seconds) drops the record from snapshots once it
+        is that old (docs/snapshots.md). TTLs need the 'batch' extension.
+        """
         kb = key.encode()
         if len(kb) > P.MAX_STRING:
             raise PublishError(f"key is {len(kb)} bytes, the limit is {P.MAX_STRING}")
+        ttl_ms = _ttl_ms(ttl)
+        if ttl_ms and P.FEATURE_BATCH not in self.features:
+            raise PublishError("this gateway grants no 'batch' extension, and only batches carry a TTL")
         now = time.monotonic()
         if not self.pending:
             self.pending_since = now
-        self.pending.append((time.time_ns(), kb, body))
+        self.pending.append((time.time_ns(), kb, body, ttl_ms))
+        self.pending_ttl |= ttl_ms > 0
         self.pending_bytes += len(kb) + len(body) + B.RECORD_OVERHEAD
         if (
             len(self.pending) >= self.batch_records
@@ -156,10 +166,11 @@ class Publisher:
         if not self.pending:
             return
         records, self.pending, self.pending_bytes = self.pending, [], 0
+        ttl, self.pending_ttl = self.pending_ttl, False
         if P.FEATURE_BATCH in self.features:
-            self._send(P.PublishBatch(B.encode(0, records)))
+            self._send(P.PublishBatch(B.encode(0, records, ttl=ttl)))
         else:
-            for _, key, body in records:
+            for _, key, body, _ in records:
                 self._send(P.Publish(key.decode(), body))
         self.sent += len(records)
 
@@ -219,3 +230,13 @@ class Publisher:
                 return None
             raise PublishError(f"{what}: {cmd.reason}")
         raise PublishError(f"{what}: unexpected {cmd.NAME}")
+
+
+def _ttl_ms(ttl: float | None) -> int:
+    """A TTL in seconds as the batch format's ttl_ms (0: none)."""
+    if ttl is None:
+        return 0
+    ms = math.ceil(ttl * 1000)
+    if not 0 < ms <= B.MAX_TTL_MS:
+        raise PublishError(f"ttl {ttl!r} s is outside 0.001..{B.MAX_TTL_MS // 1000} s (None: no TTL)")
+    return ms

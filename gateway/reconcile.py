@@ -44,6 +44,16 @@ AWAIT_LIVE (``Start.latest()``)
 AWAIT_EARLIEST (``Start.earliest()``)
     One open-ended request from 1 is out; its first answer fixes N: ``Trimmed(first_retained)`` (no loss:
     what the journal dropped was never part of "earliest") or the first batch. Live batches are held.
+SNAPSHOTTING (``Start.snapshot()``, docs/snapshots.md)
+    One snapshot request is out: the last record of every key as of the server's N0, as batches covering
+    first_retained..N0 contiguously (each range holding the records still last of their key at N0), then
+    ``SnapshotEnd(N0)``. Its first batch fixes N (or, if it had none, ``SnapshotEnd``: N0 + 1); its batches
+    are delivered as they come (source "snapshot"), and live is only held: a snapshot range may not follow
+    a full one (a key deleted there would be missed). After ``SnapshotEnd`` the stream continues exactly as
+    from ``Start.at_seq(N0 + 1)``: CATCHING_UP. A snapshot that fails once part of it is delivered is not
+    asked again (a new one, as of a later N, could not continue this one); the rest of the stream is
+    replayed in full from N instead, which yields the same last values. Answers to abandoned snapshots
+    are dropped.
 CATCHING_UP (``Start.at_seq``/``after_seq``, and every fall-back)
     Exactly one open-ended request from N is out; the replay server streams history, then the live
     tail, so replay alone keeps the stream going even with every multicast feed dead. Live batches are
@@ -113,7 +123,7 @@ Resuming after checkpoint 4 asks replay for everything from 5 on; live is ahead 
 
 >>> r = Reconciler(Start.after_seq(4))
 >>> show(r.handle(Tick(), now=0.0))
-Request(request_id=1, lo=5, hi=None, filtered=False)
+Request(request_id=1, lo=5, hi=None, filtered=False, snapshot=False)
 >>> show(r.handle(Live(B(9, 12), "A"), now=0.01))
 
 Replay meets the held live batch: the overlap is trimmed and the open-ended request cancelled.
@@ -128,7 +138,7 @@ Feed A skips 13..14: a bounded request. Feed B fills the gap first, so the reque
 
 >>> show(r.handle(Live(B(15, 16), "A"), now=0.03))
 StateChanged(old=MERGED, new=RECOVERING)
-Request(request_id=2, lo=13, hi=14, filtered=False)
+Request(request_id=2, lo=13, hi=14, filtered=False, snapshot=False)
 >>> show(r.handle(Live(B(13, 14), "B"), now=0.04))
 Deliver(batch=B(13, 14), lo=13, hi=14, source='live:B')
 Deliver(batch=B(15, 16), lo=15, hi=16, source='live:A')
@@ -140,7 +150,7 @@ A heartbeat says 18 exists. 17..18 may still be in flight: only after ``tail_gra
 >>> show(r.handle(Heartbeat(18, "A"), now=0.05))
 >>> show(r.handle(Tick(), now=0.2))
 StateChanged(old=MERGED, new=RECOVERING)
-Request(request_id=3, lo=17, hi=18, filtered=False)
+Request(request_id=3, lo=17, hi=18, filtered=False, snapshot=False)
 
 The journal no longer has 17: that is reported, never skipped silently.
 
@@ -184,6 +194,7 @@ __all__ = [
     "ReplayLost",
     "ReplayRestored",
     "Request",
+    "SnapshotEnd",
     "Stalled",
     "Start",
     "State",
@@ -218,6 +229,7 @@ class State(enum.Enum):
 
     AWAIT_LIVE = "await_live"
     AWAIT_EARLIEST = "await_earliest"
+    SNAPSHOTTING = "snapshotting"
     CATCHING_UP = "catching_up"
     MERGED = "merged"
     RECOVERING = "recovering"
@@ -230,6 +242,7 @@ class State(enum.Enum):
 
 AWAIT_LIVE = State.AWAIT_LIVE
 AWAIT_EARLIEST = State.AWAIT_EARLIEST
+SNAPSHOTTING = State.SNAPSHOTTING
 CATCHING_UP = State.CATCHING_UP
 MERGED = State.MERGED
 RECOVERING = State.RECOVERING
@@ -261,6 +274,14 @@ class ReplayEnd:
     """The replay server finished a bounded request."""
 
     request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEnd:
+    """The replay server finished a snapshot: it is the last record of every key as of ``last``."""
+
+    request_id: int
+    last: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +320,9 @@ class Close:
     """The application is done: cancel everything, ignore what follows."""
 
 
-Event: TypeAlias = Live | Replay | ReplayEnd | Trimmed | Heartbeat | Tick | ReplayLost | ReplayRestored | Close
+Event: TypeAlias = (
+    Live | Replay | ReplayEnd | SnapshotEnd | Trimmed | Heartbeat | Tick | ReplayLost | ReplayRestored | Close
+)
 
 
 # --- actions ---------------------------------------------------------------------------------------------
@@ -317,12 +340,17 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """Ask the replay server for ``lo..hi`` (``hi=None``: from lo on, history then the live tail)."""
+    """Ask the replay server for ``lo..hi`` (``hi=None``: from lo on, history then the live tail).
+
+    ``snapshot``: ask for a snapshot instead (SNAPSHOT; ``lo`` and ``hi`` do not apply), answered by batches
+    and ``SnapshotEnd``.
+    """
 
     request_id: int
     lo: int
     hi: int | None
     filtered: bool = False
+    snapshot: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +408,7 @@ Action: TypeAlias = Deliver | Request | Cancel | Loss | Stalled | TooSlow | Stat
 class Start:
     """Where the stream starts for this subscriber; build with the class methods."""
 
-    kind: Literal["earliest", "latest", "at_seq"]
+    kind: Literal["earliest", "latest", "at_seq", "snapshot"]
     seq: int = 0
 
     @classmethod
@@ -392,6 +420,11 @@ class Start:
     def latest(cls) -> Start:
         """Live from now: the first live batch or heartbeat fixes the position."""
         return cls("latest")
+
+    @classmethod
+    def snapshot(cls) -> Start:
+        """The last record of every key (a snapshot from the replay server), then everything after it."""
+        return cls("snapshot")
 
     @classmethod
     def at_seq(cls, seq: int) -> Start:
@@ -415,6 +448,7 @@ class ReconcilerStats:
     delivered_batches: int = 0
     records_from_live: int = 0  # coverage delivered from live (dense: records)
     ranges_from_replay: int = 0  # coverage delivered from replay (sparse when filtered)
+    ranges_from_snapshot: int = 0  # coverage delivered from a snapshot (sparse: last values only)
     gaps_detected: int = 0
     gaps_filled: int = 0  # gaps closed by delivered data (not by Loss)
     duplicates_dropped: int = 0  # batches wholly covered already
@@ -456,6 +490,7 @@ TRANSITIONS: dict[State, Transitions] = {
             Heartbeat: "_fix_from_heartbeat",
             Replay: None,
             ReplayEnd: None,
+            SnapshotEnd: None,
             Trimmed: None,
             Tick: None,
             ReplayLost: "_on_replay_lost",
@@ -471,6 +506,7 @@ TRANSITIONS: dict[State, Transitions] = {
             Heartbeat: "_on_heartbeat",
             Replay: "_fix_from_replay",
             ReplayEnd: "_on_replay_end",
+            SnapshotEnd: None,
             Trimmed: "_fix_from_trimmed",
             Tick: None,
             ReplayLost: "_on_replay_lost",
@@ -480,12 +516,29 @@ TRANSITIONS: dict[State, Transitions] = {
         when=(_CLOSE, ("_position_known", CATCHING_UP, None)),
         timers=("_pump_requests",),
     ),
+    SNAPSHOTTING: Transitions(
+        on={
+            Live: "_hold_live",
+            Heartbeat: "_on_heartbeat",
+            Replay: "_on_snapshot",
+            ReplayEnd: None,
+            SnapshotEnd: "_on_snapshot_end",
+            Trimmed: None,
+            Tick: None,
+            ReplayLost: "_on_replay_lost",
+            ReplayRestored: "_on_replay_restored",
+            Close: "_on_close",
+        },
+        when=(_CLOSE, ("_snapshot_over", CATCHING_UP, "_after_snapshot")),
+        timers=("_pump_requests",),
+    ),
     CATCHING_UP: Transitions(
         on={
             Live: "_on_live_catching_up",
             Heartbeat: "_on_heartbeat",
             Replay: "_on_replay",
             ReplayEnd: "_on_replay_end",
+            SnapshotEnd: None,
             Trimmed: "_on_trimmed",
             Tick: None,
             ReplayLost: "_on_replay_lost",
@@ -501,6 +554,7 @@ TRANSITIONS: dict[State, Transitions] = {
             Heartbeat: "_on_heartbeat",
             Replay: "_on_replay",
             ReplayEnd: None,
+            SnapshotEnd: None,
             Trimmed: None,
             Tick: None,
             ReplayLost: "_on_replay_lost",
@@ -516,6 +570,7 @@ TRANSITIONS: dict[State, Transitions] = {
             Heartbeat: "_on_heartbeat",
             Replay: "_on_replay",
             ReplayEnd: "_on_replay_end",
+            SnapshotEnd: None,
             Trimmed: "_on_trimmed",
             Tick: None,
             ReplayLost: "_on_replay_lost",
@@ -532,6 +587,7 @@ EVENT_KINDS: tuple[type, ...] = (
     Live,
     Replay,
     ReplayEnd,
+    SnapshotEnd,
     Trimmed,
     Heartbeat,
     Tick,
@@ -588,6 +644,7 @@ class _Fetch:
     issued: int = 0
     stalled: bool = False
     idle: bool = False  # open-ended and owed nothing at the last check
+    snapshot: bool = False  # asks for a snapshot (SNAPSHOTTING's one request)
 
 
 @dataclass(slots=True)
@@ -674,6 +731,7 @@ class Reconciler:
         self._fetches: list[_Fetch] = []
         self._by_id: dict[int, _Fetch] = {}
         self._ids = itertools.count(1)
+        self._snapshot_ids: set[int] = set()  # every snapshot request issued: their stale answers are dropped
         self._replay_ok = True
         self._overflowed = False
         self._closing = False
@@ -690,6 +748,9 @@ class Reconciler:
         elif start.kind == "earliest":
             self._state = AWAIT_EARLIEST
             self._fetches.append(_Fetch(lo=1, hi=None, covered_to=0))
+        elif start.kind == "snapshot":
+            self._state = SNAPSHOTTING
+            self._fetches.append(_Fetch(lo=1, hi=None, covered_to=0, snapshot=True))
         else:
             self._state = CATCHING_UP
             self._next = start.seq
@@ -783,6 +844,10 @@ class Reconciler:
     def _position_known(self) -> bool:
         return self._next is not None
 
+    def _snapshot_over(self) -> bool:
+        """The snapshot ended, or it failed after part of it was delivered (the rest then comes by replay)."""
+        return not self._fetches or (self._next is not None and self._fetches[0].request is None)
+
     def _met_live(self) -> bool:
         """Replay has passed what live has shown, and live is alive (else MERGED would fall back at once)."""
         return self._live_edge is not None and self._n > self._live_edge and not self._live_silent()
@@ -864,6 +929,12 @@ class Reconciler:
         self._frontier = self._n - 1
         self._tail_since = None
 
+    def _after_snapshot(self) -> None:
+        """Continue as from Start.at_seq(N): one open-ended request from N; held live that N reached is due."""
+        self._cancel_all()
+        self._fetches.append(_Fetch(lo=self._n, hi=None, covered_to=self._n - 1))
+        self._drain()
+
     def _fall_back(self) -> None:
         """Low gear: forget held data and holes, stream everything from N over replay."""
         self._cancel_all()
@@ -908,18 +979,50 @@ class Reconciler:
         self._saw_live(ev.head)
 
     def _on_live_catching_up(self, ev: Live) -> None:
+        if self._next is not None and ev.batch.first_seq <= self._next:
+            self._saw_live(ev.batch.last_seq)
+            self._take(ev.batch, f"live:{ev.feed}")
+        else:
+            self._hold_live(ev)
+
+    def _hold_live(self, ev: Live) -> None:
+        """Hold a live batch until N reaches it; when the buffer is full, what was held is dropped instead."""
         batch = ev.batch
         self._saw_live(batch.last_seq)
         source = f"live:{ev.feed}"
-        if self._next is not None and batch.first_seq <= self._next:
-            self._take(batch, source)
-        elif self._live_paused():
+        if self._live_paused():
             self._stats.live_skipped += 1
         elif not self._hold(batch, source):
             self._stats.buffer_overflows += 1
             self._drop_held()
             if not self._hold(batch, source):
                 self._stats.live_skipped += 1
+
+    def _on_snapshot(self, ev: Replay) -> None:
+        """A snapshot batch: delivered if it continues the snapshot at N; nothing held is drained (only
+        SnapshotEnd makes full data due). A gap in a snapshot's coverage fails it."""
+        batch, fetch = ev.batch, self._by_id.get(ev.request_id)
+        if fetch is None:
+            self._stats.replay_dropped += 1  # an abandoned snapshot's answer
+            return
+        if self._next is None:
+            self._next = batch.first_seq
+        n = self._next
+        if batch.last_seq < n:
+            self._stats.duplicates_dropped += 1
+        elif batch.first_seq > n:
+            self._fail(fetch, cancel=True)
+        else:
+            self._progress(fetch, batch.last_seq)
+            self._deliver(batch, n, batch.last_seq, "snapshot")
+
+    def _on_snapshot_end(self, ev: SnapshotEnd) -> None:
+        fetch = self._by_id.get(ev.request_id)
+        if fetch is None:
+            return
+        if self._next is None:  # no batch: nothing up to N0 concerns this client
+            self._next = ev.last + 1
+        self._retire(fetch, cancel=False)
 
     def _on_live(self, ev: Live) -> None:
         batch = ev.batch
@@ -936,7 +1039,7 @@ class Reconciler:
         batch, fetch = ev.batch, self._by_id.get(ev.request_id)
         n = self._n
         if fetch is None:  # a stale answer: still valid data, used only where it continues the stream
-            if batch.first_seq <= n:
+            if batch.first_seq <= n and ev.request_id not in self._snapshot_ids:
                 self._take(batch, "replay")
             else:
                 self._stats.replay_dropped += 1
@@ -1069,6 +1172,8 @@ class Reconciler:
         stats.delivered_batches += 1
         if source == "replay":
             stats.ranges_from_replay += hi - lo + 1
+        elif source == "snapshot":
+            stats.ranges_from_snapshot += hi - lo + 1
         else:
             stats.records_from_live += hi - lo + 1
         self._advance(hi + 1, filled=True)
@@ -1102,14 +1207,16 @@ class Reconciler:
 
     def _owed(self, fetch: _Fetch) -> bool:
         """Whether silence from this request means it is stuck rather than idle at the live tail."""
-        if fetch.hi is not None or self._head is None:
+        if fetch.hi is not None or fetch.snapshot or self._head is None:
             return True
         return self._head > max(fetch.covered_to, (self._next or 1) - 1)
 
     def _issue(self, fetch: _Fetch) -> None:
         rid = next(self._ids)
         lo = max(fetch.covered_to + 1, self._next or 1)
-        fetch.request = Request(rid, lo, fetch.hi, self._filtered)
+        fetch.request = Request(rid, lo, fetch.hi, self._filtered, fetch.snapshot)
+        if fetch.snapshot:
+            self._snapshot_ids.add(rid)
         fetch.due = self._now + self._timeout
         self._by_id[rid] = fetch
         self._out.append(fetch.request)

@@ -12,6 +12,7 @@ EAGAIN, which means "this client is slow": it gets nothing more this turn and no
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
 it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
 segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
+Snapshot indexes (gateway.snapshot) follow their journals on a timer of their own, in bounded slices.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gateway.journal import JournalError, JournalReader, NotAJournal
 from gateway.journal.layout import list_segments, seg_path
 from gateway.metrics import Metrics
 from gateway.replay_session import Session
+from gateway.snapshot import SnapshotIndexes
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ class ReplayConfig:
     reads_per_turn: int = 8
     max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
     curve: CurveServerKeys | None = None  # CURVE with allowed client keys; None: plain TCP
+    snapshots: bool = True  # keep a last-value index per stream and grant 'snapshot' (docs/snapshots.md)
+    snapshot_poll_s: float = 0.05  # how often snapshot indexes read what their journals gained
+    snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -89,6 +94,9 @@ class ReplayMetrics(Metrics):
         self.send_stalls = Counter("zeps_replay_send_stalls", "Sends refused by a full pipe (slow client)", registry=r)
         self.invalid = Counter("zeps_replay_invalid_frames", "Frames refused or dropped", ["kind"], registry=r)
         self.ended = Counter("zeps_replay_sessions_ended", "Sessions ended, by reason", ["reason"], registry=r)
+        self.snapshot_keys = Gauge(
+            "zeps_replay_snapshot_keys", "Keys in a stream's snapshot index", ["stream"], registry=r
+        )
 
 
 class _TailWatch:
@@ -146,6 +154,9 @@ class ReplayServer:
         self._turn = 0
         self._blocked: set[bytes] = set()  # clients whose pipe was full this turn
         self._stopping = False
+        self.snapshots = SnapshotIndexes(config.journal) if config.snapshots else None
+        self._next_index = 0.0
+        self._indexes_current = True
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -172,6 +183,12 @@ class ReplayServer:
 
     def _on_timers(self, now: float) -> float:
         """Wake tailing clients, ping idle ones, drop silent ones; return seconds to the next timer."""
+        if self.snapshots is not None and (now >= self._next_index or not self._indexes_current):
+            # Indexes follow their journals; one that is behind (building) gets a slice of work every turn.
+            self._next_index = now + self.config.snapshot_poll_s
+            self._indexes_current = self.snapshots.follow(self.config.snapshot_budget_s)
+            for stream, index in self.snapshots.indexes.items():
+                self.metrics.snapshot_keys.labels(stream).set(len(index))
         if now >= self._next_tail:
             self._next_tail = now + self.config.tail_poll_ms / 1000
             self._wake_tails(now)
@@ -187,6 +204,8 @@ class ReplayServer:
         deadline = min(self._next_idle, now + _MAX_WAIT_S)
         if any(s.tailing for s in self.sessions.values()):
             deadline = min(deadline, self._next_tail)
+        if self.snapshots is not None:
+            deadline = min(deadline, self._next_index if self._indexes_current else now)
         return max(0.0, deadline - now)
 
     def _wake_tails(self, now: float) -> None:
@@ -266,7 +285,8 @@ class ReplayServer:
         elif len(self.sessions) >= self.config.max_clients:
             self._invalid(identity, f"too many clients (max {self.config.max_clients}); retry later", "attach")
             return
-        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now)
+        snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
+        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
         self.sessions[identity] = session
         self.metrics.sessions.set(len(self.sessions))
         log.debug("replay: %s attached", session)
@@ -379,5 +399,7 @@ class ReplayServer:
         for s in list(self.sessions.values()):
             self._end(s, "shutdown", notify=True)
         self.guard.close()
+        if self.snapshots is not None:
+            self.snapshots.close()
         self.router.close()
         self.metrics.close()

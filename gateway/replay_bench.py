@@ -12,11 +12,13 @@ DELIVER. Each run is bounded by `time_limit` seconds; a run cut short reports th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gateway import batch as B
@@ -62,31 +64,37 @@ def _replay(
         return got / (time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def sidecar(root: Path, *options: str) -> Iterator[str]:
+    """`zeps replay` on `root` (with more `options`) as a subprocess on a free loopback port; yields its endpoint."""
+    cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
+    cmd += options
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+        match = re.search(r" at (tcp://\S+)", line)
+        if not match:
+            raise RuntimeError(f"zeps replay did not start: {line!r}")
+        yield match.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def benchmark(
     records: int = 300_000, body: int = 100, time_limit: float = 60.0, curve: bool = False
 ) -> dict[str, float]:
-    """{"batch": records/s, "deliver": records/s} on a fresh journal and sidecar."""
+    """{"batch": records/s, "deliver": records/s} on a fresh journal and sidecar (CURVE between them if asked)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "journal"
         write_journal(root, "bench", records, body)
-        cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
         keys = Keys.create(Path(tmp) / "keys") if curve else None
-        if keys:
-            cmd += keys.server_args()
         client = keys.client() if keys else None
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
-        try:
-            line = proc.stdout.readline().decode()  # type: ignore[union-attr]
-            match = re.search(r" at (tcp://\S+)", line)
-            if not match:
-                raise RuntimeError(f"zeps replay did not start: {line!r}")
+        with sidecar(root, *(keys.server_args() if keys else ())) as endpoint:
             return {
-                "batch": _replay(match.group(1), "bench", records, (P.FEATURE_BATCH,), time_limit, client),
-                "deliver": _replay(match.group(1), "bench", records, (), time_limit, client),
+                "batch": _replay(endpoint, "bench", records, (P.FEATURE_BATCH,), time_limit, client),
+                "deliver": _replay(endpoint, "bench", records, (), time_limit, client),
             }
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
 
 
 def main() -> None:

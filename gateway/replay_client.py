@@ -6,7 +6,8 @@ plain server, FETCH-END and TRIMMED. It answers the server's PINGs itself, and g
 consumes: `window` bytes up front, topped up whenever half of it has been taken out of recv(). So a caller
 that stops calling recv() stops the server after at most one window, and nothing piles up anywhere.
 
-history() is `zeps history`: the records of a sequence or time range, ending at the journal's head.
+history() is `zeps history`: the records of a sequence or time range, ending at the journal's head;
+snapshot() is `zeps snapshot`: the last record of every key (docs/snapshots.md).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 
 import zmq
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 MAX_SEQ = 2**64 - 1
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
 
-Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed
+Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
 
 
 class ReplayError(RuntimeError):
@@ -37,6 +38,10 @@ class ReplayError(RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotGranted(ReplayError):
+    """The server does not grant an extension the request needs."""
 
 
 class ReplayClient:
@@ -106,10 +111,17 @@ class ReplayClient:
         self._open_credit()
         return rid
 
+    def snapshot(self, prefixes: tuple[str, ...] = ()) -> None:
+        """The last record of every key under `prefixes` (all keys: none) as of one sequence N, as batches
+        covering up to N, then SNAPSHOT-END(N) (needs 'snapshot'); follow with subscribe(latest=N)."""
+        self.require(P.FEATURE_SNAPSHOT)
+        self._send(P.Snapshot(tuple(prefixes)))
+        self._open_credit()
+
     # --- receiving ------------------------------------------------------------------------------------
 
     def recv(self, timeout: float | None = None) -> Event | None:
-        """The next batch, DELIVER, FETCH-END or TRIMMED; None if nothing came within `timeout` seconds.
+        """The next batch, DELIVER, FETCH-END, TRIMMED or SNAPSHOT-END; None if nothing came within `timeout` s.
 
         Raises ReplayError for INVALID or a DETACH from the server.
         """
@@ -139,7 +151,7 @@ class ReplayClient:
             case P.Deliver():
                 self._consume(size)
                 return cmd
-            case P.FetchEnd() | P.Trimmed():
+            case P.FetchEnd() | P.Trimmed() | P.SnapshotEnd():
                 return cmd
             case P.Ping():
                 self._send(P.PingOk())
@@ -172,9 +184,9 @@ class ReplayClient:
     # --- plumbing -------------------------------------------------------------------------------------
 
     def require(self, feature: str) -> None:
-        """ReplayError (saying what to do) unless the server granted `feature`."""
+        """NotGranted (a ReplayError saying what to do) unless the server granted `feature`."""
         if feature not in self.features:
-            raise ReplayError(
+            raise NotGranted(
                 f"the replay server at {self.endpoint} did not grant the '{feature}' extension "
                 f"(granted: {', '.join(sorted(self.features)) or 'none'}): use a server that speaks it (zeps replay)"
             )
@@ -266,7 +278,27 @@ def history(
         yield from _records_until(client, lambda event: isinstance(event, B.Batch) and event.last_seq >= stop, stop)
 
 
-def _records_until(client: ReplayClient, is_end: Callable[[Event], bool], stop: int = MAX_SEQ) -> Iterator[B.Record]:
+def snapshot(
+    endpoint: str,
+    stream: str,
+    *,
+    prefixes: tuple[str, ...] = (),
+    timeout: float = 10.0,
+    curve: CurveClientKeys | None = None,
+) -> Generator[B.Record, None, int]:
+    """The last record of every key of `stream` under `prefixes`, in sequence order, as of one sequence N (the
+    generator's return value). Deleted keys are absent, and so are records whose TTL had run out."""
+    features = (*DEFAULT_FEATURES, P.FEATURE_SNAPSHOT)
+    with ReplayClient(endpoint, stream, features=features, timeout=timeout, curve=curve) as client:
+        client.snapshot(prefixes)
+        end = yield from _records_until(client, lambda event: isinstance(event, P.SnapshotEnd))
+        return end.last  # type: ignore[union-attr]
+
+
+def _records_until(
+    client: ReplayClient, is_end: Callable[[Event], bool], stop: int = MAX_SEQ
+) -> Generator[B.Record, None, Event]:
+    """Records of the events up to the one `is_end` accepts, which is the return value."""
     while True:
         event = client.recv()
         if event is None:
@@ -281,7 +313,7 @@ def _records_until(client: ReplayClient, is_end: Callable[[Event], bool], stop: 
         elif isinstance(event, B.Batch):
             yield from event.records(hi=stop)
         if is_end(event):
-            return
+            return event
 
 
 def probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:

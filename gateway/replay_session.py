@@ -2,9 +2,10 @@
 
 The socket loop (gateway.replay) owns the ROUTER socket; a Session owns everything else about one client:
 its granted extensions, its credit, its subscription and its outstanding FETCHes, each a _Feed holding a
-journal cursor and a sequence position. Frames are produced lazily, one step (at most one journal batch)
-at a time, only while the client has credit, so a client that stops granting credit costs a cursor and a
-position, never a growing buffer: at most one step's frames wait in `out` for credit or for the socket.
+journal cursor and a sequence position, and a snapshot in progress (gateway.snapshot.SnapshotFeed).
+Frames are produced lazily, one step (at most one journal batch) at a time, only while the client has
+credit, so a client that stops granting credit costs a cursor and a position, never a growing buffer: at most
+one step's frames wait in `out` for credit or for the socket.
 
 Two queues keep the order the protocol needs without letting flow control hold up liveness:
 `replies` (answers to commands: ATTACH-OK, SUBSCRIBE-OK, PING-OK, INVALID...) always go first and cost no
@@ -15,12 +16,13 @@ between them), sent in order, data frames only while credit is positive.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
 from gateway import batch as B
 from gateway import protocol as P
 from gateway.journal import Trimmed
+from gateway.snapshot import Frozen, SnapshotFeed
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME})
 MAX_SEQ = 2**64 - 1
@@ -59,7 +61,7 @@ class _Out(NamedTuple):
     frame: bytes
     charge: int
     records: int
-    feed: _Feed
+    feed: _Feed | SnapshotFeed
 
 
 class _Feed:
@@ -113,31 +115,40 @@ def _prefixes(pattern: str) -> tuple[bytes, ...]:
 
 
 def trim(batch: B.Batch, lo: int, hi: int) -> B.Batch:
-    """The records lo..hi of a journal batch, as a batch covering exactly lo..hi, journal time kept.
+    """The records lo..hi of a journal batch, as a batch covering exactly lo..hi, journal time and TTLs kept.
 
     Journal batches are dense (JournalWriter.append sequences them with batch.resequence, which accepts
-    dense batches only), so the part is dense too and batch.encode numbers it right.
+    dense batches only), so `Batch.part` can cut them by sequence.
     """
-    if not batch.dense:
-        raise B.BatchError(f"{batch!r} is not dense: only dense (journal) batches can be cut by sequence")
-    records = ((ts, key, body) for _, ts, key, body in batch.raw(lo, hi))
-    return B.Batch.parse(B.encode(lo, records, ts_ns=batch.ts_ns), check_crc=False)  # type: ignore[arg-type]
+    return B.Batch.parse(batch.part(lo, hi), check_crc=False)
 
 
 class Session:
     """A client attached to one stream. The server calls handle() per command and peek()/pop() to send."""
 
-    def __init__(self, identity: bytes, stream: str, journal: Journal, *, max_fetches: int, now: float) -> None:
+    def __init__(
+        self,
+        identity: bytes,
+        stream: str,
+        journal: Journal,
+        *,
+        max_fetches: int,
+        now: float,
+        snapshots: Callable[[], Frozen | None] | None = None,
+    ) -> None:
+        """`snapshots` freezes the stream's snapshot index (None: this server grants no 'snapshot')."""
         self.identity = identity
         self.stream = stream
         self.journal = journal
         self.max_fetches = max_fetches
+        self.snapshots = snapshots
         self.features: frozenset[str] = frozenset()
         self.credit = 0
         self.last_heard = now
         self.pinged_at = 0.0  # when the server last PINGed this client, 0.0 after the client spoke
         self.sub: _Feed | None = None
         self.fetches: deque[_Feed] = deque()
+        self.snap: SnapshotFeed | None = None
         self.replies: deque[bytes] = deque([P.encode(P.AttachOk())])
         self.out: deque[_Out] = deque()
         self._may_extend = True
@@ -177,8 +188,12 @@ class Session:
                 self.replies.append(P.encode(P.PingOk()))
             case P.PingOk():
                 pass
+            case P.Snapshot(prefixes=prefixes):
+                self._snapshot(prefixes)
             case P.Extend(features=wanted) if may_extend:
                 self.features = GRANTABLE.intersection(wanted)
+                if self.snapshots is not None and P.FEATURE_BATCH in self.features:  # snapshots come in batches
+                    self.features |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
                 self.replies.append(P.encode(P.ExtendOk(tuple(sorted(self.features)))))
             case P.Extend():
                 return self._invalid("EXTEND is allowed once, as the first command after ATTACH-OK")
@@ -198,6 +213,14 @@ class Session:
             self.out = deque(o for o in self.out if o.feed is not old)
         self.sub = _Feed(_prefixes(pattern), start, MAX_SEQ, None)
         self.replies.append(P.encode(P.SubscribeOk()))
+
+    def _snapshot(self, prefixes: tuple[str, ...]) -> None:
+        """Replace any snapshot in progress (its unsent frames are dropped with it), as SUBSCRIBE does."""
+        old = self.snap
+        if old is not None:
+            self.out = deque(o for o in self.out if o.feed is not old)
+        assert self.snapshots is not None  # 'snapshot' is granted only with a source
+        self.snap = SnapshotFeed(self.snapshots, tuple(p.encode() for p in prefixes))
 
     def _fetch(self, rid: int, pattern: str, first: int, last: int) -> None:
         if len(self.fetches) >= self.max_fetches:
@@ -222,7 +245,7 @@ class Session:
     @property
     def has_work(self) -> bool:
         """Whether reading the journal could produce something (given credit)."""
-        return bool(self.fetches) or (self.sub is not None and not self.sub.at_end)
+        return bool(self.fetches) or self.snap is not None or (self.sub is not None and not self.sub.at_end)
 
     @property
     def ready(self) -> bool:
@@ -259,7 +282,7 @@ class Session:
         while not self.out:
             if self.credit <= 0 or self._reads_left <= 0 or not self.has_work:
                 return None
-            self._step(self.fetches[0] if self.fetches else self.sub)  # type: ignore[arg-type]
+            self._step(self.fetches[0] if self.fetches else self.snap or self.sub)  # type: ignore[arg-type]
         head = self.out[0]
         return head.frame if head.charge == 0 or self.credit > 0 else None
 
@@ -277,13 +300,15 @@ class Session:
 
     # --- producing ------------------------------------------------------------------------------------
 
-    def _emit(self, feed: _Feed, cmd: P.Command, records: int = 0) -> None:
+    def _emit(self, feed: _Feed | SnapshotFeed, cmd: P.Command, records: int = 0) -> None:
         frame = P.encode(cmd)
         self.out.append(_Out(frame, len(frame) if isinstance(cmd, P.Deliver | P.DeliverBatch) else 0, records, feed))
 
-    def _step(self, feed: _Feed) -> None:
-        """Produce the next frames of `feed`: reads at most one journal batch."""
-        if P.FEATURE_BATCH in self.features:
+    def _step(self, feed: _Feed | SnapshotFeed) -> None:
+        """Produce the next frames of `feed`: reads at most one journal batch (or one snapshot batch)."""
+        if isinstance(feed, SnapshotFeed):
+            self._step_snapshot(feed)
+        elif P.FEATURE_BATCH in self.features:
             self._step_batch(feed)
         else:
             self._step_plain(feed)
@@ -353,6 +378,16 @@ class Session:
         if feed.gap is not None:
             self._emit(feed, P.DeliverBatch(B.empty(*feed.gap)))
             feed.gap = None
+
+    def _step_snapshot(self, feed: SnapshotFeed) -> None:
+        """The next snapshot batch; SNAPSHOT-END after the last. Nothing while the index is being built."""
+        self._reads_left -= 1
+        part = feed.step()
+        if part is not None:
+            self._emit(feed, P.DeliverBatch(part[0]), part[1])
+        elif feed.done:
+            self._emit(feed, P.SnapshotEnd(feed.last, feed.records))
+            self.snap = None
 
     def _step_plain(self, feed: _Feed) -> None:
         """One DELIVER (or none, after scanning the rest of a batch that holds nothing for the client)."""

@@ -19,6 +19,9 @@ reconciler: it is dropped and counted (`unauthenticated`). Replay connections us
 
 Loss the journal can no longer repair is never skipped in silence: iteration raises `DataLoss` naming the
 range, and iterating again continues after it.
+
+start="snapshot" begins with the last record of every key (docs/snapshots.md); `view` is then the
+application's key -> value map, kept current as records are handed out (or by `update()`).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ from gateway import batch as B
 from gateway import reconcile as R
 from gateway.auth import CurveClientKeys, StreamKey, Unauthenticated, Verifier
 from gateway.mcast import Endpoint, Heartbeat, McastError, Tuning, open_sub, parse_payload
+from gateway.protocol import FEATURE_SNAPSHOT, FetchEnd
 from gateway.protocol import Deliver as ZepsDeliver
-from gateway.protocol import FetchEnd
+from gateway.protocol import SnapshotEnd as ZepsSnapshotEnd
 from gateway.protocol import Trimmed as ZepsTrimmed
-from gateway.replay_client import MAX_SEQ, ReplayClient, ReplayError, probe
+from gateway.replay_client import DEFAULT_FEATURES, MAX_SEQ, NotGranted, ReplayClient, ReplayError, probe
+from gateway.snapshot_view import LastValues
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +68,21 @@ class TooSlow(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """A record as the application gets it: where it came from is `source` ("live:A", "replay", ...)."""
+    """A record as the application gets it: where it came from is `source` ("live:A", "replay", "snapshot")."""
 
     seq: int
     ts_ns: int
     key: str
     body: bytes
     source: str
+    ttl_ms: int = 0  # time to live after ts_ns (0: none); an empty body deletes the key
 
 
 @dataclass
 class SubscriberStats:
     from_live: int = 0
     from_replay: int = 0
+    from_snapshot: int = 0
     losses: int = 0
     rejected_packets: int = 0  # multicast messages dropped: malformed, or failing the stream key check
     unauthenticated: int = 0  # of those, the ones that failed the stream key check
@@ -84,7 +91,7 @@ class SubscriberStats:
 
     @property
     def delivered(self) -> int:
-        return self.from_live + self.from_replay
+        return self.from_live + self.from_replay + self.from_snapshot
 
     def summary(self, reconciler: R.Reconciler) -> dict[str, int]:
         s = reconciler.stats
@@ -92,6 +99,7 @@ class SubscriberStats:
             "delivered": self.delivered,
             "from_live": self.from_live,
             "from_replay": self.from_replay,
+            "from_snapshot": self.from_snapshot,
             "gaps_detected": s.gaps_detected,
             "gaps_filled": s.gaps_filled,
             "duplicates_dropped": s.duplicates_dropped,
@@ -107,6 +115,8 @@ def parse_start(start: str | int | datetime | None) -> tuple[R.Start | None, int
         return R.Start.latest(), None
     if start == "earliest":
         return R.Start.earliest(), None
+    if start == "snapshot":
+        return R.Start.snapshot(), None
     if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
         return R.Start.at_seq(max(1, int(start))), None
     when = start if isinstance(start, datetime) else datetime.fromisoformat(start)
@@ -165,12 +175,15 @@ class Subscriber:
         replay_timeout: float = 5.0,
         stream_key: StreamKey | Sequence[StreamKey] = (),
         curve: CurveClientKeys | None = None,
+        view: bool | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
+        """`view`: keep `self.view`, the last value of every key (default: with start="snapshot")."""
         if not multicast and not replay:
             raise ValueError("give at least one --multicast endpoint or a --replay endpoint")
         self.stream = stream
         self.ctx = ctx or zmq.Context.instance()
+        self.topics = tuple(topics)
         self.prefixes = tuple(t.encode() for t in topics)
         self.pattern = topics[0] if len(topics) == 1 else ""
         self.replay_endpoint = replay
@@ -198,6 +211,7 @@ class Subscriber:
         self.position: int | None = None  # last sequence the application has finished with
         self.handed: int | None = None  # the record the application holds now (finished at its next call)
         self.closed = False
+        self.view = LastValues() if (start == "snapshot" if view is None else view) else None
 
         resume = self.checkpoint.load() if self.checkpoint else None
         begin, since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
@@ -238,7 +252,23 @@ class Subscriber:
         if isinstance(item, Exception):
             raise item
         self.handed = item.seq
+        if self.view is not None:
+            self.view.apply(item)
         return item
+
+    def update(self, timeout: float = 0.0) -> int:
+        """Take every record that arrives within `timeout` seconds (0: what has arrived) into `view`; return
+        how many. For applications that want the current values rather than each record."""
+        if self.view is None:
+            raise ValueError("update() keeps `view` current: create the Subscriber with view=True")
+        deadline = time.monotonic() + timeout
+        n = 0
+        while True:
+            self.poll(max(0.0, min(TICK_S, deadline - time.monotonic())))
+            while self.next(0.0) is not None:  # next(0) hands out what is pending without waiting
+                n += 1
+            if time.monotonic() >= deadline:
+                return n
 
     @property
     def state(self) -> str:
@@ -356,6 +386,8 @@ class Subscriber:
             case FetchEnd():
                 self.fills.popleft()
                 self._execute(self.reconciler.handle(R.ReplayEnd(request_id), now))
+            case ZepsSnapshotEnd(last=last):
+                self._execute(self.reconciler.handle(R.SnapshotEnd(request_id, last), now))
 
     # --- actions ----------------------------------------------------------------------------------------
 
@@ -381,16 +413,17 @@ class Subscriber:
                     log.info("%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:
-        live = source.startswith("live")
         n = 0
-        for seq, ts, key, body in batch.raw(lo, hi):
+        for seq, ts, key, body, ttl in batch.entries(lo, hi):
             kb = key.tobytes()
             if self.prefixes and not kb.startswith(self.prefixes):
                 continue
-            self.pending.append(Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source))
+            self.pending.append(Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source, ttl))
             n += 1
-        if live:
+        if source.startswith("live"):
             self.stats.from_live += n
+        elif source == "snapshot":
+            self.stats.from_snapshot += n
         else:
             self.stats.from_replay += n
         if not n and not self.pending:
@@ -409,13 +442,18 @@ class Subscriber:
                 if self.catchup is not None:
                     self.catchup.close()
                 self.catchup = self._connect()
-                self.catchup.subscribe(self.pattern, latest=req.lo - 1)
                 self.catchup_id = req.request_id
+                if req.snapshot:
+                    self.catchup.snapshot(self.topics)
+                else:
+                    self.catchup.subscribe(self.pattern, latest=req.lo - 1)
             else:
                 if self.fill is None:
                     self.fill = self._connect()
                 self.fill.fetch(req.lo, req.hi, self.pattern)
                 self.fills.append(req.request_id)
+        except NotGranted:
+            raise  # a server that cannot serve this (no snapshots): retrying will not help; the caller must know
         except ReplayError as exc:
             self._replay_lost(time.monotonic(), exc.reason)
 
@@ -428,8 +466,14 @@ class Subscriber:
     def _connect(self) -> ReplayClient:
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
+        features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
         return ReplayClient(
-            self.replay_endpoint, self.stream, timeout=self.replay_timeout, curve=self.curve, ctx=self.ctx
+            self.replay_endpoint,
+            self.stream,
+            features=features,
+            timeout=self.replay_timeout,
+            curve=self.curve,
+            ctx=self.ctx,
         )
 
     def _replay_lost(self, now: float, reason: str) -> None:

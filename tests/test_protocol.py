@@ -52,6 +52,8 @@ SPEC = {
     19: ("DELIVER-BATCH", [("batch", C)], "batch"),
     20: ("PUBLISH-OK", [("sequence", N8), ("count", N4)], "confirm"),
     21: ("PUBLISH-BATCH", [("batch", C)], "batch"),
+    22: ("SNAPSHOT", [("prefixes", SS)], "snapshot"),
+    23: ("SNAPSHOT-END", [("last", N8), ("records", N8)], "snapshot"),
 }
 
 
@@ -228,7 +230,7 @@ def test_mutated_frames_are_rejected_or_canonical(cmd: p.Command, mutations: lis
         (b"\xaa\xa4\x08", "bad signature"),
         (b"\xaa\xa5", "truncated frame: signature but no command id"),
         (b"\xaa\xa5\x63", "unknown command 99"),
-        (b"\xaa\xa5\x16", "unknown command 22"),
+        (b"\xaa\xa5\x1c", "unknown command 28"),
         (b"\xaa\xa5\x08abc", "trailing 3 bytes after PING"),
         (
             b"\xaa\xa5\x07" + bytes(8) + b"\x00\x00\x00\x01\xf4" + bytes(12),

@@ -5,6 +5,10 @@ then live batches), adversarial multicast feeds (loss, bursts, tail loss, A/B, d
 heartbeats) and a simulated replay server that answers from the journal (split, delayed, lost, stalled,
 trimmed, disconnected). Whatever happens, the stream handed to the application must be exactly the
 expected range, in order, once, with Loss for exactly what the journal no longer has.
+
+Every record has a key, and some records delete theirs (docs/snapshots.md); the server also answers
+snapshots. A client starting from a snapshot must end with the last-value map of the whole retained
+stream, having had the snapshot first and then every record after it, exactly once.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import heapq
 import itertools
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +45,7 @@ from gateway.reconcile import (
     ReplayLost,
     ReplayRestored,
     Request,
+    SnapshotEnd,
     Stalled,
     Start,
     State,
@@ -54,11 +59,13 @@ from gateway.reconcile import (
 
 @dataclass(frozen=True)
 class B:
-    """A fake batch: coverage and size are all the reconciler sees."""
+    """A fake batch: coverage and size are all the reconciler sees. `seqs`: the records it holds, for the
+    world's bookkeeping (None: every sequence of its coverage that the client's filter lets through)."""
 
     first_seq: int
     last_seq: int
     nbytes: int = 100
+    seqs: tuple[int, ...] | None = None
 
 
 # --- the simulated world ---------------------------------------------------------------------------------
@@ -98,10 +105,44 @@ class Scenario:
     lag_policy: str
     gap_grace: float
     tail_grace: float
+    keys: int = 4  # records are spread over this many keys
+    p_delete: float = 0.2  # chance that a record deletes its key (an empty body)
+    p_snapshot_pause: float = 0.0  # a snapshot answer pauses part-way for longer than the progress timeout
 
     @property
     def total(self) -> int:
         return self.history + self.live_records
+
+
+@dataclass(frozen=True)
+class Keyed:
+    """The key of every record, and whether it deletes it; with a filter only even keys match."""
+
+    records: tuple[tuple[int, bool], ...]  # index seq - 1
+    filtered: bool
+
+    @classmethod
+    def make(cls, sc: Scenario, rnd: random.Random) -> Keyed:
+        recs = tuple((rnd.randrange(sc.keys), rnd.random() < sc.p_delete) for _ in range(sc.total))
+        return cls(recs, sc.filtered)
+
+    def matches(self, seq: int) -> bool:
+        return not self.filtered or self.records[seq - 1][0] % 2 == 0
+
+    def apply(self, values: dict[int, int], seqs: Iterable[int]) -> None:
+        """Apply records in order to a key -> seq map of last values."""
+        for seq in seqs:
+            if self.matches(seq):
+                key, delete = self.records[seq - 1]
+                if delete:
+                    values.pop(key, None)
+                else:
+                    values[key] = seq
+
+    def last_values(self, lo: int, hi: int) -> dict[int, int]:
+        values: dict[int, int] = {}
+        self.apply(values, range(lo, hi + 1))
+        return values
 
 
 def cut(rnd: random.Random, lo: int, hi: int, max_size: int) -> list[tuple[int, int]]:
@@ -121,14 +162,15 @@ class ReplayServer:
     sc: Scenario
     rnd: random.Random
     journal_head: int
+    keyed: Keyed
     faults: bool = True
     up: bool = True
     queue: deque[tuple[int, Event]] = field(default_factory=deque)
     subscriptions: dict[int, int] = field(default_factory=dict)  # open-ended request -> covered up to
     last_ready: int = 0
 
-    def send(self, step: int, event: Event) -> None:
-        self.last_ready = max(self.last_ready, step + self.rnd.randint(0, self.sc.max_answer_delay))
+    def send(self, step: int, event: Event, pause: int = 0) -> None:
+        self.last_ready = max(self.last_ready, step + self.rnd.randint(0, self.sc.max_answer_delay)) + pause
         self.queue.append((self.last_ready, event))
 
     def coverage(self, step: int, rid: int, lo: int, hi: int) -> None:
@@ -141,6 +183,9 @@ class ReplayServer:
         assert req.filtered == self.sc.filtered
         if not self.up:
             return  # the IO layer cannot send on a dead connection
+        if req.snapshot:
+            self.snapshot(step, req.request_id)
+            return
         if req.hi is not None:
             assert req.lo <= req.hi <= self.journal_head, f"{req} asks for what does not exist yet"
         if self.faults and self.rnd.random() < self.sc.p_answer_lost:
@@ -159,6 +204,25 @@ class ReplayServer:
             self.subscriptions[req.request_id] = max(end, lo - 1)
         else:
             self.send(step, ReplayEnd(req.request_id))
+
+    def snapshot(self, step: int, rid: int) -> None:
+        """The last value of every key as of the head: coverage from the first retained, in random pieces."""
+        if self.faults and self.rnd.random() < self.sc.p_answer_lost:
+            return
+        lo, n0 = self.sc.first_retained, self.journal_head
+        last = sorted(self.keyed.last_values(lo, n0).values())
+        pieces = cut(self.rnd, lo, n0, 10)
+        stalled = self.faults and self.rnd.random() < self.sc.p_answer_stall
+        if stalled:  # stops part-way: some pieces, never the end marker
+            pieces = pieces[: self.rnd.randint(0, len(pieces))]
+        paused = self.faults and self.rnd.random() < self.sc.p_snapshot_pause
+        pause_at = self.rnd.randint(1, max(1, len(pieces))) if paused else -1  # the rest comes after the client gave up
+        for i, (first, top) in enumerate(pieces):
+            seqs = tuple(seq for seq in last if first <= seq <= top)
+            pause = int(2 * PROGRESS_TIMEOUT / DT) if i == pause_at else 0
+            self.send(step, Replay(B(first, top, 10 * len(seqs), seqs), rid), pause)
+        if not stalled:
+            self.send(step, SnapshotEnd(rid, n0))
 
     def published(self, step: int, head: int) -> None:
         self.journal_head = head
@@ -202,7 +266,9 @@ class World:
             lag_policy=sc.lag_policy,  # type: ignore[arg-type]
         )
         self.live = [B(f, la, 10 * (la - f + 1)) for f, la in cut(rnd, sc.history + 1, sc.total, 6)]
-        self.server = ReplayServer(sc, rnd, journal_head=sc.history)
+        self.keyed = Keyed.make(sc, rnd)
+        self.values: dict[int, int] = {}  # the application's last value of every key: key -> seq
+        self.server = ReplayServer(sc, rnd, journal_head=sc.history, keyed=self.keyed)
         self.inbox: list[tuple[int, int, Event]] = []  # live packets: (arrival step, order, event)
         self.order = itertools.count()
         self.burst = dict.fromkeys(sc.feeds, 0)
@@ -236,6 +302,10 @@ class World:
                 return event.first_retained
             case State.AWAIT_EARLIEST, Replay() if event.request_id in current:
                 return event.batch.first_seq
+            case State.SNAPSHOTTING, Replay() if event.request_id in current:
+                return event.batch.first_seq
+            case State.SNAPSHOTTING, SnapshotEnd() if event.request_id in current:
+                return event.last + 1
         return None
 
     def apply(self, actions: list[Action]) -> None:
@@ -246,6 +316,7 @@ class World:
                 assert a.lo <= a.hi <= self.sc.total
                 if isinstance(a, Deliver):
                     assert a.batch.first_seq <= a.lo and a.hi <= a.batch.last_seq, f"{a} outside its coverage"
+                    self.hand_over(a)
                 self.ranges.append((a.lo, a.hi, "loss" if isinstance(a, Loss) else a.source))
                 self.expected = a.hi + 1
             elif isinstance(a, Request):
@@ -260,6 +331,17 @@ class World:
             elif isinstance(a, TooSlow):
                 self.too_slow.append(a)
 
+    def hand_over(self, a: Deliver) -> None:
+        """What the IO layer does: apply the records of lo..hi to the application's last values."""
+        held: tuple[int, ...] | None = a.batch.seqs  # type: ignore[attr-defined]
+        assert (held is not None) == (a.source == "snapshot"), f"{a}: snapshot data must be labelled so"
+        if held is not None:
+            assert all(kind == "snapshot" for _, _, kind in self.ranges), "a snapshot range after a full one"
+            seqs: Iterable[int] = (seq for seq in held if a.lo <= seq <= a.hi)
+        else:
+            seqs = range(a.lo, a.hi + 1)
+        self.keyed.apply(self.values, seqs)
+
     def check_invariants(self, actions: list[Action]) -> None:
         rec, sc = self.rec, self.sc
         assert rec.buffered_bytes <= sc.buffer_limit
@@ -268,7 +350,8 @@ class World:
         for a, b in itertools.pairwise(outstanding):
             assert a.hi is not None and a.hi < b.lo, f"overlapping requests {a} {b}"
         assert sum(isinstance(a, Request) for a in actions) <= sc.max_outstanding
-        assert rec.next_seq == self.expected or rec.state in (State.AWAIT_LIVE, State.AWAIT_EARLIEST)
+        unknown = (State.AWAIT_LIVE, State.AWAIT_EARLIEST, State.SNAPSHOTTING)  # states before the position
+        assert rec.next_seq == self.expected or rec.state in unknown
 
     # --- the schedule ---
 
@@ -345,15 +428,19 @@ class World:
         sc, rec = self.sc, self.rec
         first = self.start_seq
         assert first is not None
-        if sc.start.kind == "earliest":
+        if sc.start.kind in ("earliest", "snapshot"):
             assert first == sc.first_retained
+            # The same last values whether from a snapshot or from every record: after a snapshot, the
+            # ranges below (contiguous, exactly once, no Loss) are every record, one by one.
+            assert self.values == self.keyed.last_values(sc.first_retained, sc.total)
         covered = [seq for lo, hi, _ in self.ranges for seq in range(lo, hi + 1)]
         assert covered == list(range(first, sc.total + 1))
         lost = [seq for lo, hi, kind in self.ranges if kind == "loss" for seq in range(lo, hi + 1)]
         assert lost == list(range(first, sc.first_retained)), "Loss must be exactly what the journal dropped"
         stats = rec.stats
         assert stats.records_lost == len(lost)
-        assert stats.records_from_live + stats.ranges_from_replay == len(covered) - len(lost)
+        from_all = stats.records_from_live + stats.ranges_from_replay + stats.ranges_from_snapshot
+        assert from_all == len(covered) - len(lost)
         assert stats.delivered_batches == sum(kind != "loss" for _, _, kind in self.ranges)
         assert rec.next_seq == sc.total + 1 and rec.lag == 0
         outstanding = set(rec.outstanding)
@@ -366,17 +453,19 @@ class World:
 @st.composite
 def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
     def pick(name: str, strategy: st.SearchStrategy) -> object:
-        return forced[name] if name in forced else draw(strategy)
+        chosen = forced.get(name, strategy)  # a forced value may be a strategy too
+        return draw(chosen) if isinstance(chosen, st.SearchStrategy) else chosen
 
     history = pick("history", st.integers(0, 60))
     live_records = pick("live_records", st.integers(1, 150))
     total = history + live_records
-    kind = pick("start_kind", st.sampled_from(["earliest", "latest", "at_seq", "after_seq"]))
+    kind = pick("start_kind", st.sampled_from(["earliest", "latest", "at_seq", "after_seq", "snapshot"]))
     start = (
         forced["start"]
         if "start" in forced
         else {
             "earliest": Start.earliest,
+            "snapshot": Start.snapshot,
             "latest": Start.latest,
             "at_seq": lambda: Start.at_seq(draw(st.integers(1, total + 1))),
             "after_seq": lambda: Start.after_seq(draw(st.integers(0, total))),
@@ -417,6 +506,9 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         lag_policy=pick("lag_policy", st.sampled_from(["replay", "raise"])),
         gap_grace=draw(st.sampled_from([0.0, 0.02])),
         tail_grace=draw(st.sampled_from([0.0, 0.03])),
+        keys=draw(st.integers(1, 12)),
+        p_delete=draw(st.sampled_from([0.0, 0.2, 0.5])),
+        p_snapshot_pause=draw(st.sampled_from([0.0, 0.3])),
     )
 
 
@@ -449,6 +541,32 @@ def test_exactly_once_in_order_under_any_fault(sc: Scenario, seed: int) -> None:
 def test_filtered_replay_with_sparse_coverage(sc: Scenario, seed: int) -> None:
     world = simulate(sc, seed)
     assert world.rec.stats.ranges_from_replay > 0
+
+
+@settings(PROPERTY, max_examples=300)
+@given(scenarios(start_kind="snapshot", history=st.integers(0, 60) | st.integers(0, 4)), SEEDS)
+def test_snapshot_then_stream_gives_the_last_values_of_the_whole_stream(sc: Scenario, seed: int) -> None:
+    """Any interleaving of snapshot, replay and live: the map equals the full stream's last values (checked
+    in check_result, as for 'earliest'), and after the snapshot every record comes exactly once."""
+    world = simulate(sc, seed)
+    kinds = [kind for _, _, kind in world.ranges]
+    n0 = max((hi for _, hi, kind in world.ranges if kind == "snapshot"), default=world.start_seq - 1)
+    assert kinds[: kinds.count("snapshot")] == ["snapshot"] * kinds.count("snapshot")
+    assert [seq for lo, hi, kind in world.ranges if kind != "snapshot" for seq in range(lo, hi + 1)] == list(
+        range(n0 + 1, sc.total + 1)
+    )
+
+
+def test_snapshot_scenarios_exercise_snapshots_and_their_failures() -> None:
+    """The property above is not vacuous: snapshots deliver, and some are abandoned part-way."""
+    delivered = abandoned = 0
+    for seed in range(40):
+        sc = _fixed(start=Start.snapshot(), history=60, live_records=60, keys=5, p_delete=0.3, p_answer_stall=0.5)
+        world = simulate(sc, seed)
+        delivered += world.rec.stats.ranges_from_snapshot > 0
+        # A snapshot is as of 60 or later: full data from 60 or before means one was abandoned part-way.
+        abandoned += min((lo for lo, _, kind in world.ranges if kind != "snapshot"), default=999) <= 60
+    assert delivered == 40 and abandoned > 0
 
 
 @settings(PROPERTY, max_examples=150)
@@ -604,6 +722,84 @@ def test_await_earliest_first_batch_fixes_position_and_meets_held_live_at_once()
         StateChanged(State.CATCHING_UP, State.MERGED),
         Cancel(1),
     ]
+
+
+def snapshotting(**options: object) -> Reconciler:
+    """A reconciler that has sent its snapshot request (id 1)."""
+    r = Reconciler(Start.snapshot(), **options)  # type: ignore[arg-type]
+    assert r.state is State.SNAPSHOTTING
+    assert r.handle(Tick(), 0.0) == [Request(1, 1, None, snapshot=True)]
+    return r
+
+
+def test_snapshot_batches_are_delivered_as_snapshot_and_live_is_only_held() -> None:
+    r = snapshotting()
+    s1, s2 = B(3, 10, seqs=(4, 9)), B(11, 20, seqs=(15,))
+    assert r.handle(Replay(s1, 1), 0.1) == [Deliver(s1, 3, 10, "snapshot")]  # the first batch fixes N
+    assert r.next_seq == 11
+    # Live reaching N is held all the same: a snapshot range may never follow a full one.
+    assert r.handle(Live(B(8, 14), "A"), 0.2) == []
+    assert r.handle(Replay(s2, 1), 0.3) == [Deliver(s2, 11, 20, "snapshot")]
+    assert r.stats.ranges_from_snapshot == 18
+
+
+def test_snapshot_end_continues_as_from_the_next_sequence_with_held_live() -> None:
+    r = snapshotting()
+    r.handle(Replay(B(1, 20, seqs=(5,)), 1), 0.1)
+    r.handle(Live(B(18, 24), "A"), 0.2)
+    assert r.handle(SnapshotEnd(1, 20), 0.3) == [
+        StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
+        Deliver(B(18, 24), 21, 24, "live:A"),  # held live that N reached: due now
+        StateChanged(State.CATCHING_UP, State.MERGED),
+    ]
+    assert r.next_seq == 25 and r.outstanding == ()
+
+
+def test_empty_snapshot_end_fixes_the_position() -> None:
+    r = snapshotting()
+    assert r.handle(SnapshotEnd(1, 0), 0.1) == [
+        StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
+        Request(2, 1, None),
+    ]
+    assert r.next_seq == 1
+
+
+def test_snapshot_without_any_answer_is_asked_again() -> None:
+    r = snapshotting(progress_timeout=1.0, retry_backoff=(0.5, 0.5))
+    assert r.handle(Tick(), 1.0) == [Cancel(1)]
+    assert r.handle(Tick(), 1.5) == [Request(2, 1, None, snapshot=True)]
+    assert r.handle(Replay(B(1, 5, seqs=(2,)), 1), 1.6) == []  # the first one's late answer
+    assert r.state is State.SNAPSHOTTING and r.next_seq is None
+
+
+def test_snapshot_failing_part_way_is_finished_by_full_replay_and_its_late_answers_dropped() -> None:
+    r = snapshotting(progress_timeout=1.0)
+    r.handle(Replay(B(1, 10, seqs=(3,)), 1), 0.1)
+    assert r.handle(Tick(), 1.2) == [
+        Cancel(1),
+        StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
+        Request(2, 11, None),  # not a new snapshot: it would be as of another N
+    ]
+    assert r.handle(Replay(B(11, 12), 2), 1.3) == [Deliver(B(11, 12), 11, 12, "replay")]
+    assert r.handle(Replay(B(11, 20, seqs=(14,)), 1), 1.4) == []  # the abandoned snapshot, at N: dropped
+    assert r.stats.replay_dropped == 1
+
+
+def test_gap_in_snapshot_coverage_abandons_it() -> None:
+    r = snapshotting()
+    r.handle(Replay(B(1, 10, seqs=(3,)), 1), 0.1)
+    assert r.handle(Replay(B(12, 20, seqs=(15,)), 1), 0.2) == [
+        Cancel(1),
+        StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
+        Request(2, 11, None),
+    ]
+
+
+def test_replay_lost_mid_snapshot_continues_with_full_replay_once_restored() -> None:
+    r = snapshotting()
+    r.handle(Replay(B(1, 10, seqs=(3,)), 1), 0.1)
+    assert r.handle(ReplayLost(), 0.2) == [StateChanged(State.SNAPSHOTTING, State.CATCHING_UP)]
+    assert r.handle(ReplayRestored(), 0.3) == [Request(2, 11, None)]
 
 
 def test_catching_up_merges_when_replay_passes_the_heartbeat_head() -> None:

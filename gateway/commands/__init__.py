@@ -4,4 +4,16 @@ Handlers import their library modules lazily so that `zeps --help` stays fast an
 dependency (e.g. Spark) only matters to the command that needs it.
 """
 
-MODULES = ("analyze", "demo", "export", "gateway", "history", "journal", "keygen", "publish", "replay", "subscribe")
+MODULES = (
+    "analyze",
+    "demo",
+    "export",
+    "gateway",
+    "history",
+    "journal",
+    "keygen",
+    "publish",
+    "replay",
+    "snapshot",
+    "subscribe",
+)

@@ -26,6 +26,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--keys", type=int, default=1, help="generated keys key000.. (default 1)")
     p.add_argument("--confirm", action="store_true", help="wait until the gateway confirms all is journaled")
     keyopts.add_client_options(p)
+    p.add_argument(
+        "--ttl",
+        type=float,
+        help="seconds each record stays in snapshots (default: until replaced); an empty --body deletes the key",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -54,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args)) as pub:
             n = 0
             for key, body in records:
-                pub.publish(key, body)
+                pub.publish(key, body, ttl=args.ttl)
                 n += 1
             last = pub.flush()
     except PublishError as exc:

@@ -32,6 +32,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--max-command-bytes", type=int, default=65_536, help="larger frames close the connection (default 65536)"
     )
     keyopts.add_server_options(p)
+    p.add_argument(
+        "--no-snapshots",
+        dest="snapshots",
+        action="store_false",
+        help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -52,6 +58,7 @@ def _run(args: argparse.Namespace) -> int:
             max_fetches=args.max_fetches,
             max_command_bytes=args.max_command_bytes,
             curve=keyopts.server_curve(args),
+            snapshots=args.snapshots,
         )
         server = ReplayServer(config)
     except (ValueError, OSError, zmq.ZMQError) as exc:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import signal
 import sys
 import time
 
 from gateway.commands import keyopts
+from gateway.commands.history import write_records
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -24,7 +23,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--replay", help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: learnt from heartbeats)")
     p.add_argument("--stream", required=True)
     p.add_argument("--topic", action="append", default=[], help="key prefix to deliver (repeatable; default all)")
-    p.add_argument("--from", dest="start", default="latest", help="earliest | latest | SEQ | ISO-8601 time")
+    p.add_argument(
+        "--from",
+        dest="start",
+        default="latest",
+        help="earliest | latest | snapshot (the last record of every key, then what follows) | SEQ | ISO-8601 time",
+    )
     p.add_argument("--count", type=int, help="exit after this many records")
     p.add_argument("--timeout", type=float, help="exit after this many seconds without a record")
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
@@ -81,8 +85,7 @@ def _run(args: argparse.Namespace) -> int:
             idle_since = time.monotonic()
             n += 1
             if not args.quiet:
-                body = base64.b64encode(rec.body).decode()
-                out.write(json.dumps({"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": body}) + "\n")
+                write_records((rec,), out)
         out.flush()
         summary = sub.summary()
         if metrics:
