@@ -331,14 +331,16 @@ _domains = itertools.count(1)
 _plain_warned = False
 
 
-def refusal(event: int, value: int, *, client: bool) -> tuple[int, str]:
+def refusal(event: int, value: int, *, client: bool, keyless: bool = False) -> tuple[int, str]:
     """A handshake failure (monitor event and value) in words, from the server's or the client's side, with
-    how specific it is (2: certain; 0: libzmq gave no detail, as it does for the first attempt of any kind)."""
+    how specific it is (2: certain; 0: libzmq gave no detail, as it does for the first attempt of any kind).
+    A `keyless` client (plain TCP) fails a handshake only against a server that wants a mechanism."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         if client:
             return 2, "the server refused this client's CURVE key: add its NAME.key to the server's --curve-allow DIR"
         return 2, "client key not allowed (not in --curve-allow)"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+    mismatch = event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+    if mismatch or (client and keyless):
         if client:
             return 2, (
                 "security mismatch: the server requires CURVE and this client has no keys, or the reverse: "
@@ -458,6 +460,7 @@ class Handshake:
     def __init__(self, sock: zmq.Socket) -> None:
         self.sock = sock
         self.monitor: zmq.Socket | None = sock.get_monitor_socket(_REFUSALS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self.keyless = sock.get(zmq.MECHANISM) == zmq.NULL
         self.failure: str | None = None
         self.certainty = -1  # of `failure`: the most specific reason seen is kept
         self.failed = 0
@@ -483,7 +486,7 @@ class Handshake:
                 self.failure, self.certainty, self.failed = None, -1, 0
             elif event["event"] & _REFUSALS:
                 self.failed += 1
-                certainty, reason = refusal(event["event"], event["value"], client=True)
+                certainty, reason = refusal(event["event"], event["value"], client=True, keyless=self.keyless)
                 if certainty >= self.certainty:
                     self.failure, self.certainty = reason, certainty
         return self.failure

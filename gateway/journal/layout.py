@@ -152,6 +152,9 @@ def read_index(path: Path) -> list[tuple[int, int, int]]:
     return list(INDEX_ENTRY.iter_unpack(data[:end]))
 
 
+MAX_OFFSET = 2**63 - 1  # what pread takes (off_t)
+
+
 def open_segment(directory: Path, seq: int) -> io.FileIO | None:
     """The segment opened for reading, or None if it does not exist (not yet, or not any more)."""
     try:
@@ -162,6 +165,8 @@ def open_segment(directory: Path, seq: int) -> io.FileIO | None:
 
 def header_at(fd: int, offset: int) -> tuple[int, int, int] | None:
     """(first_seq, last_seq, ts_ns) of the batch header at `offset`, or None if there is no valid header."""
+    if not 0 <= offset <= MAX_OFFSET:
+        return None  # a corrupt index entry may hold any u64
     data = os.pread(fd, HEADER_SIZE, offset)
     try:
         frame_length(data)
