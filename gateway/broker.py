@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
 FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 
 
 class ConfigError(ValueError):
@@ -174,7 +175,11 @@ class Gateway:
         self.sessions: dict[bytes, _Session] = {}
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
+        # publisher has REPLY_HWM replies of room before that happens, not libzmq's default 1,000.
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, REPLY_HWM)
+        self._dropped_replies = 0
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
         self.guard.secure(self.router, f"ingest {config.ingest}")
@@ -453,7 +458,7 @@ class Gateway:
         """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
         self.metrics.rejected.labels(kind).inc(count)
         for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
-            self.router.send_multipart((identity, P.invalid(reason)))
+            self._send_to(identity, P.invalid(reason))
         lane.unsequenced.clear()
 
     def _send_confirms(self, lane: _Lane) -> None:
@@ -490,13 +495,28 @@ class Gateway:
     # --- replies --------------------------------------------------------------------------------------
 
     def _reply(self, identity: bytes, cmd: P.Command) -> None:
-        self.router.send_multipart((identity, P.encode(cmd)))
+        self._send_to(identity, P.encode(cmd))
+
+    def _send_to(self, identity: bytes, frame: bytes) -> None:
+        """A reply to one client. Never blocks the gateway; a reply that cannot go is counted, not lost in silence:
+        the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms)."""
+        try:
+            self.router.send_multipart((identity, frame), zmq.NOBLOCK)
+        except zmq.Again:
+            self.metrics.replies_dropped.labels("unread").inc()
+            level = logging.DEBUG if self._dropped_replies else logging.WARNING  # said once, then counted
+            self._dropped_replies += 1
+            log.log(level, "a reply to client %s was dropped: it leaves %d replies unread", identity.hex(), REPLY_HWM)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.metrics.replies_dropped.labels("gone").inc()
 
     def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True, kind: str = "invalid") -> None:
         self.metrics.rejected.labels(kind).inc()
         log.debug("INVALID to %s: %s", identity.hex() if identity else "-", reason)
         if identity is not None and reply:
-            self.router.send_multipart((identity, P.invalid(reason)))
+            self._send_to(identity, P.invalid(reason))
 
     def close(self) -> None:
         """Journal what is pending, send what is queued (bounded by LINGER), close everything."""

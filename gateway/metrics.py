@@ -48,6 +48,9 @@ class GatewayMetrics(Metrics):
         self.multicast = Counter("zeps_multicast_batches", "Batches queued for multicast, per endpoint", registry=r)
         self.heartbeats = Counter("zeps_heartbeats", "Heartbeats sent, per endpoint and stream", registry=r)
         self.rejected = Counter("zeps_rejected_input", "Input refused or dropped", ["kind"], registry=r)
+        self.replies_dropped = Counter(
+            "zeps_replies_dropped", "Replies that could not go: client gone or not reading", ["reason"], registry=r
+        )
         self.journal_full = Gauge(
             "zeps_journal_full",
             "1 while a stream's journal is out of disk space (publishes refused)",
