@@ -109,13 +109,18 @@ def test_sniff_summarises_a_multicast_sender_and_writes_a_pcap(lab: Lab, tmp_pat
 def test_capture_of_epgm_decodes_as_pgm_in_tshark(lab: Lab, tmp_path: Path) -> None:
     pcap = tmp_path / "pgm.pcap"
     odata = f"udp port {PGM_PORT} and udp[12] == 4"  # PGM type byte: ODATA (0x00 would be SPM)
-    sniffer = packets.start_sniff(lab, "sub", seconds=30, count=50, bpf=odata, pcap=pcap)
+    sniffer = packets.start_sniff(lab, "sub", seconds=30, bpf=odata, pcap=pcap)
     lab.run("pub", epgm_publisher, lab.host("pub").ip, lab.group(1), 50)
+    time.sleep(0.2)
+    sniffer.stop()
     capture = sniffer.result()
-    assert capture.packets == 50 and capture.sources == {lab.host("pub").ip}
+    # libzmq packs messages that queued up (a stall on a loaded machine) into one ODATA: 50 messages, <= 50 packets.
+    assert 0 < capture.packets <= 50 and capture.sources == {lab.host("pub").ip}
+    framed = [bytes([len(m) + 1, 0]) + m for m in (b"tick %d" % n for n in range(50))]  # ZMTP/1.0: length, flags
+    assert [m in pcap.read_bytes() for m in framed] == [True] * 50
     rows = tshark("-r", str(pcap), "-d", f"udp.port=={PGM_PORT},pgm", "-T", "fields", "-e", "_ws.col.Info")
     sequence = [int(m.group(1), 16) for row in rows if (m := re.match(r"ODATA\s+sqn 0x([0-9a-f]+)", row))]
-    assert sequence == list(range(sequence[0], sequence[0] + 50)), rows
+    assert sequence == list(range(sequence[0], sequence[0] + capture.packets)), rows
 
 
 def test_inject_junk_from_a_rogue_posing_as_the_publisher(lab: Lab) -> None:
