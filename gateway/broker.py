@@ -179,7 +179,7 @@ class Gateway:
         # publisher has REPLY_HWM replies of room before that happens, not libzmq's default 1,000.
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.router.setsockopt(zmq.SNDHWM, REPLY_HWM)
-        self._dropped_replies = 0
+        self._warned_unread = False
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
         self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
         self.guard.secure(self.router, f"ingest {config.ingest}")
@@ -504,8 +504,8 @@ class Gateway:
             self.router.send_multipart((identity, frame), zmq.NOBLOCK)
         except zmq.Again:
             self.metrics.replies_dropped.labels("unread").inc()
-            level = logging.DEBUG if self._dropped_replies else logging.WARNING  # said once, then counted
-            self._dropped_replies += 1
+            level = logging.DEBUG if self._warned_unread else logging.WARNING  # said once, then counted
+            self._warned_unread = True
             log.log(level, "a reply to client %s was dropped: it leaves %d replies unread", identity.hex(), REPLY_HWM)
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.reconcile import State
+
 if TYPE_CHECKING:
     from gateway.subscriber import Subscriber
 
@@ -81,8 +83,6 @@ class _SubscriberCollector(Collector):
         self.sub = subscriber
 
     def collect(self) -> Iterator[Metric]:
-        from gateway.reconcile import State
-
         labels = ["stream"]
         for name, value in self.sub.summary().items():
             family = CounterMetricFamily(f"zeps_subscriber_{name}", f"Subscriber summary: {name}", labels=labels)

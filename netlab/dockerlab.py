@@ -21,7 +21,6 @@ import ipaddress
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
@@ -75,16 +74,6 @@ def running_client() -> docker.DockerClient | None:
 def _labels(lab_id: str, lab_name: str, host: str | None = None) -> dict[str, str]:
     labels = {LABEL_ID: lab_id, LABEL_LAB: lab_name}
     return labels | {LABEL_HOST: host} if host else labels
-
-
-def pick_subnet(lab_id: str, used: Sequence[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """The /24 of 10.251.0.0/16 for ``lab_id``: derived from the id, moving on past any that overlap ``used``."""
-    subnets = list(DOCKER_NET.subnets(new_prefix=24))
-    start = int(lab_id[len(PREFIX) :], 16) % len(subnets)
-    for net in subnets[start:] + subnets[:start]:
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise LabError(f"every /24 of {DOCKER_NET} is in use on this machine; remove old labs: netlab down --all")
 
 
 def _engine_subnets(engine: docker.DockerClient) -> list[ipaddress.IPv4Network]:
@@ -146,23 +135,19 @@ class DockerLab(Lab):
         with state.locked():
             if self.name and any(self.name in (r["name"], r["id"]) for r in state.load_all()):
                 raise LabError(f"a lab named {self.name!r} already exists: netlab down {self.name}")
-            taken = lab_ids_present(self.engine)
             with IPRoute() as ipr:
                 used = lab_mod._used_networks(ipr) + _engine_subnets(self.engine)
-            for _ in range(64):
-                lab_id = f"{PREFIX}{secrets.randbelow(4096):03x}"
-                if lab_id in taken:
-                    continue
-                subnet = pick_subnet(lab_id, used)
+
+            def create_network(lab_id: str, subnet: ipaddress.IPv4Network) -> bool:
                 try:
                     self._create_network(lab_id, self.name or lab_id, subnet)
                 except docker.errors.APIError as exc:
                     if exc.status_code == _CONFLICT:
-                        continue
+                        return False
                     raise
-                break
-            else:
-                raise LabError("found no free lab id in 64 tries; remove old labs: netlab down --all")
+                return True
+
+            lab_id, subnet = lab_mod.claim_id(PREFIX, DOCKER_NET, lab_ids_present(self.engine), used, create_network)
             self.id, self.subnet, self.created = lab_id, subnet, time.time()
             self.name = self.name or lab_id
             addresses = list(subnet.hosts())

@@ -65,15 +65,34 @@ def _check_name(kind: str, name: str) -> str:
     return name
 
 
-def pick_subnet(lab_id: str, used: Iterable[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
-    """The /24 of 10.250.0.0/16 for ``lab_id``: derived from the id, moving on past any that overlap ``used``."""
+def pick_subnet(
+    lab_id: str, used: Iterable[ipaddress.IPv4Network], net: ipaddress.IPv4Network = LAB_NET
+) -> ipaddress.IPv4Network:
+    """The /24 of ``net`` for ``lab_id``: derived from the id, moving on past any that overlap ``used``."""
     used = list(used)
-    start = int(lab_id[len(PREFIX) :], 16) % 256
-    for step in range(256):
-        net = ipaddress.IPv4Network(f"10.250.{(start + step) % 256}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise LabError(f"every /24 of {LAB_NET} is in use on this machine; remove old labs: netlab down --all")
+    subnets = list(net.subnets(new_prefix=24))
+    start = int(lab_id[-3:], 16) % len(subnets)
+    for candidate in subnets[start:] + subnets[:start]:
+        if not any(candidate.overlaps(u) for u in used):
+            return candidate
+    raise LabError(f"every /24 of {net} is in use on this machine; remove old labs: netlab down --all")
+
+
+def claim_id(
+    prefix: str,
+    net: ipaddress.IPv4Network,
+    taken: Iterable[str],
+    used: Iterable[ipaddress.IPv4Network],
+    create: Callable[[str, ipaddress.IPv4Network], bool],
+) -> tuple[str, ipaddress.IPv4Network]:
+    """A free lab id (``prefix`` + 3 hex digits) and its /24 of ``net``: ``create(id, subnet)`` makes the lab's
+    network object (a bridge, a Docker network) and returns False if another program took that id meanwhile."""
+    taken, used = set(taken), list(used)
+    for _ in range(64):
+        lab_id = f"{prefix}{secrets.randbelow(4096):03x}"
+        if lab_id not in taken and create(lab_id, subnet := pick_subnet(lab_id, used, net)):
+            return lab_id, subnet
+    raise LabError("found no free lab id in 64 tries; remove old labs: netlab down --all")
 
 
 def _used_networks(ipr: IPRoute) -> list[ipaddress.IPv4Network]:
@@ -217,23 +236,18 @@ class Lab:
             records = state.load_all()
             if self.name and any(self.name in (r["name"], r["id"]) for r in records):
                 raise LabError(f"a lab named {self.name!r} already exists: netlab down {self.name}")
-            taken_ids = lab_ids_present()
             with IPRoute() as ipr:
-                used = _used_networks(ipr)
-                for _ in range(64):
-                    lab_id = f"{PREFIX}{secrets.randbelow(4096):03x}"
-                    if lab_id in taken_ids:
-                        continue
-                    subnet = pick_subnet(lab_id, used)
+
+                def create_bridge(lab_id: str, _subnet: ipaddress.IPv4Network) -> bool:
                     try:
                         ipr.link("add", ifname=f"{lab_id}-br", kind="bridge", br_mcast_snooping=0)
                     except NetlinkError as exc:
                         if exc.code == _EEXIST:
-                            continue
+                            return False
                         raise
-                    break
-                else:
-                    raise LabError("found no free lab id in 64 tries; remove old labs: netlab down --all")
+                    return True
+
+                lab_id, subnet = claim_id(PREFIX, LAB_NET, lab_ids_present(), _used_networks(ipr), create_bridge)
                 self.id, self.subnet, self.created = lab_id, subnet, time.time()
                 self.name = self.name or lab_id
                 index = ipr.link_lookup(ifname=self.bridge)[0]
