@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import zmq
@@ -23,12 +24,22 @@ class Deployment:
     """`zeps gateway` and `zeps replay` as processes on one lab host, restartable, stopped by `close()`."""
 
     def __init__(
-        self, lab: Lab, journal: Path, stream: str, *, feeds: int = 1, transport: str = "epgm", host: str = "gw"
+        self,
+        lab: Lab,
+        journal: Path,
+        stream: str,
+        *,
+        feeds: int = 1,
+        transport: str = "epgm",
+        host: str = "gw",
+        options: Sequence[str] = (),
     ) -> None:
+        """`options`: more `zeps gateway` options, e.g. ("--rate-kbps", "500000")."""
         self.lab = lab
         self.journal = journal
         self.stream = stream
         self.host = host
+        self.options = list(options)
         gw = lab.host(host)
         self.ingest = f"tcp://{gw.ip}:5570"
         self.replay = f"tcp://{gw.ip}:5580"
@@ -52,7 +63,7 @@ class Deployment:
                 "--replay-endpoint", self.replay, "--heartbeat-ms", "50"]  # fmt: skip
         for ep in self.multicast:
             args += ["--multicast", ep]
-        self.gateway = self._zeps(*args)
+        self.gateway = self._zeps(*args, *self.options)
         self._wait_ping(self.ingest, self.gateway)
 
     def start_replay(self) -> None:

@@ -68,6 +68,31 @@ class Received:
     source: str
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Records `lo..hi` of one batch, in order: what `Subscriber.next_batch()` hands out, one object per batch.
+
+    `raw()` yields (seq, ts_ns, key, body) with key and body as memoryviews into the batch (copy what you keep),
+    with the subscriber's topics applied: the fast path, no object per record.
+    """
+
+    batch: B.Batch
+    lo: int
+    hi: int
+    source: str
+    prefixes: tuple[bytes, ...] = ()
+
+    def raw(self) -> Iterator[tuple[int, int, memoryview, memoryview]]:
+        records = self.batch.raw(self.lo, self.hi)
+        if not self.prefixes:
+            return records
+        return (r for r in records if r[2].tobytes().startswith(self.prefixes))
+
+    def records(self) -> Iterator[Received]:
+        for seq, ts, key, body in self.raw():
+            yield Received(seq, ts, key.tobytes().decode(errors="replace"), body.tobytes(), self.source)
+
+
 @dataclass
 class SubscriberStats:
     from_live: int = 0
@@ -183,7 +208,9 @@ class Subscriber:
         self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
         self.replay_up = True
         self.reconnect_at = 0.0
-        self.pending: deque[Received | DataLoss | TooSlow] = deque()
+        # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
+        self.pending: deque[Delivery | DataLoss | TooSlow] = deque()
+        self._current: tuple[Delivery, Iterator[Received]] | None = None  # the Delivery next() is reading
         self.position: int | None = None  # last sequence the application has finished with
         self.handed: int | None = None  # the record the application holds now (finished at its next call)
         self.closed = False
@@ -212,10 +239,45 @@ class Subscriber:
 
     def next(self, timeout: float | None = None) -> Received | None:
         """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/TooSlow."""
+        self._finish_handed()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._current is not None:
+                rec = next(self._current[1], None)
+                if rec is not None:
+                    self.handed = rec.seq
+                    return rec
+                self._current = None
+            item = self._wait(deadline)
+            if item is None:
+                return None
+            self._current = (item, item.records())
+
+    def next_batch(self, timeout: float | None = None) -> Delivery | None:
+        """The next records as one Delivery (the rest of one next() began), or None after `timeout` seconds.
+
+        The fast path for high rates: one object per batch, records as views. Raises DataLoss/TooSlow.
+        """
+        self._finish_handed()
+        if self._current is not None:
+            item, self._current = self._current[0], None
+            if self.position is not None and self.position >= item.lo:
+                item = Delivery(item.batch, self.position + 1, item.hi, item.source, item.prefixes)
+            if item.lo <= item.hi:
+                self.handed = item.hi
+                return item
+        item = self._wait(None if timeout is None else time.monotonic() + timeout)
+        if item is not None:
+            self.handed = item.hi
+        return item
+
+    def _finish_handed(self) -> None:
         if self.handed is not None:
             self._finished(self.handed)
             self.handed = None
-        deadline = None if timeout is None else time.monotonic() + timeout
+
+    def _wait(self, deadline: float | None) -> Delivery | None:
+        """The next Delivery, polling until one is pending or the deadline passes; raises what is pending."""
         while not self.pending:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -224,7 +286,6 @@ class Subscriber:
         item = self.pending.popleft()
         if isinstance(item, Exception):
             raise item
-        self.handed = item.seq
         return item
 
     @property
@@ -358,19 +419,16 @@ class Subscriber:
                     log.info("%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:
-        live = source.startswith("live")
-        n = 0
-        for seq, ts, key, body in batch.raw(lo, hi):
-            kb = key.tobytes()
-            if self.prefixes and not kb.startswith(self.prefixes):
-                continue
-            self.pending.append(Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source))
-            n += 1
-        if live:
+        delivery = Delivery(batch, lo, hi, source, self.prefixes)
+        # Dense and unfiltered (every live batch, and replay without topics): the count needs no walk.
+        n = hi - lo + 1 if batch.dense and not self.prefixes else sum(1 for _ in delivery.raw())
+        if n:
+            self.pending.append(delivery)
+        if source.startswith("live"):
             self.stats.from_live += n
         else:
             self.stats.from_replay += n
-        if not n and not self.pending:
+        if not n and not self.pending and self._current is None:
             self._finished(hi)  # a range with nothing for this client still moves the checkpoint
 
     def _finished(self, seq: int) -> None:

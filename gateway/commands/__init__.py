@@ -4,4 +4,4 @@ Handlers import their library modules lazily so that `zeps --help` stays fast an
 dependency (e.g. Spark) only matters to the command that needs it.
 """
 
-MODULES = ("demo", "gateway", "history", "journal", "publish", "replay", "subscribe")
+MODULES = ("bench", "demo", "gateway", "history", "journal", "publish", "replay", "subscribe")
