@@ -5,7 +5,9 @@ the gateway journals and multicasts them; a reconciling `Subscriber` on host sub
 `next_batch()`. Latency is the subscriber's clock at delivery minus the record's publish time (the
 publisher's clock: all lab hosts share the machine's clock). With loss, netlab drops 1% of the packets
 arriving at host sub (multicast and the replay connection alike): PGM repairs some, the reconciler fills
-the rest from the replay sidecar (the gap-fill path). Every record must arrive, in order.
+the rest from the replay sidecar (the gap-fill path). Every record must arrive, in order. The gateway
+runs with its default `--fsync group` (the targets), and once more with `--fsync never`: the group commit's
+fdatasync runs in the journal's append path, before the batch that triggers it is multicast.
 """
 
 from __future__ import annotations
@@ -23,40 +25,42 @@ from netlab.impair import Impairment, clear, impair
 TITLE = "Latency: publish -> delivery at 10,000 records/s, with and without 1% loss"
 RATE = 10_000.0
 LINGER_MS = 1.0
-LOSSES = (0.0, 1.0)
+# (packet loss %, the gateway's --fsync): the journal's group commit runs in the append path, before the
+# batch is multicast, so the same load is also measured without it to show what it costs.
+CASES = ((0.0, "group"), (1.0, "group"), (0.0, "never"))
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 TARGET_P99_MS = {0.0: 5.0, 1.0: 20.0}
 
 
 def estimate(settings: Settings) -> float:
-    return 15 + len(LOSSES) * settings.runs * (4 if settings.quick else 14)
+    return 20 + len(CASES) * settings.runs * (4 if settings.quick else 14)
 
 
 def run(settings: Settings) -> Result:
     progress = Progress("latency")
     count = settings.size(100_000, 3_000)
     failures: list[str] = []
-    stats: dict[float, dict[str, list[float]]] = {}
-    with pipeline.deployed(["sub"], tmp=settings.tmp, options=pipeline.gateway_options()) as dep:
-        for loss in LOSSES:
-            if loss:
-                impair(dep.lab, "sub", Impairment(loss_pct=loss), "in")
-            try:
-                stats[loss] = repeat(settings.runs, progress, f"{count:,} records at {RATE:,.0f}/s, {loss:g}% loss",
-                                     lambda _, loss=loss: _once(dep, count), failures)  # fmt: skip
-            finally:
-                clear(dep.lab, "sub")
+    stats: dict[tuple[float, str], dict[str, list[float]]] = {}
+    for fsync in dict.fromkeys(f for _, f in CASES):
+        options = pipeline.gateway_options(pipeline.RATE_KBPS, "--fsync", fsync)
+        with pipeline.deployed(["sub"], tmp=settings.tmp, options=options) as dep:
+            for loss in (loss for loss, f in CASES if f == fsync):
+                if loss:
+                    impair(dep.lab, "sub", Impairment(loss_pct=loss), "in")
+                try:
+                    stats[loss, fsync] = repeat(settings.runs, progress, f"{_label(loss, fsync)}, {count:,} records",
+                                                lambda _: _once(dep, count), failures)  # fmt: skip
+                finally:
+                    clear(dep.lab, "sub")
     columns = tuple(f"p{p:g}" for p in PERCENTILES)
     rows = []
-    for loss in LOSSES:
-        got = stats[loss]
+    for case in CASES:
+        got = stats[case]
         percentiles = (Stat.of(got.get(c), "ms", 2) for c in columns)
-        rows.append(
-            (f"{loss:g}% loss", *percentiles, Stat.of(got.get("max"), "ms", 1), Stat.of(got.get("from_replay")))
-        )
+        rows.append((_label(*case), *percentiles, Stat.of(got.get("max"), "ms", 1), Stat.of(got.get("from_replay"))))
     targets = []
     for loss, goal in TARGET_P99_MS.items():
-        p99 = Stat.of(stats[loss].get("p99"), "ms", 2)
+        p99 = Stat.of(stats[loss, "group"].get("p99"), "ms", 2)
         targets.append(Target(f"p99 < {goal:g} ms with {loss:g}% loss", str(p99), p99.median < goal))
     return Result(
         "latency",
@@ -65,7 +69,7 @@ def run(settings: Settings) -> Result:
         tables=[
             Table(
                 f"publish -> delivery, {count:,} records per run, publisher linger {LINGER_MS:g} ms",
-                ("loss", *columns, "max", "records from replay"),
+                ("case", *columns, "max", "records from replay"),
                 rows,
             )
         ],
@@ -77,8 +81,8 @@ def run(settings: Settings) -> Result:
                 "percentile",
                 "ms",
                 {
-                    f"{loss:g}% loss": (list(PERCENTILES), [Stat.of(stats[loss].get(c)).median for c in columns])
-                    for loss in LOSSES
+                    _label(*case): (list(PERCENTILES), [Stat.of(stats[case].get(c)).median for c in columns])
+                    for case in CASES
                 },
                 logy=True,
             )
@@ -87,6 +91,10 @@ def run(settings: Settings) -> Result:
         runs=settings.runs,
         seconds=time.monotonic() - progress.start,
     )
+
+
+def _label(loss: float, fsync: str) -> str:
+    return f"{loss:g}% loss, --fsync {fsync}"
 
 
 def _once(dep: Deployment, count: int) -> dict[str, float]:
