@@ -27,22 +27,20 @@ READY_S = 30.0
 
 
 @contextlib.contextmanager
-def deployed(
-    subscribers: Sequence[str], *, tmp: Path, transport: str = "epgm", options: Sequence[str] = ()
-) -> Iterator[Deployment]:
-    """A lab with hosts pub, gw and `subscribers`, the gateway and sidecar on gw; all removed on exit."""
-    with (
-        Lab(["pub", "gw", *subscribers]) as lab,
-        deployed_on(lab, tmp=tmp, transport=transport, options=options) as dep,
-    ):
+def deployed(subscribers: Sequence[str], *, tmp: Path, **how: Any) -> Iterator[Deployment]:
+    """A lab with hosts pub, gw and `subscribers`, the gateway and sidecar on gw (`how`: as deployed_on);
+    all removed on exit."""
+    with Lab(["pub", "gw", *subscribers]) as lab, deployed_on(lab, tmp=tmp, **how) as dep:
         yield dep
 
 
 @contextlib.contextmanager
-def deployed_on(lab: Lab, *, tmp: Path, transport: str = "epgm", options: Sequence[str] = ()) -> Iterator[Deployment]:
+def deployed_on(
+    lab: Lab, *, tmp: Path, transport: str = "epgm", feeds: int = 1, options: Sequence[str] = ()
+) -> Iterator[Deployment]:
     """The gateway and sidecar on host gw of `lab`, with a temporary journal; stopped and removed on exit."""
     with tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=tmp) as journal:
-        dep = Deployment(lab, Path(journal), STREAM, transport=transport, options=list(options))
+        dep = Deployment(lab, Path(journal), STREAM, transport=transport, feeds=feeds, options=list(options))
         try:
             yield dep
         finally:

@@ -41,6 +41,7 @@ from gateway.bench.runner import (
     Table,
     Target,
     repeat,
+    stop,
 )
 from gateway.deployment import Deployment
 from gateway.journal import Durability, JournalWriter
@@ -249,7 +250,7 @@ def _late(lab: Lab, joiner: Any, publish: Any, target: str) -> dict[str, float]:
     try:
         got = joiner.result(timeout=DEADLINE_S + 30)
     finally:
-        live.terminate()
+        stop(joiner, live)
     return {"seconds": got["seconds"], "records": got["records"], "rate": got["records"] / got["seconds"]}
 
 

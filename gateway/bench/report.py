@@ -21,29 +21,42 @@ median over the runs and, in brackets, the range. Issue #8 set the targets.
 
 ANALYSIS = """## What limits us, and what would go further
 
-- **Per-record Python work is the ceiling.** What each process spends per record (the CPU tables) adds
-  up to the machine's two cores: publisher, gateway (its PGM/NORM engine thread included) and subscriber
-  all run on them, next to the kernel's share. Batching keeps the gateway's Python work per batch, so its
-  cost is dominated by the transport's own per-packet work (PGM checksums and sends, NORM segments).
+- **Per-record Python work sets the throughput ceiling.** The CPU tables add up what each process spends
+  per record: publisher, gateway (its PGM or NORM engine thread included) and subscriber share the
+  machine's two cores with the kernel. The gateway's Python work is per batch; most of its cost is the
+  transport's per-packet work (PGM checksums and sends, NORM segments) and the journal's writes.
 - **The application's API matters as much as the gateway.** `Subscriber.next()` builds one `Received`
   (key decoded, body copied) per record; `Subscriber.next_batch()` hands out one `Delivery` per batch whose
-  `raw()` yields memoryviews, which is what the throughput target needs from pure Python.
+  `raw()` yields memoryviews. The throughput table shows both.
 - **What pure Python cannot do here, and what can.** A compiled record walker (a C extension or Cython
-  for `Batch.raw`, `_check_records` and the publisher's `encode`) would take the remaining per-record
-  interpreter work (about 0.1-0.3 µs a record each, docs/batch-format.md) out of all three processes;
-  a transport setting that moves the ceiling is the batch size (`--batch-bytes`, fewer packets per record
-  header) and PGM's rate. Neither changes the wire format. The trade-off of a compiled helper is a build
-  step and a second implementation to keep equal to the pure-Python one (the property tests would cover
-  both); the pure-Python path stays the reference.
-- **The peers.** NATS JetStream fans out over TCP: the server pays per subscriber, per message. Raw
-  pyzmq over epgm is fast but per message and lossy without notice; over 2 shared cores its receiver
-  also fell behind and lost data.
+  for `Batch.raw`, `_check_records` and `encode`) would take the remaining per-record interpreter work
+  (0.15-0.35 µs a record each, docs/batch-format.md) out of all three processes, without changing the
+  wire format; the price is a build step and a second implementation kept equal to the pure-Python one
+  (the property tests would run against both). Not built here: the measured per-process CPU shows how much
+  of each budget it could win.
+- **Latency: the journal's group commit sits in the multicast path.** With `--fsync group` the fdatasync
+  due every 5 ms runs inside `JournalWriter.append`, before the batch that triggered it is multicast, and
+  the gateway's timer syncs before it pumps the multicast queue. The `--fsync never` row measures what
+  that costs. Multicasting first and syncing after would keep the write-ahead rule (the write, not the
+  sync, must come first; group mode already multicasts unsynced batches) and is a change to
+  gateway/journal/writer.py and `Gateway._on_timers`, left for their owners.
+- **Latency under loss: PGM delivers in order.** A lost packet holds back everything behind it until a
+  NAK repairs it; libzmq 4.3.4 exposes none of OpenPGM's NAK timers, so the subscriber does not even see
+  the later batches (hence no gap to fill from replay). Two multicast feeds (A/B) take the repair off the
+  critical path: the row with A/B feeds measures that setting.
+- **Memory.** The sidecar holds one read buffer per cursor and frames only while a client has credit, so
+  its RSS does not follow the journal. The gateway's RSS climbs to PGM's transmit window (RATE x
+  RECOVERY_IVL) and stays there: size `--rate-kbps` and `--recovery-ivl-ms` for the memory you have.
+- **The peers.** NATS JetStream fans out over TCP, one copy per subscriber, so the server pays per
+  subscriber and message; nats-py consumes in the tens of thousands of messages per second. Raw pyzmq over
+  epgm moves one message per record and loses without notice; with libzmq's default RCVHWM its receiver
+  aborted (SIGABRT in pgm_receiver.cpp) when it fell behind, so the baseline runs with RCVHWM unbounded.
 """
 
 OPTIMISATIONS = """## Hot-path changes made with these benchmarks (issue #8)
 
-Profiled with py-spy (sampling, per process) on the throughput scenario before changing anything;
-CPU per record from /proc (user + system, all threads), 1,000,000 records, contended machine:
+Profiled with py-spy (sampling, per process) on the throughput scenario before changing anything; CPU per
+record from /proc (user + system, all threads), 1,000,000 records, contended machine:
 
 - `Publisher.publish` (gateway/publisher.py) polled the socket for answers on every record, building a
   `zmq.Poller` per call: 60% of its time. It now looks only after sending a batch. Publisher CPU per
@@ -52,13 +65,21 @@ CPU per record from /proc (user + system, all threads), 1,000,000 records, conte
   frozen dataclass per record: 40% of its time). It now queues one `Delivery` per batch and expands it
   lazily in `next()`, and the new `next_batch()` hands the `Delivery` out whole, records as memoryviews.
   Subscriber CPU per record: 3.4 to 4.0 µs before, 1.2 to 1.5 µs after (with `next_batch()`).
+- Tried and dropped: a fast path in `Batch.raw()` for whole batches (no range test per record) won 5-10%
+  on a 487-record batch, within the noise of this machine, for a second copy of the loop.
 
-Known issue found on the way: with a confirming `Publisher` (confirm=True) sending 1,000,000 records
-unpaced, the gateway journaled every record but some PUBLISH-OK answers never reached the publisher
-(13,000-180,000 records left unconfirmed in 4 of about 10 runs, journal-only gateway included), so
-`flush()` timed out. With `ROUTER_MANDATORY` set on the ingest socket (blocking instead of dropping) it did
-not happen in 5 of 5 runs: the ROUTER drops answers silently when it deems a publisher's pipe full. The
-benchmarks therefore publish without confirms and check delivery at the subscribers.
+## Found on the way
+
+- **PUBLISH-OK answers can be lost.** A confirming `Publisher` (confirm=True) sending 1,000,000 records
+  unpaced saw the gateway journal every record while some PUBLISH-OKs never arrived (13,000 to 180,000
+  records left unconfirmed in 4 of about 10 runs, also with a journal-only gateway), so `flush()` timed
+  out. With `ROUTER_MANDATORY` set on the ingest socket (a blocking send instead of a silent drop) it did
+  not happen in 5 of 5 runs: the ROUTER drops answers when it deems a publisher's pipe full. The
+  benchmarks publish without confirms and check delivery at the subscribers instead.
+- **A publisher must terminate its ZeroMQ context.** Without confirms, a process that ends without
+  terminating its context (multiprocessing children end with `os._exit`) drops the batches ZeroMQ still
+  queues: one run lost the last 411,613 of 2,000,000 records that way. The benchmark's publisher uses its
+  own context and terminates it, which waits (up to LINGER) until every batch reached the gateway.
 """
 
 

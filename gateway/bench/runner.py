@@ -26,6 +26,8 @@ from pathlib import Path
 
 import zmq
 
+from netlab import HostProcess
+
 STREAM = "bench"
 BODY = 100  # bytes per record body, every scenario
 KEYS = 100  # routing keys key000..key099
@@ -171,6 +173,13 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def stop(*handles: HostProcess) -> None:
+    """End lab processes that are still running (a failed run's), by pid; finished ones are left alone."""
+    for handle in handles:
+        if handle.is_alive():
+            handle.terminate()
 
 
 # --- probes ------------------------------------------------------------------------------------------------

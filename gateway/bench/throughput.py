@@ -33,9 +33,10 @@ from gateway.bench.runner import (
     Target,
     cpu_seconds,
     repeat,
+    stop,
 )
 from gateway.deployment import Deployment
-from gateway.mcast import Endpoint, Tuning, open_sub
+from gateway.mcast import Endpoint, Tuning
 from netlab import MP, Lab
 
 TITLE = "Throughput: publish -> gateway -> epgm -> reconciled subscriber"
@@ -129,12 +130,15 @@ def zeps_once(dep: Deployment, count: int, rate_kbps: int, per_record: bool) -> 
     lab, ready = dep.lab, MP.Queue()
     sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
                                              rate_kbps=rate_kbps, per_record=per_record))  # fmt: skip
-    if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
-        raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
-    gw_cpu = cpu_seconds(dep.gateway.pid)
-    pub = lab.run("pub", pipeline.publish, dep.ingest, count, 0.0, timeout=300)
-    got = sub.result(timeout=300)
-    gw_cpu = cpu_seconds(dep.gateway.pid) - gw_cpu
+    try:
+        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
+            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+        gw_cpu = cpu_seconds(dep.gateway.pid)
+        pub = lab.run("pub", pipeline.publish, dep.ingest, count, 0.0, timeout=300)
+        got = sub.result(timeout=300)
+        gw_cpu = cpu_seconds(dep.gateway.pid) - gw_cpu
+    finally:
+        stop(sub)
     if got["missing"] or got["disorder"]:
         raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
     return {
@@ -157,10 +161,13 @@ def relay_once(lab: Lab, count: int) -> dict[str, float]:
     ready = MP.Queue()
     relay = lab.start("gw", relay_loop, f"tcp://{gw.ip}:{RELAY_PORT}", f"epgm://{gw.ip};{group}", count)
     sub = lab.start("sub", raw_receive, f"epgm://{lab.host('sub').ip};{group}", count, ready)
-    ready.get(timeout=30)
-    produced = lab.run("pub", raw_produce, f"tcp://{gw.ip}:{RELAY_PORT}", count, timeout=300)
-    got = sub.result(timeout=300)
-    relay.result(timeout=60)
+    try:
+        ready.get(timeout=30)
+        produced = lab.run("pub", raw_produce, f"tcp://{gw.ip}:{RELAY_PORT}", count, timeout=300)
+        got = sub.result(timeout=300)
+        relay.result(timeout=60)
+    finally:  # a failed run must not leave its relay holding the port for the next one
+        stop(relay, sub)
     return {
         "rate": got["received"] / max(got["seconds"], 1e-9),
         "produce_rate": count / produced,
@@ -215,8 +222,13 @@ def raw_produce(push_to: str, count: int) -> float:
 
 def raw_receive(endpoint: str, count: int, ready: Any, idle_s: float = 3.0, deadline_s: float = 120.0) -> dict:
     """In sub: a plain SUB. Counts records (not warm-ups) until the last arrives or nothing comes for idle_s."""
-    with zmq.Context() as ctx, open_sub(ctx, Endpoint.parse(endpoint), _tuning(), []) as sock:
+    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sock:
+        # RCVHWM unbounded: with the default (1000) libzmq's PGM receiver aborted (pgm_receiver.cpp:131,
+        # EAGAIN, SIGABRT) in most runs once this loop fell behind. The baseline gets the setting that survives.
+        sock.setsockopt(zmq.RCVHWM, 0)
+        _tuning().apply(sock, Endpoint.parse(endpoint))
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:  # joined once a warm-up frame arrives
             if sock.poll(100) and sock.recv_multipart()[0] == _WARMUP:

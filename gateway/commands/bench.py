@@ -29,9 +29,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--runs", type=_positive(int), default=3, help="runs per measurement; the median is reported (default 3)"
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the harness (numbers mean nothing)")
-    p.add_argument("--journal-gb", type=float, default=2.0, help="memory: journal size in GiB (default 2)")
-    p.add_argument("--catchup-records", type=int, default=5_000_000, help="replay: history a late joiner catches up on")
-    p.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="where journals and stores go")
+    p.add_argument("--journal-gb", type=_positive(float), default=2.0, help="memory: journal size in GiB (default 2)")
+    p.add_argument(
+        "--catchup-records", type=_positive(int), default=5_000_000, help="replay: history a late joiner catches up on"
+    )
+    p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
     p.set_defaults(handler=_run)
