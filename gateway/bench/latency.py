@@ -86,7 +86,7 @@ def run(settings: Settings) -> Result:
                 "percentile",
                 "ms",
                 {
-                    _label(*case): (list(PERCENTILES), [Stat.of(stats[case].get(c)).median for c in columns])
+                    _label(*case): (list(columns), [Stat.of(stats[case].get(c)).median for c in columns])
                     for case in CASES
                 },
                 logy=True,

@@ -40,6 +40,7 @@ from gateway.bench.runner import (
     Stat,
     Table,
     Target,
+    need_disk,
     repeat,
     stop,
 )
@@ -131,6 +132,8 @@ def run(settings: Settings) -> Result:
     records = settings.size(settings.catchup_records, 50_000)
     js_records = settings.size(min(records, JETSTREAM_MAX), 20_000)
     failures: list[str] = []
+    # The journal (~125 B a record), and JetStream's store twice (loopback, then the lab; ~250 B a message).
+    need_disk(settings.tmp, records * 125 + js_records * 500, "the replay benchmark")
     with tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=settings.tmp) as tmp:
         root = Path(tmp)
         progress(f"writing a journal of {records:,} records")

@@ -40,10 +40,15 @@ ANALYSIS = """## What limits us, and what would go further
   that costs. Multicasting first and syncing after would keep the write-ahead rule (the write, not the
   sync, must come first; group mode already multicasts unsynced batches) and is a change to
   gateway/journal/writer.py and `Gateway._on_timers`, left for their owners.
-- **Latency under loss: PGM delivers in order.** A lost packet holds back everything behind it until a
-  NAK repairs it; libzmq 4.3.4 exposes none of OpenPGM's NAK timers, so the subscriber does not even see
-  the later batches (hence no gap to fill from replay). Two multicast feeds (A/B) take the repair off the
-  critical path: the row with A/B feeds measures that setting.
+- **Latency under loss: PGM delivers in order.** A lost packet holds back everything behind it, the
+  heartbeats included, until a NAK repairs it, and libzmq 4.3.4 offers no option for OpenPGM's NAK
+  timers: the subscriber does not even see the later batches, so there is no gap to fill from replay
+  (the "records from replay" column stays at 0). Two feeds (A/B) bring the median back but not p99: at
+  1% loss of some 900 packets/s each feed waits for a repair much of the time, often both at once. What
+  should meet the target, not measured here: a multicast transport that hands batches over as they come
+  (plain UDP datagrams of one batch each, or OpenPGM driven directly with short NAK timers, as
+  gateway.norm drives libnorm), leaving order and repair to the reconciler and the replay sidecar, which
+  answer a gap in about one round trip.
 - **Memory.** The sidecar holds one read buffer per cursor and frames only while a client has credit, so
   its RSS does not follow the journal. The gateway's RSS climbs to PGM's transmit window (RATE x
   RECOVERY_IVL) and stays there: size `--rate-kbps` and `--recovery-ivl-ms` for the memory you have.

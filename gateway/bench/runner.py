@@ -110,13 +110,13 @@ class Target:
 
 @dataclass(frozen=True)
 class Plot:
-    """Data for one PNG: series label -> (x values, y values); kind "line" or "bar"."""
+    """Data for one PNG: series label -> (x values or labels, y values); kind "line" or "bar"."""
 
     name: str
     title: str
     xlabel: str
     ylabel: str
-    series: dict[str, tuple[list[float], list[float]]]
+    series: dict[str, tuple[list, list[float]]]
     kind: str = "line"
     logy: bool = False
 

@@ -25,6 +25,7 @@ from gateway.bench.runner import (
     BODY,
     KEYS,
     BenchError,
+    Plot,
     Progress,
     Result,
     Settings,
@@ -101,6 +102,20 @@ def run(settings: Settings) -> Result:
         targets=[
             Target("at least 4x the raw relay's rate", f"{ratio:.1f}x", ratio >= 4),
             Target("at least 250,000 records/s", str(rate), rate.median >= 250_000),
+        ],
+        plots=[
+            Plot(
+                "throughput",
+                "Delivered records/s, zero missing (relay: what arrived)",
+                "",
+                "records/s",
+                {
+                    "ZEPS next_batch()": ([0], [rate.median]),
+                    "ZEPS next()": ([1], [Stat.of(per_record.get("rate")).median]),
+                    "raw pyzmq relay": ([2], [raw_rate.median]),
+                },
+                kind="bar",
+            )
         ],
         notes=failures,
         runs=settings.runs,
