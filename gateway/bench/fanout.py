@@ -97,6 +97,12 @@ def run(settings: Settings) -> Result:
                 {name: (list(fanouts), [by_k[k].median for k in fanouts]) for name, by_k in costs.items()},
             )
         ],
+        notes=[
+            "With 16 Python subscribers on 2 cores the machine is oversubscribed, and the server's CPU per record "
+            "then rises from contention too (cache pressure; for PGM, repairs of packets that starved subscribers "
+            "missed), so on a shared 2-core machine the ZEPS ratio varies from run to run; a machine with more "
+            "cores than subscribers measures the fan-out alone.",
+        ],
         runs=settings.runs,
         seconds=time.monotonic() - progress.start,
     )
