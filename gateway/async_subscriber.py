@@ -13,13 +13,15 @@ take in what arrived without waiting. One event loop drives every socket; no thr
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
-from gateway.subscriber import TICK_S, Received, Subscriber
+from gateway.subscriber import TICK_S, Delivery, Received, Subscriber
+
+T = TypeVar("T")
 
 
 class AsyncSubscriber:
@@ -30,8 +32,15 @@ class AsyncSubscriber:
 
     async def next(self, timeout: float | None = None) -> Received | None:
         """The next record, or None after `timeout` seconds (None: wait for ever)."""
+        return await self._awaiting(self.sync.next, timeout)
+
+    async def next_batch(self, timeout: float | None = None) -> Delivery | None:
+        """The next records as one Delivery (see `Subscriber.next_batch`), or None after `timeout` seconds."""
+        return await self._awaiting(self.sync.next_batch, timeout)
+
+    async def _awaiting(self, take: Callable[[float], T | None], timeout: float | None) -> T | None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (item := self.sync.next(timeout=0)) is None:
+        while (item := take(0)) is None:
             # The reconciler's timers want a look every tick even when nothing arrives.
             wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
             if wait <= 0:

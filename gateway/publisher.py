@@ -118,7 +118,7 @@ class Publisher:
             or now - self.pending_since >= self.linger
         ):
             self._send_pending()
-        self._poll(block=False)
+            self._poll(block=False)  # answers only follow sends: looking per record cost 60% of publish()
 
     def flush(self) -> int | None:
         """Send everything queued; with confirms, wait until all of it is journaled and return the last seq."""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.bench.replay import sidecar
 from gateway.journal import JournalReader, JournalWriter
-from gateway.replay_bench import sidecar
 from gateway.replay_client import DEFAULT_FEATURES, ReplayClient
 from gateway.snapshot import SnapshotFeed, SnapshotIndex
 

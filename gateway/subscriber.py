@@ -78,6 +78,35 @@ class Received:
     ttl_ms: int = 0  # time to live after ts_ns (0: none); an empty body deletes the key
 
 
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Records `lo..hi` of one batch, in order: what `Subscriber.next_batch()` hands out, one object per batch.
+
+    `raw()` yields (seq, ts_ns, key, body) with key and body as memoryviews into the batch (copy what you keep),
+    with the subscriber's topics applied: the fast path, no object per record.
+    """
+
+    batch: B.Batch
+    lo: int
+    hi: int
+    source: str
+    prefixes: tuple[bytes, ...] = ()
+
+    def raw(self) -> Iterator[tuple[int, int, memoryview, memoryview]]:
+        records = self.batch.raw(self.lo, self.hi)
+        if not self.prefixes:
+            return records
+        return (r for r in records if r[2].tobytes().startswith(self.prefixes))
+
+    def records(self) -> Iterator[Received]:
+        """The records as Received objects (copies; with their TTL): the convenient path."""
+        prefixes, source = self.prefixes, self.source
+        for seq, ts, key, body, ttl in self.batch.entries(self.lo, self.hi):
+            kb = key.tobytes()
+            if not prefixes or kb.startswith(prefixes):
+                yield Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source, ttl)
+
+
 @dataclass
 class SubscriberStats:
     from_live: int = 0
@@ -207,7 +236,9 @@ class Subscriber:
         self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
         self.replay_up = True
         self.reconnect_at = 0.0
-        self.pending: deque[Received | DataLoss | TooSlow] = deque()
+        # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
+        self.pending: deque[Delivery | DataLoss | TooSlow] = deque()
+        self._current: tuple[Delivery, Iterator[Received]] | None = None  # the Delivery next() is reading
         self.position: int | None = None  # last sequence the application has finished with
         self.handed: int | None = None  # the record the application holds now (finished at its next call)
         self.closed = False
@@ -237,10 +268,53 @@ class Subscriber:
 
     def next(self, timeout: float | None = None) -> Received | None:
         """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/TooSlow."""
+        self._finish_handed()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._current is not None:
+                rec = next(self._current[1], None)
+                if rec is not None:
+                    self.handed = rec.seq
+                    if self.view is not None:
+                        self.view.apply(rec)
+                    return rec
+                self._current = None
+            item = self._wait(deadline)
+            if item is None:
+                return None
+            self._current = (item, item.records())
+
+    def next_batch(self, timeout: float | None = None) -> Delivery | None:
+        """The next records as one Delivery (the rest of one next() began), or None after `timeout` seconds.
+
+        The fast path for high rates: one object per batch, records as views. Raises DataLoss/TooSlow.
+        """
+        self._finish_handed()
+        item = self._rest_of_current()
+        if item is None:
+            item = self._wait(None if timeout is None else time.monotonic() + timeout)
+        if item is not None:
+            self.handed = item.hi
+            if self.view is not None:
+                for rec in item.records():
+                    self.view.apply(rec)
+        return item
+
+    def _rest_of_current(self) -> Delivery | None:
+        """What next() has not yet handed out of the Delivery it was reading, if anything."""
+        if self._current is None:
+            return None
+        item, self._current = self._current[0], None
+        lo = item.lo if self.position is None else max(item.lo, self.position + 1)
+        return Delivery(item.batch, lo, item.hi, item.source, item.prefixes) if lo <= item.hi else None
+
+    def _finish_handed(self) -> None:
         if self.handed is not None:
             self._finished(self.handed)
             self.handed = None
-        deadline = None if timeout is None else time.monotonic() + timeout
+
+    def _wait(self, deadline: float | None) -> Delivery | None:
+        """The next Delivery, polling until one is pending or the deadline passes; raises what is pending."""
         while not self.pending:
             wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
             self.poll(max(wait, 0.0))  # timeout=0 still takes in what has arrived
@@ -251,9 +325,6 @@ class Subscriber:
         item = self.pending.popleft()
         if isinstance(item, Exception):
             raise item
-        self.handed = item.seq
-        if self.view is not None:
-            self.view.apply(item)
         return item
 
     def update(self, timeout: float = 0.0) -> int:
@@ -413,20 +484,18 @@ class Subscriber:
                     log.info("%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:
-        n = 0
-        for seq, ts, key, body, ttl in batch.entries(lo, hi):
-            kb = key.tobytes()
-            if self.prefixes and not kb.startswith(self.prefixes):
-                continue
-            self.pending.append(Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source, ttl))
-            n += 1
+        delivery = Delivery(batch, lo, hi, source, self.prefixes)
+        # Dense and unfiltered (every live batch, and replay without topics): the count needs no walk.
+        n = hi - lo + 1 if batch.dense and not self.prefixes else sum(1 for _ in delivery.raw())
+        if n:
+            self.pending.append(delivery)
         if source.startswith("live"):
             self.stats.from_live += n
         elif source == "snapshot":
             self.stats.from_snapshot += n
         else:
             self.stats.from_replay += n
-        if not n and not self.pending:
+        if not n and not self.pending and self._current is None:
             self._finished(hi)  # a range with nothing for this client still moves the checkpoint
 
     def _finished(self, seq: int) -> None:

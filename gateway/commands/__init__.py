@@ -6,6 +6,7 @@ dependency (e.g. Spark) only matters to the command that needs it.
 
 MODULES = (
     "analyze",
+    "bench",
     "demo",
     "export",
     "gateway",

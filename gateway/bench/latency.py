@@ -1,0 +1,123 @@
+"""Scenario 4, latency: publish -> delivery at 10,000 records/s over epgm, without loss and with 1% loss.
+
+Host pub publishes paced records (publisher linger 1 ms, so a record waits at most 1 ms for its batch);
+the gateway journals and multicasts them; a reconciling `Subscriber` on host sub takes them with
+`next_batch()`. Latency is the subscriber's clock at delivery minus the record's publish time (the
+publisher's clock: all lab hosts share the machine's clock). With loss, netlab drops 1% of the packets
+arriving at host sub (multicast and the replay connection alike): PGM repairs some, the reconciler fills
+the rest from the replay sidecar (the gap-fill path). Every record must arrive, in order. The gateway
+runs with its default `--fsync group` (the targets), and once more with `--fsync never`: the group commit's
+fdatasync runs in the journal's append path, before the batch that triggers it is multicast. Last, the
+1% loss case with two multicast feeds (A/B: two groups, the subscriber takes the first copy of each batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from array import array
+
+from gateway.bench import pipeline
+from gateway.bench.runner import BenchError, Plot, Progress, Result, Settings, Stat, Table, Target, repeat, stop
+from gateway.deployment import Deployment
+from netlab import MP
+from netlab.impair import Impairment, clear, impair
+
+TITLE = "Latency: publish -> delivery at 10,000 records/s, with and without 1% loss"
+RATE = 10_000.0
+LINGER_MS = 1.0
+# (packet loss %, the gateway's --fsync, multicast feeds). The journal's group commit runs in the append
+# path, before the batch is multicast, so the load is also measured without it; PGM delivers in order and
+# holds everything behind a lost packet until its repair, so loss is also measured with A/B feeds.
+CASES = ((0.0, "group", 1), (1.0, "group", 1), (0.0, "never", 1), (1.0, "group", 2))
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+TARGET_P99_MS = {0.0: 5.0, 1.0: 20.0}
+
+
+def estimate(settings: Settings) -> float:
+    return 20 + len(CASES) * settings.runs * (4 if settings.quick else 14)
+
+
+def run(settings: Settings) -> Result:
+    progress = Progress("latency")
+    count = settings.size(100_000, 3_000)
+    failures: list[str] = []
+    stats: dict[tuple[float, str, int], dict[str, list[float]]] = {}
+    for fsync, feeds in dict.fromkeys((f, n) for _, f, n in CASES):
+        options = pipeline.gateway_options(pipeline.RATE_KBPS, "--fsync", fsync)
+        with pipeline.deployed(["sub"], tmp=settings.tmp, feeds=feeds, options=options) as dep:
+            for loss in (loss for loss, f, n in CASES if (f, n) == (fsync, feeds)):
+                if loss:
+                    impair(dep.lab, "sub", Impairment(loss_pct=loss), "in")
+                try:
+                    case = (loss, fsync, feeds)
+                    stats[case] = repeat(settings.runs, progress, f"{_label(*case)}, {count:,} records",
+                                                lambda _: _once(dep, count), failures)  # fmt: skip
+                finally:
+                    clear(dep.lab, "sub")
+    columns = tuple(f"p{p:g}" for p in PERCENTILES)
+    rows = []
+    for case in CASES:
+        got = stats[case]
+        percentiles = (Stat.of(got.get(c), "ms", 2) for c in columns)
+        rows.append((_label(*case), *percentiles, Stat.of(got.get("max"), "ms", 1), Stat.of(got.get("from_replay"))))
+    targets = []
+    for loss, goal in TARGET_P99_MS.items():
+        p99 = Stat.of(stats[loss, "group", 1].get("p99"), "ms", 2)
+        targets.append(Target(f"p99 < {goal:g} ms with {loss:g}% loss", str(p99), p99.median < goal))
+    ab = Stat.of(stats[1.0, "group", 2].get("p99"), "ms", 2)
+    targets.append(Target(f"p99 < {TARGET_P99_MS[1.0]:g} ms with 1% loss, A/B feeds", str(ab), ab.median < 20))
+    return Result(
+        "latency",
+        TITLE,
+        method=__doc__.split("\n\n", 1)[1].strip(),
+        tables=[
+            Table(
+                f"publish -> delivery, {count:,} records per run, publisher linger {LINGER_MS:g} ms",
+                ("case", *columns, "max", "records from replay"),
+                rows,
+            )
+        ],
+        targets=targets,
+        plots=[
+            Plot(
+                "latency",
+                f"Publish -> delivery latency at {RATE:,.0f} records/s",
+                "percentile",
+                "ms",
+                {
+                    _label(*case): (list(columns), [Stat.of(stats[case].get(c)).median for c in columns])
+                    for case in CASES
+                },
+                logy=True,
+            )
+        ],
+        notes=failures,
+        runs=settings.runs,
+        seconds=time.monotonic() - progress.start,
+    )
+
+
+def _label(loss: float, fsync: str, feeds: int) -> str:
+    return f"{loss:g}% loss, --fsync {fsync}" + (", A/B feeds" if feeds == 2 else "")
+
+
+def _once(dep: Deployment, count: int) -> dict[str, float]:
+    lab, ready = dep.lab, MP.Queue()
+    sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
+                                             latency=True))  # fmt: skip
+    try:
+        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
+            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+        publish = functools.partial(pipeline.publish, linger_ms=LINGER_MS)
+        lab.run("pub", publish, dep.ingest, count, RATE, timeout=300)
+        got = sub.result(timeout=300)
+    finally:
+        stop(sub)
+    if got["missing"] or got["disorder"]:
+        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    lat = array("q")
+    lat.frombytes(got["latencies"])
+    ms = sorted(x / 1e6 for x in lat)
+    out = {f"p{p:g}": ms[min(len(ms) - 1, int(len(ms) * p / 100))] for p in PERCENTILES}
+    return {**out, "max": ms[-1], "from_replay": got["summary"]["from_replay"]}

@@ -1,0 +1,160 @@
+"""The ZEPS side of the benchmarks: a real gateway and replay sidecar in a namespace lab, a publisher and
+reconciling subscribers in other lab hosts. The functions run in lab hosts are module-level so that
+`Lab.start` can pickle them by reference; each is bounded by its own deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from gateway.bench.runner import BODY, KEYS, STREAM
+from gateway.deployment import Deployment
+from gateway.mcast import Tuning
+from gateway.publisher import Publisher
+from gateway.subscriber import DataLoss, Subscriber
+from netlab import Lab
+
+RATE_KBPS = 500_000  # PGM rate, both sides: ~500k records/s of 100-byte bodies, above every target
+READY_S = 30.0
+
+
+@contextlib.contextmanager
+def deployed(subscribers: Sequence[str], *, tmp: Path, **how: Any) -> Iterator[Deployment]:
+    """A lab with hosts pub, gw and `subscribers`, the gateway and sidecar on gw (`how`: as deployed_on);
+    all removed on exit."""
+    with Lab(["pub", "gw", *subscribers]) as lab, deployed_on(lab, tmp=tmp, **how) as dep:
+        yield dep
+
+
+@contextlib.contextmanager
+def deployed_on(
+    lab: Lab, *, tmp: Path, transport: str = "epgm", feeds: int = 1, options: Sequence[str] = ()
+) -> Iterator[Deployment]:
+    """The gateway and sidecar on host gw of `lab`, with a temporary journal; stopped and removed on exit."""
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=tmp) as journal:
+        dep = Deployment(lab, Path(journal), STREAM, transport=transport, feeds=feeds, gateway_args=list(options))
+        try:
+            yield dep
+        finally:
+            dep.close()
+
+
+def gateway_options(rate_kbps: int = RATE_KBPS, *extra: str) -> list[str]:
+    return ["--rate-kbps", str(rate_kbps), *extra]
+
+
+def record_keys() -> list[str]:
+    return [f"key{i:03d}" for i in range(KEYS)]
+
+
+def publish(ingest: str, count: int, rate: float, linger_ms: float = 5.0, deadline_s: float = 120.0) -> dict:
+    """In host pub: `count` records of BODY bytes over KEYS keys, paced at `rate`/s (0: as fast as taken).
+
+    Not confirmed: under a burst the gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a
+    confirming publisher could wait for ever; the subscribers check that every record arrived instead. The
+    own context is terminated before returning, which waits until ZeroMQ has handed every queued batch to
+    the gateway: a process that ends without that (multiprocessing children end with os._exit) loses them.
+    Returns the seconds and CPU seconds that took.
+    """
+    names, body = record_keys(), b"x" * BODY
+    start, cpu = time.perf_counter(), time.process_time()
+    with zmq.Context() as ctx, Publisher(ingest, STREAM, timeout=deadline_s, linger_ms=linger_ms, ctx=ctx) as pub:
+        for i in range(count):
+            pub.publish(names[i % KEYS], body)
+            if rate and i % 10 == 9:
+                ahead = start + (i + 1) / rate - time.perf_counter()
+                if ahead > 0:
+                    time.sleep(ahead)
+        pub.flush()
+    return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+
+
+def subscribe(
+    multicast: list[str],
+    replay: str,
+    count: int,
+    ready: Any,
+    rate_kbps: int = RATE_KBPS,
+    per_record: bool = False,
+    latency: bool = False,
+    deadline_s: float = 120.0,
+) -> dict:
+    """In a subscriber host: a reconciling Subscriber from the live position, until `count` records came.
+
+    The application walks every record: as views with `next_batch()` (the fast path), or as one `Received`
+    each with `next()` (`per_record`). Checks that the records are exactly the next `count` sequences (zero
+    missing after reconciliation) and times them from the first to the last; with `latency`, keeps
+    publish -> delivery times in ns.
+    """
+    lat = array("q")
+    tuning = Tuning(rate_kbps=rate_kbps)
+    with Subscriber(STREAM, multicast=multicast, replay=replay, start="latest", tuning=tuning) as sub:
+        ready.put(await_position(sub))
+        got = missing = disorder = 0
+        first = expect = None
+        t_first = 0.0
+        deadline, cpu = time.monotonic() + deadline_s, time.process_time()
+        while got + missing < count and time.monotonic() < deadline:
+            try:
+                seqs = _next_records(sub, per_record, lat if latency else None)
+            except DataLoss as exc:
+                missing += exc.hi - exc.lo + 1
+                continue
+            if seqs is None:
+                continue
+            lo, hi, n = seqs
+            if expect is None:
+                first, expect, t_first = lo, lo, time.perf_counter()
+            disorder += lo != expect or hi - lo + 1 != n
+            expect = hi + 1
+            got += n
+        return {
+            "records": got,
+            "missing": count - got,
+            "disorder": disorder,
+            "first": first,
+            "seconds": time.perf_counter() - t_first,
+            "cpu": time.process_time() - cpu,
+            "summary": sub.summary(),
+            "latencies": lat.tobytes(),
+        }
+
+
+def await_position(sub: Subscriber) -> str:
+    """Until the first heartbeat fixes a "latest" subscriber's position (before anything is published)."""
+    until = time.monotonic() + READY_S
+    while sub.state == "AWAIT_LIVE" and time.monotonic() < until:
+        sub.next(timeout=0.05)
+    return sub.state
+
+
+def _next_records(sub: Subscriber, per_record: bool, lat: array | None) -> tuple[int, int, int] | None:
+    """Take the next record(s) as the application would: (first seq, last seq, records walked) or None."""
+    if per_record:
+        rec = sub.next(timeout=0.5)
+        if rec is None:
+            return None
+        if lat is not None:
+            lat.append(time.time_ns() - rec.ts_ns)
+        return rec.seq, rec.seq, 1
+    delivery = sub.next_batch(timeout=0.5)
+    if delivery is None:
+        return None
+    n = 0
+    if lat is not None:
+        now = time.time_ns()
+        for _, ts, _, _ in delivery.raw():
+            lat.append(now - ts)
+            n += 1
+    else:
+        for _ in delivery.raw():
+            n += 1
+    return delivery.lo, delivery.hi, n

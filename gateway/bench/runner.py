@@ -1,0 +1,275 @@
+"""What every scenario shares: settings, progress on stderr, medians over runs, the machine record, and the
+probes that read a process's CPU time and memory from /proc.
+
+A scenario is a module with `TITLE`, `estimate(settings) -> seconds` and `run(settings) -> Result`. It builds
+its tables from `Stat`s (the median of the runs, with the range shown), states its targets as `Target`s, and
+hands data for plots to the report as `Plot`s. Everything it starts it stops itself, by pid, in `finally`
+blocks or context managers, so a failure or Ctrl-C (SIGTERM is turned into the same) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import zmq
+
+from netlab import HostProcess
+
+STREAM = "bench"
+BODY = 100  # bytes per record body, every scenario
+KEYS = 100  # routing keys key000..key099
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run or did not check out; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `zeps bench` was told. `quick` shrinks every size to prove the harness, not to measure."""
+
+    runs: int = 3
+    quick: bool = False
+    journal_gb: float = 2.0  # memory scenario: the journal the sidecar serves
+    catchup_records: int = 5_000_000  # replay scenario: history a late joiner catches up on
+    tmp: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
+
+    def size(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+class Progress:
+    """One line per step on stderr, with the time since the benchmark started."""
+
+    def __init__(self, scenario: str) -> None:
+        self.scenario = scenario
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[bench {self.scenario} {time.monotonic() - self.start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One metric over runs: shown as the median, with the range when there was more than one run."""
+
+    values: tuple[float, ...]
+    unit: str = ""
+    digits: int = 0
+
+    @classmethod
+    def of(cls, values: Sequence[float] | None, unit: str = "", digits: int = 0) -> Stat:
+        if not values:
+            raise BenchError("a metric with no runs: every run failed before measuring it")
+        return cls(tuple(values), unit, digits)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def fmt(self, value: float) -> str:
+        return f"{value:,.{self.digits}f}"
+
+    def __str__(self) -> str:
+        text = self.fmt(self.median) + (f" {self.unit}" if self.unit else "")
+        if len(self.values) > 1:
+            text += f" ({self.fmt(min(self.values))} to {self.fmt(max(self.values))})"
+        return text
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[object, ...]]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal of issue #8 and what this run measured against it (met None: not comparable here)."""
+
+    goal: str
+    measured: str
+    met: bool | None
+
+
+@dataclass(frozen=True)
+class Plot:
+    """Data for one PNG: series label -> (x values or labels, y values); kind "line" or "bar"."""
+
+    name: str
+    title: str
+    xlabel: str
+    ylabel: str
+    series: dict[str, tuple[list, list[float]]]
+    kind: str = "line"
+    logy: bool = False
+
+
+@dataclass
+class Result:
+    scenario: str
+    title: str
+    method: str
+    tables: list[Table] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    plots: list[Plot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    runs: int = 0
+    seconds: float = 0.0
+
+
+def repeat(
+    runs: int, progress: Progress, what: str, once: Callable[[int], dict[str, float]], failures: list[str]
+) -> dict[str, list[float]]:
+    """Call `once(i)` `runs` times; gather each metric it returns into a list (one value per run).
+
+    A run that fails is reported (progress, and a line in `failures`) and left out of the medians: one
+    bad run on a shared machine should not cost the others. Ctrl-C is not a failure: it stops everything.
+    """
+    gathered: dict[str, list[float]] = {}
+    for i in range(runs):
+        progress(f"{what}: run {i + 1}/{runs}")
+        try:
+            measured = once(i)
+        except Exception as exc:
+            text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            progress(f"{what}: run {i + 1} failed: {text}")
+            failures.append(f"{what}: run {i + 1} of {runs} failed ({type(exc).__name__}: {text})")
+            continue
+        for key, value in measured.items():
+            gathered.setdefault(key, []).append(value)
+    return gathered
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Raise BenchError in the main thread after `seconds`: every scenario is bounded in time, even when a
+    call it makes hangs (seen once: a netlink request of a lab's set-up that was never answered). The
+    exception unwinds the scenario's context managers, so its labs, processes and files are removed."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise BenchError(f"{what} did not finish within {seconds:.0f} s; everything it started was stopped")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def stop(*handles: HostProcess) -> None:
+    """End lab processes that are still running (a failed run's), by pid; finished ones are left alone."""
+    for handle in handles:
+        if handle.is_alive():
+            handle.terminate()
+
+
+# --- probes ------------------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (its threads included), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc/PID/statm."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def need_disk(directory: Path, nbytes: int, what: str) -> None:
+    """Refuse, naming the fix, unless `directory` has `nbytes` free plus a 2 GiB margin for everyone else."""
+    free = shutil.disk_usage(directory).free
+    if free < nbytes + (2 << 30):
+        raise BenchError(
+            f"{what} needs {nbytes / 2**30:.1f} GiB in {directory} and leaves 2 GiB spare, but only "
+            f"{free / 2**30:.1f} GiB are free: pass a smaller --journal-gb, or --tmp DIR on a larger disk"
+        )
+
+
+# --- the machine -------------------------------------------------------------------------------------------
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr).strip() else "?"
+
+
+def _cpu_model() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def _os_name() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+def _package(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _debian(package: str) -> str:
+    return _first_line(["dpkg-query", "-W", "-f=${Version}", package])
+
+
+def machine() -> dict[str, str]:
+    """What the numbers were measured on: recorded with every result."""
+    with open("/proc/meminfo") as f:
+        mem_kb = int(f.readline().split()[1])
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": f"{_cpu_model()}, {os.cpu_count()} cores",
+        "memory": f"{mem_kb / 2**20:.1f} GiB",
+        "os": f"{_os_name()}, Linux {platform.release()}",
+        "python": f"CPython {platform.python_version()}",
+        "pyzmq / libzmq": f"{zmq.__version__} / {zmq.zmq_version()} (Debian libzmq5 {_debian('libzmq5')})",
+        "libpgm / libnorm": f"{_debian('libpgm-5.3-0')} / {_debian('libnorm1')}",
+        "nats-server / nats-py": f"{_first_line(['nats-server', '--version'])} / {_package('nats-py')}",
+        "socket buffers": f"rmem_max {_sysctl('net/core/rmem_max')}, wmem_max {_sysctl('net/core/wmem_max')}",
+        "load average at start": load,
+    }
+
+
+def _sysctl(name: str) -> str:
+    try:
+        return Path(f"/proc/sys/{name}").read_text().strip()
+    except OSError:
+        return "?"
