@@ -248,16 +248,17 @@ class Gateway:
                     self._flush(lane)
                 else:
                     deadline = min(deadline, due)
+        for out in self.outs:  # multicast first: a group commit's fdatasync must not delay what is journaled
+            wait = out.pump()
+            if wait:
+                deadline = min(deadline, now + wait)
+        for lane in self.lanes.values():
             if lane.writer.maybe_sync():
                 self.metrics.fsync_seconds.observe(lane.writer.last_sync_latency_s)
             self._send_confirms(lane)
             due = lane.writer.sync_deadline
             if due is not None:
                 deadline = min(deadline, due)
-        for out in self.outs:
-            wait = out.pump()
-            if wait:
-                deadline = min(deadline, now + wait)
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         deadline = min(deadline, self._next_heartbeat)

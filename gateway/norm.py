@@ -142,7 +142,7 @@ class NormSettings:
     block_segments: int = 64
     parity_segments: int = 16
     grtt_s: float = 0.01
-    backoff: float = 1.0
+    backoff: float = 0.0
     socket_buffer_bytes: int = 4 * 1024 * 1024
     ttl: int = 16
 

@@ -51,9 +51,11 @@ class Durability:
     """When appended bytes are forced to disk: the trade of append latency and throughput against what a
     power loss (not a process crash: the page cache survives those) can take away.
 
-    always: fsync every append. group: fsync once `group_ms` passed since the first unsynced append, or
-    `group_bytes` are unsynced, whichever comes first (plus `maybe_sync()` on the gateway's timer).
-    never: no fsync per append; the OS writes back when it likes.
+    always: fsync every append. group: fsync once `group_bytes` are unsynced (in `append`), or once
+    `group_ms` passed since the first unsynced append (in `maybe_sync()`, which the owner calls on a timer
+    after sending what it appended: a due sync never holds back the multicast of the batch that made it due;
+    the write, which is what replay needs, still comes first). never: no fsync per append; the OS writes back
+    when it likes.
     In every mode a segment is fsync'ed when it is sealed (once per segment_bytes) and by close(), so
     unsynced data is only ever in the active segment and `synced_seq` is exact.
     """
@@ -285,10 +287,7 @@ class JournalWriter:
         if self._unsynced_since is None:
             self._unsynced_since = time.monotonic()
         self._unsynced_bytes += nbytes
-        if mode == "always" or (
-            mode == "group"
-            and (self._unsynced_bytes >= self._durability.group_bytes or self.sync_due(time.monotonic()))
-        ):
+        if mode == "always" or (mode == "group" and self._unsynced_bytes >= self._durability.group_bytes):
             self.sync()
 
     # -- durability ------------------------------------------------------------------------------------
