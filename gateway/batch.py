@@ -200,6 +200,33 @@ class Batch:
             pos = end
         return _seal(parts, hi - lo + 1, lo, hi, self.ts_ns, self.flags)
 
+    def split(self, max_bytes: int) -> Iterator[tuple[int, bytes]]:
+        """A dense batch as consecutive dense batches of at most `max_bytes` each, as (last_seq, bytes).
+
+        One pass; record bytes are copied and their sequence deltas rewritten, journal time kept. A record
+        too large for `max_bytes` on its own becomes a batch of one (the caller decides what to do with it).
+        What a datagram transport sends: each part stands alone, so losing one loses only its records.
+        """
+        if not self.dense:
+            raise BatchError(f"{self!r}: only a dense batch can be split")
+        buf, unpack, overhead, flags, ts = self.buf, RECORD.unpack_from, self.overhead, self.flags, self.ts_ns
+        parts: list[bytes | memoryview] = []
+        lo = seq = self.first_seq
+        size, pos = HEADER_SIZE, HEADER_SIZE
+        for _ in range(self.count):
+            _, _, klen, blen = unpack(buf, pos)
+            end = pos + overhead + klen + blen
+            if parts and size + end - pos > max_bytes:
+                yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
+                parts, lo, size = [], seq, HEADER_SIZE
+            parts.append(_DELTA.pack(seq - lo))
+            parts.append(buf[pos + _DELTA.size : end])
+            size += end - pos
+            pos = end
+            seq += 1
+        if parts:
+            yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
+
 
 def encode(
     first_seq: int,

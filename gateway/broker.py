@@ -28,11 +28,12 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
-from gateway.auth import CurveServerKeys, StreamKey, TcpGuard, message
+from gateway.auth import AUTH, CurveServerKeys, StreamKey, TcpGuard, message
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Heartbeat, Tuning, open_pub
 from gateway.metrics import GatewayMetrics
 from gateway.norm import NormSender
+from gateway.udp import UdpSender, batch_room
 
 log = logging.getLogger(__name__)
 
@@ -123,17 +124,28 @@ class _Lane:
 class _Out:
     """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
 
-    Both transports limit their own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate) and answer zmq.Again
-    when full: the batch then stays queued, and a long queue stops the gateway reading publishers (`run`).
+    Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
+    zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
+    (`run`). A datagram output queues each batch as parts that fit a datagram.
     """
 
     RETRY_S = 0.001  # how soon a full transport is tried again
 
-    def __init__(self, sock: zmq.Socket | NormSender, endpoint: Endpoint, heads: dict[str, int]) -> None:
+    def __init__(
+        self, sock: zmq.Socket | NormSender | UdpSender, endpoint: Endpoint, heads: dict[str, int], tuning: Tuning
+    ) -> None:
         self.sock = sock
         self.endpoint = endpoint
         self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
         self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
+        # A datagram transport takes batches of at most this many bytes (with this stream name, signed or not).
+        self.datagram_bytes = tuning.datagram_bytes if isinstance(sock, UdpSender) else None
+
+    def room(self, stream: bytes, signed: bool) -> int | None:
+        """The largest batch this output sends whole (None: any size)."""
+        if self.datagram_bytes is None:
+            return None
+        return batch_room(self.datagram_bytes, stream, AUTH.size if signed else 0)
 
     def pump(self) -> float:
         """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
@@ -152,7 +164,7 @@ class _Out:
 
 
 class Gateway:
-    """The broker of ZEPS (seed 000) with real-time output over PGM and NORM multicast."""
+    """The broker of ZEPS (seed 000) with real-time output over PGM, NORM or UDP multicast."""
 
     def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
         self.config = config
@@ -195,7 +207,7 @@ class Gateway:
         for text in config.multicast:
             endpoint = Endpoint.parse(text)
             heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-            self.outs.append(_Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, heads))
+            self.outs.append(_Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, heads, config.tuning))
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -424,9 +436,18 @@ class Gateway:
         lane.unsequenced.clear()
         self.metrics.journaled.inc(batch.count)
         self.metrics.batch_records.observe(batch.count)
-        frames = message(self.config.stream_key, lane.stream.encode(), sealed)  # signed once, for every output
+        key, name = self.config.stream_key, lane.stream.encode()
+        frames = message(key, name, sealed)  # signed once, for every output that sends it whole
+        cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
         for out in self.outs:
-            out.queue.append((frames, last))
+            room = out.room(name, key is not None)
+            if room is None or len(sealed) <= room:
+                out.queue.append((frames, last))
+                continue
+            if room not in cut:
+                parts = B.Batch.parse(sealed, check_crc=False).split(room)
+                cut[room] = [(message(key, name, part), part_last) for part_last, part in parts]
+            out.queue.extend(cut[room])
         self.metrics.multicast.inc(len(self.outs))
 
     def _disk_full(self, lane: _Lane, exc: OSError) -> str:

@@ -18,6 +18,8 @@ Traps measured on this platform (docs/gateway.md, docs/norm.md):
 - libzmq 4.3.4's norm:// engine cannot carry batches (a frame over 2,038 bytes hangs its sender for good,
   bursts stall it, a receiver aborts on loss): norm:// endpoints are served by `gateway.norm`, which drives
   libnorm directly at a fixed rate with backpressure, on the same wire framing as libzmq.
+- PGM and NORM hold everything behind a lost packet until it is repaired; udp:// (`gateway.udp`) hands each
+  datagram over as it comes and leaves the repair to the replay sidecar: the low-latency choice under loss.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ import zmq
 from gateway.batch import MAGIC as BATCH_MAGIC
 from gateway.batch import Batch, BatchError
 from gateway.norm import NormReceiver, NormSender, NormSettings
+from gateway.udp import DATAGRAM_BYTES, MAX_DATAGRAM, UdpReceiver, UdpSender
 
 HEARTBEAT_MAGIC = b"ZH"
 _HEARTBEAT = struct.Struct("<2sBBIQQ")
-TRANSPORTS = ("epgm", "pgm", "norm")
+TRANSPORTS = ("epgm", "pgm", "norm", "udp")
 
 
 class McastError(ValueError):
@@ -105,6 +108,8 @@ class Tuning:
     recovery_ivl_ms: how long PGM senders keep data for NAK repair (also sizes the receive window).
     norm_buffer_bytes: the NORM sender's stream buffer: its repair window and the most a burst may queue
         (receivers size their buffer for that sender from it); at rate_kbps it drains in buffer*8/rate s.
+    datagram_bytes: udp:// datagrams at most this large: batches are cut to fit (the default fits a 1,500-byte
+        MTU; up to 65,507 lets the IP layer fragment, and then one lost fragment loses the datagram).
     """
 
     rate_kbps: int = 100_000
@@ -115,6 +120,11 @@ class Tuning:
     sndhwm: int = 64  # messages (batches) libzmq may hold per endpoint before senders see zmq.Again
     linger_ms: int = 2_000
     norm_buffer_bytes: int = 8 * 1024 * 1024
+    datagram_bytes: int = DATAGRAM_BYTES
+
+    def __post_init__(self) -> None:
+        if not 256 <= self.datagram_bytes <= MAX_DATAGRAM:
+            raise McastError(f"datagram_bytes {self.datagram_bytes}: give 256..{MAX_DATAGRAM} (1472 fits one MTU)")
 
     def apply(self, sock: zmq.Socket, endpoint: Endpoint) -> None:
         sock.setsockopt(zmq.LINGER, self.linger_ms)
@@ -135,17 +145,20 @@ class Tuning:
         )
 
 
-def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket | NormSender:
+def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket | NormSender | UdpSender:
     """A sender on the multicast endpoint (interface resolved to its address).
 
     PGM: an XPUB with XPUB_NODROP. A PUB drops silently at its high-water mark; this raises zmq.Again
     instead, so a sender that outruns the transport's rate keeps its data and slows down rather than losing it.
     NORM: a `NormSender` (libnorm at tuning.rate_kbps), which raises zmq.Again the same way when its stream
-    is full; `ctx` is not used.
+    is full; `ctx` is not used. UDP: a `UdpSender` paced at tuning.rate_kbps, which does the same.
     """
     resolved = endpoint.resolve()
     if endpoint.transport == "norm":
         return NormSender(resolved.interface, resolved.group, resolved.port, tuning.norm(), tuning.linger_ms)
+    if endpoint.transport == "udp":
+        return UdpSender(resolved.interface, resolved.group, resolved.port, rate_kbps=tuning.rate_kbps,
+                         sndbuf=tuning.sndbuf, hops=tuning.hops)  # fmt: skip
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_NODROP, 1)
     sock.setsockopt(zmq.SNDHWM, tuning.sndhwm)
@@ -154,20 +167,24 @@ def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket
     return sock
 
 
-def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> zmq.Socket | NormReceiver:
+def open_sub(
+    ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]
+) -> zmq.Socket | NormReceiver | UdpReceiver:
     """A receiver on the multicast endpoint, subscribed to whole streams (every sequence is seen).
 
-    PGM: a SUB socket. NORM: a `NormReceiver`, which offers the same poll / recv_multipart / close (and a
-    fileno for zmq.Poller); `ctx` is not used.
+    PGM: a SUB socket. NORM and UDP: a `NormReceiver` or `UdpReceiver`, which offer the same poll /
+    recv_multipart / close (and a fileno for zmq.Poller); `ctx` is not used.
     """
     resolved = endpoint.resolve()
+    names = [stream.encode() for stream in streams]
     if endpoint.transport == "norm":
-        names = [stream.encode() for stream in streams]
         return NormReceiver(resolved.interface, resolved.group, resolved.port, tuning.norm(), names)
+    if endpoint.transport == "udp":
+        return UdpReceiver(resolved.interface, resolved.group, resolved.port, rcvbuf=tuning.rcvbuf, subscriptions=names)
     sock = ctx.socket(zmq.SUB)
     tuning.apply(sock, endpoint)
-    for stream in streams:
-        sock.setsockopt(zmq.SUBSCRIBE, stream.encode())
+    for name in names:
+        sock.setsockopt(zmq.SUBSCRIBE, name)
     sock.connect(str(resolved))
     return sock
 

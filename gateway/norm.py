@@ -12,9 +12,8 @@ This module drives the same library (Debian libnorm1) with the settings a feed n
 (`NormSetTxRate`), buffers sized by the caller, a small initial GRTT for LAN repair, and stream backpressure
 (`NormStreamWrite` accepts no more than the stream can hold, so nothing is ever dropped to make room).
 
-The byte stream is framed as libzmq's norm:// frames it, so either side can talk to a libzmq peer: each
-ZeroMQ frame is one flag byte (0x00 for a message's first frame, 0xff for the next ones) and a ZMTP/2 frame
-(flags: bit 0 MORE, bit 1 LONG; size in 1 byte, or 8 bytes big-endian when LONG), and each message starts at
+The byte stream is framed as libzmq's norm:// frames it (gateway.framing), so either side can talk to a
+libzmq peer, and each message starts at
 a NORM message boundary (`NormStreamFlush(eom=True)`), where a receiver that joins late or loses data
 resynchronises (`NormStreamSeekMsgStart`).
 """
@@ -25,13 +24,14 @@ import ctypes
 import ctypes.util
 import os
 import select
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import zmq
+
+from gateway.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
 
 _VOIDP = ctypes.c_void_p
 _BOOL = ctypes.c_bool
@@ -49,11 +49,6 @@ NORM_RX_OBJECT_UPDATED = 19
 NORM_RX_OBJECT_COMPLETED = 20
 NORM_RX_OBJECT_ABORTED = 21
 
-FIRST_FRAME = 0x00
-NEXT_FRAME = 0xFF
-_MORE = 0x01
-_LONG = 0x02
-_LONG_SIZE = struct.Struct(">Q")
 _READ_CHUNK = 256 * 1024
 _READS_PER_CALL = 64  # then other streams and the caller get a turn; the rest is read on the next call
 
@@ -183,22 +178,6 @@ class _Session:
         if self.instance:
             self.lib.NormDestroyInstance(self.instance)
             self.instance = None
-
-
-def encode_message(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
-    """One message as libzmq's norm:// writes it to the NORM stream (see the module docstring)."""
-    parts: list[bytes | bytearray | memoryview] = []
-    last = len(frames) - 1
-    for i, frame in enumerate(frames):
-        more = _MORE if i < last else 0
-        size = len(frame)
-        flag = FIRST_FRAME if i == 0 else NEXT_FRAME
-        if size < 256:
-            parts.append(bytes((flag, more, size)))
-        else:
-            parts.append(bytes((flag, more | _LONG)) + _LONG_SIZE.pack(size))
-        parts.append(frame)
-    return b"".join(parts)
 
 
 class NormSender:
@@ -466,15 +445,8 @@ class NormReceiver:
 
     def _parse(self, rx: _RxStream) -> None:
         data, pos, end = rx.data, 0, len(rx.data)
-        while end - pos >= 3:
-            flag, fflags = data[pos], data[pos + 1]
-            if fflags & _LONG:
-                if end - pos < 10:
-                    break
-                (size,) = _LONG_SIZE.unpack_from(data, pos + 2)
-                head = 10
-            else:
-                size, head = data[pos + 2], 3
+        while (header := frame_header(data, pos, end)) is not None:
+            flag, fflags, size, head = header
             if flag not in (FIRST_FRAME, NEXT_FRAME) or size > self.max_message_bytes:
                 self.breaks += 1  # not our framing: find the next message boundary
                 rx.lose_sync()
@@ -489,7 +461,7 @@ class NormReceiver:
                 rx.frames.append(frame)
             else:
                 continue  # the tail of a message whose start was lost
-            if not fflags & _MORE:
+            if not fflags & MORE:
                 frames, rx.frames = rx.frames, []
                 if frames[0].startswith(self.subscriptions):
                     self._ready.append(frames)

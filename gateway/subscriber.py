@@ -47,6 +47,7 @@ from gateway.protocol import SnapshotEnd as ZepsSnapshotEnd
 from gateway.protocol import Trimmed as ZepsTrimmed
 from gateway.replay_client import DEFAULT_FEATURES, MAX_SEQ, NotGranted, ReplayClient, ReplayError, probe
 from gateway.snapshot_view import LastValues
+from gateway.udp import UdpError
 
 log = logging.getLogger(__name__)
 
@@ -410,13 +411,12 @@ class Subscriber:
         for _ in range(limit):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
+                if frames[0] != name:
+                    continue  # another stream sharing the group and prefix
+                item = parse_payload(self.verifier.open(frames))
             except zmq.Again:
                 return
-            if frames[0] != name:
-                continue  # another stream sharing the group and prefix
-            try:
-                item = parse_payload(self.verifier.open(frames))
-            except McastError as exc:
+            except (McastError, UdpError) as exc:
                 self.stats.rejected_packets += 1
                 if isinstance(exc, Unauthenticated):
                     self.stats.unauthenticated += 1

@@ -106,5 +106,5 @@ def subscribe_async(multicast: list[str], replay: str, start: Any, until: int, r
     return asyncio.run(run())
 
 
-def deploy(lab: Lab, journal: Path, feeds: int = 1, keys: Keys | None = None) -> Deployment:
-    return Deployment(lab, journal, STREAM, feeds=feeds, keys=keys)
+def deploy(lab: Lab, journal: Path, feeds: int = 1, keys: Keys | None = None, transport: str = "epgm") -> Deployment:
+    return Deployment(lab, journal, STREAM, feeds=feeds, keys=keys, transport=transport)

@@ -43,7 +43,7 @@ def subscribe_logged(multicast: list[str], replay: str, until: int, ready: Any, 
     return result
 
 
-@pytest.mark.parametrize("transport", ["epgm", "norm"])
+@pytest.mark.parametrize("transport", ["epgm", "norm", "udp"])
 def test_rogue_sender_cannot_inject(make_lab, tmp_path: Path, transport: str) -> None:
     lab = make_lab(["gw", "pub", "sub", "plain", "rogue"])
     keys = Keys.create(tmp_path / "keys")

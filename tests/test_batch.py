@@ -46,6 +46,24 @@ def test_select_keeps_coverage_and_matching_records(recs, prefixes) -> None:
     assert [(seq, k.tobytes()) for seq, _, k, _ in picked.raw()] == want
 
 
+@given(records.filter(bool), st.integers(1, 2**40), st.booleans(), st.integers(B.HEADER_SIZE, 2_000))
+def test_split_cuts_into_contiguous_parts_that_fit(recs, first, ttl, max_bytes) -> None:
+    entries = [(ts, k, v, i * 7) for i, (ts, k, v) in enumerate(recs)] if ttl else recs
+    src = B.Batch.parse(B.encode(0, entries, ttl=ttl))
+    whole = B.Batch.parse(B.resequence(src, first, 99))
+    parts = [(last, B.Batch.parse(raw)) for last, raw in whole.split(max_bytes)]
+    assert parts[0][1].first_seq == first and parts[-1][0] == whole.last_seq
+    for (last, part), nxt in zip(parts, [*parts[1:], None], strict=True):
+        assert part.dense and part.last_seq == last and part.ts_ns == 99 and part.flags == whole.flags
+        assert part.nbytes <= max_bytes or part.count == 1  # only a record too large alone overshoots
+        if nxt is not None:
+            assert nxt[1].first_seq == last + 1
+    got = [entry for _, part in parts for entry in part.entries()]
+    assert [(s, ts, k.tobytes(), v.tobytes(), t) for s, ts, k, v, t in got] == [
+        (s, ts, k.tobytes(), v.tobytes(), t) for s, ts, k, v, t in whole.entries()
+    ]
+
+
 def test_records_filters_by_range_and_prefix() -> None:
     b = B.Batch.parse(B.encode(10, [(i, b"a" if i % 2 else b"b", b"%d" % i) for i in range(10)]))
     got = [(r.seq, r.key, r.body) for r in b.records(12, 16, prefixes=(b"a",))]

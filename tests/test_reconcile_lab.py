@@ -166,3 +166,36 @@ def test_async_subscriber_late_join_with_metrics(deployment: Deployment) -> None
     assert f'zeps_subscriber_delivered_total{{stream="{STREAM}"}} 40000.0' in metrics, metrics
     assert f'zeps_subscriber_state{{stream="{STREAM}",zeps_subscriber_state="MERGED"}} 1.0' in metrics, metrics
     assert "zeps_subscriber_lag_records" in metrics
+
+
+def send_junk(group: str, port: int, count: int) -> int:
+    """In a lab host: `count` datagrams of random bytes (and truncated frames) to the feed's group and port."""
+    import os
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 4)
+        for i in range(count):
+            junk = os.urandom(1 + i % 1400) if i % 2 else bytes((0, 1, 200)) + STREAM.encode()  # a cut-off frame
+            sock.sendto(junk, (group, port))
+    return count
+
+
+def test_udp_feed_with_5pct_loss_and_junk_datagrams(make_lab, tmp_path: Path) -> None:
+    """udp:// hands every datagram over as it comes: each loss is a gap the reconciler fills from replay at
+    once, and datagrams that are not messages are dropped without harm."""
+    lab = make_lab(["pub", "gw", "sub"])
+    dep = deploy(lab, tmp_path, transport="udp")
+    try:
+        impair(lab, "sub", Impairment(loss_pct=5.0), direction="in")
+        sub = start_subscriber(dep, "latest", 30_000)
+        lab.run("pub", publish, dep.ingest, 0, 15_000, 20_000.0, timeout=WAIT_S)
+        group, port = dep.multicast[0].split(";")[1].split(":")
+        assert lab.run("pub", send_junk, group, int(port), 500, timeout=WAIT_S) == 500
+        lab.run("pub", publish, dep.ingest, 15_000, 15_000, 20_000.0, timeout=WAIT_S)
+        result = sub.result(timeout=WAIT_S)
+        check(result, result["records"][0][0], 30_000)
+        assert result["sources"].get("replay", 0) > 100, result["summary"]  # no multicast repair: replay filled
+        assert result["summary"]["rejected_packets"] >= 200, result["summary"]  # at least the cut-off frames
+    finally:
+        assert not dep.close()

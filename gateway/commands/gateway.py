@@ -24,10 +24,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--journal", type=Path, help="journal root directory")
     p.add_argument("--ingest", help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", help="XSUB endpoint for plain ZeroMQ PUB publishers (frames: key, body)")
-    p.add_argument("--multicast", action="append", help="epgm:// or norm:// endpoint (repeatable: A/B feeds)")
+    p.add_argument("--multicast", action="append", help="epgm://, norm:// or udp:// endpoint (repeatable: A/B feeds)")
     p.add_argument("--replay-endpoint", help="replay sidecar endpoint advertised in heartbeats")
-    p.add_argument("--rate-kbps", type=int, help="multicast rate: PGM ZMQ_RATE, NORM pacing (default 100000)")
+    p.add_argument("--rate-kbps", type=int, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (default 100000)")
     p.add_argument("--recovery-ivl-ms", type=int, help="PGM recovery interval (default 2000)")
+    p.add_argument("--datagram-bytes", type=int, help="udp:// datagram size at most (default 1472: one MTU)")
     p.add_argument("--heartbeat-ms", type=int, help="heartbeat interval (default 100)")
     p.add_argument("--linger-ms", type=int, help="longest wait to fill a batch (default 2)")
     p.add_argument("--batch-records", type=int, help="records per batch at most (default 1024)")
@@ -65,7 +66,7 @@ def config_from(settings: dict):
     missing = [k for k in ("stream", "journal", "ingest") if not settings.get(k)]
     if missing:
         raise SystemExit(f"zeps gateway: missing {', '.join('--' + m for m in missing)}")
-    tuning = {k: settings[k] for k in ("rate_kbps", "recovery_ivl_ms") if k in settings}
+    tuning = {k: settings[k] for k in ("rate_kbps", "recovery_ivl_ms", "datagram_bytes") if k in settings}
     durability = {"mode": settings["fsync"]} if "fsync" in settings else {}
     if "fsync_ms" in settings:
         durability["group_ms"] = settings["fsync_ms"]
