@@ -34,21 +34,24 @@ ANALYSIS = """## What limits us, and what would go further
   wire format; the price is a build step and a second implementation kept equal to the pure-Python one
   (the property tests would run against both). Not built here: the measured per-process CPU shows how much
   of each budget it could win.
-- **Latency: the journal's group commit sits in the multicast path.** With `--fsync group` the fdatasync
-  due every 5 ms runs inside `JournalWriter.append`, before the batch that triggered it is multicast, and
-  the gateway's timer syncs before it pumps the multicast queue. The `--fsync never` row measures what
-  that costs. Multicasting first and syncing after would keep the write-ahead rule (the write, not the
-  sync, must come first; group mode already multicasts unsynced batches) and is a change to
-  gateway/journal/writer.py and `Gateway._on_timers`, left for their owners.
-- **Latency under loss: PGM delivers in order.** A lost packet holds back everything behind it, the
-  heartbeats included, until a NAK repairs it, and libzmq 4.3.4 offers no option for OpenPGM's NAK
-  timers: the subscriber does not even see the later batches, so there is no gap to fill from replay
-  (the "records from replay" column stays at 0). Two feeds (A/B) bring the median back but not p99: at
-  1% loss of some 900 packets/s each feed waits for a repair much of the time, often both at once. What
-  should meet the target, not measured here: a multicast transport that hands batches over as they come
-  (plain UDP datagrams of one batch each, or OpenPGM driven directly with short NAK timers, as
-  gateway.norm drives libnorm), leaving order and repair to the reconciler and the replay sidecar, which
-  answer a gap in about one round trip.
+- **Latency under loss: PGM and NORM deliver in order; udp:// does not.** Over epgm a lost packet holds
+  back everything behind it, the heartbeats included, until a NAK repairs it, and libzmq 4.3.4 fixes
+  OpenPGM's NAK timers (a random back-off of up to 50 ms before the first NAK, 200 ms before a repeat):
+  the subscriber does not even see the later batches, so there is no gap to fill from replay (its "records
+  from replay" stay at 0) and p99 lands in the tens to hundreds of ms. Two feeds (A/B) cut it whenever the
+  other feed is not stalled at the same moment; NORM (gateway.norm, whose timers we set) measured 104-110 ms
+  p99 with back-off factor 1 and 43-54 ms with 0 in a trial of this session. udp:// (gateway/udp.py, the
+  MoldUDP64 model) hands every datagram over as it comes: a loss is a gap at the very next datagram, filled
+  from the replay sidecar in about one round trip, so p99 under 1% loss stays within a few ms of the no-loss
+  case. The trade: no repair on the multicast itself (each loss costs the subscriber that saw it one FETCH,
+  so the sidecar's load grows with loss x subscribers), no congestion control (the gateway paces at
+  `--rate-kbps`), and batches are cut to one MTU per datagram (`--datagram-bytes`).
+- **The group commit runs after the multicast.** A due fdatasync (every 5 ms with `--fsync group`) runs from
+  the gateway's timer after it has pumped the multicast queues, no longer inside `JournalWriter.append`
+  before the batch that made it due is sent; the write itself (what replay reads) still comes first. The
+  `--fsync never` row shows what remains of its cost. Past `group_bytes` (1 MiB) unsynced, `append` still
+  syncs inline: that bounds what a power loss can take at high rates, and is 10% of the gateway's time in
+  the throughput scenario (py-spy); a sync thread would take it off the main loop.
 - **Memory.** The sidecar holds one read buffer per cursor and frames only while a client has credit, so
   its RSS does not follow the journal. The gateway's RSS climbs to PGM's transmit window (RATE x
   RECOVERY_IVL) and stays there: size `--rate-kbps` and `--recovery-ivl-ms` for the memory you have.
@@ -61,7 +64,11 @@ ANALYSIS = """## What limits us, and what would go further
 OPTIMISATIONS = """## Hot-path changes made with these benchmarks (issue #8)
 
 Profiled with py-spy (sampling, per process) on the throughput scenario before changing anything; CPU per
-record from /proc (user + system, all threads), 1,000,000 records, contended machine:
+record from /proc (user + system, all threads), 1,000,000 records, contended machine. The gateway, profiled
+again on a quiet machine (py-spy --native, 2,000,000 records): 21% of its time in `Batch.parse` walking the
+publishers' records (`_check_records`: the structure check every ingested batch gets), 15% asleep in
+backpressure (the multicast queue full at the PGM rate), 10% in `resequence` (copy + CRC of each batch),
+10% in the inline fdatasync past 1 MiB unsynced, 8% in journal writes.
 
 - `Publisher.publish` (gateway/publisher.py) polled the socket for answers on every record, building a
   `zmq.Poller` per call: 60% of its time. It now looks only after sending a batch. Publisher CPU per
@@ -70,6 +77,9 @@ record from /proc (user + system, all threads), 1,000,000 records, contended mac
   frozen dataclass per record: 40% of its time). It now queues one `Delivery` per batch and expands it
   lazily in `next()`, and the new `next_batch()` hands the `Delivery` out whole, records as memoryviews.
   Subscriber CPU per record: 3.4 to 4.0 µs before, 1.2 to 1.5 µs after (with `next_batch()`).
+- `JournalWriter` made the time-based group commit inside `append`, before the batch was multicast: it
+  now runs from the gateway's timer after the multicast queues are pumped (see the latency rows).
+- udp:// added as a third multicast transport for latency under loss (gateway/udp.py; see above).
 - Tried and dropped: a fast path in `Batch.raw()` for whole batches (no range test per record) won 5-10%
   on a 487-record batch, within the noise of this machine, for a second copy of the loop.
 
