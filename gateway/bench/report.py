@@ -42,10 +42,17 @@ ANALYSIS = """## What limits us, and what would go further
   other feed is not stalled at the same moment; NORM (gateway.norm, whose timers we set) measured 104-110 ms
   p99 with back-off factor 1 and 43-54 ms with 0 in a trial of this session. udp:// (gateway/udp.py, the
   MoldUDP64 model) hands every datagram over as it comes: a loss is a gap at the very next datagram, filled
-  from the replay sidecar in about one round trip, so p99 under 1% loss stays within a few ms of the no-loss
-  case. The trade: no repair on the multicast itself (each loss costs the subscriber that saw it one FETCH,
-  so the sidecar's load grows with loss x subscribers), no congestion control (the gateway paces at
-  `--rate-kbps`), and batches are cut to one MTU per datagram (`--datagram-bytes`).
+  from the replay sidecar in about one round trip. With one feed that holds until a fill answer itself is
+  lost: the 1% loss also hits the replay connection, and a lost one-segment TCP answer waits for the
+  kernel's tail-loss probe or retransmission timer (about 200 ms on Linux when one segment is outstanding),
+  holding every record behind it: runs without such an event measured p99 3.8 ms, runs with one 100-120 ms
+  (the stalls, ~200 ms, match the timer; we did not trace it further). With A/B feeds over udp:// a record
+  needs replay only when both copies are lost (0.01% here), and p99 stays at the no-loss figure: the
+  target is met that way, the exchanges' answer (CME MDP3 A/B, MoldUDP64 with a re-request server). The
+  trade: no repair on the multicast itself (each loss costs the subscriber that saw it one FETCH, so the
+  sidecar's load grows with loss x subscribers), no congestion control (the gateway paces at
+  `--rate-kbps`), and batches are cut to one MTU per datagram (`--datagram-bytes`). Not built: fill
+  requests hedged on a second replay connection, which would take the TCP stall out of the one-feed case.
 - **The group commit runs after the multicast.** A due fdatasync (every 5 ms with `--fsync group`) runs from
   the gateway's timer after it has pumped the multicast queues, no longer inside `JournalWriter.append`
   before the batch that made it due is sent; the write itself (what replay reads) still comes first. The
