@@ -132,20 +132,17 @@ class _Out:
     RETRY_S = 0.001  # how soon a full transport is tried again
 
     def __init__(
-        self, sock: zmq.Socket | NormSender | UdpSender, endpoint: Endpoint, heads: dict[str, int], tuning: Tuning
+        self,
+        sock: zmq.Socket | NormSender | UdpSender,
+        endpoint: Endpoint,
+        heads: dict[str, int],
+        rooms: dict[str, int],
     ) -> None:
         self.sock = sock
         self.endpoint = endpoint
         self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
         self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
-        # A datagram transport takes batches of at most this many bytes (with this stream name, signed or not).
-        self.datagram_bytes = tuning.datagram_bytes if isinstance(sock, UdpSender) else None
-
-    def room(self, stream: bytes, signed: bool) -> int | None:
-        """The largest batch this output sends whole (None: any size)."""
-        if self.datagram_bytes is None:
-            return None
-        return batch_room(self.datagram_bytes, stream, AUTH.size if signed else 0)
+        self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
 
     def pump(self) -> float:
         """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
@@ -207,7 +204,8 @@ class Gateway:
         for text in config.multicast:
             endpoint = Endpoint.parse(text)
             heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-            self.outs.append(_Out(open_pub(self.ctx, endpoint, config.tuning), endpoint, heads, config.tuning))
+            sock = open_pub(self.ctx, endpoint, config.tuning)
+            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock)))
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -222,6 +220,14 @@ class Gateway:
             config.stream_key,
             config.curve,
         )
+
+    def _rooms(self, sock: zmq.Socket | NormSender | UdpSender) -> dict[str, int]:
+        """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
+        the authenticator, when signing); empty for the others (any size)."""
+        if not isinstance(sock, UdpSender):
+            return {}
+        auth = AUTH.size if self.config.stream_key else 0
+        return {name: batch_room(self.config.tuning.datagram_bytes, name.encode(), auth) for name in self.lanes}
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -440,13 +446,15 @@ class Gateway:
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
         for out in self.outs:
-            room = out.room(name, key is not None)
+            room = out.rooms.get(lane.stream)
             if room is None or len(sealed) <= room:
                 out.queue.append((frames, last))
                 continue
             if room not in cut:
-                parts = B.Batch.parse(sealed, check_crc=False).split(room)
-                cut[room] = [(message(key, name, part), part_last) for part_last, part in parts]
+                # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
+                first, ts = last - batch.count + 1, lane.writer.last_ts_ns
+                whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
+                cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
             out.queue.extend(cut[room])
         self.metrics.multicast.inc(len(self.outs))
 

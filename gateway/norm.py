@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import zmq
 
 from gateway.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
+from gateway.pollable import PolledByFd
 
 _VOIDP = ctypes.c_void_p
 _BOOL = ctypes.c_bool
@@ -304,7 +305,7 @@ class _RxStream:
         self.synced = False
 
 
-class NormReceiver:
+class NormReceiver(PolledByFd):
     """Receives the messages of every NORM sender on `group:port` whose first frame starts with a prefix.
 
     Like a ZeroMQ SUB: prefix subscriptions on the first frame, `poll`, `recv_multipart`, `close`. A receiver
@@ -361,14 +362,6 @@ class NormReceiver:
         """Readable while a message is ready or NORM has news: register it in a zmq.Poller, then read with
         NOBLOCK until zmq.Again (or stop early: it stays readable)."""
         return self._fd
-
-    # zmq.Poller reports objects other than zmq sockets by their fd: comparing equal to it lets code written
-    # for sockets (`if sock in dict(poller.poll())`) work unchanged.
-    def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, int) and other == self._fd)
-
-    def __hash__(self) -> int:
-        return hash(self._fd)
 
     def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
         """zmq.POLLIN once a message is ready (waits up to `timeout` ms; None waits for good), else 0."""

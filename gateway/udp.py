@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import zmq
 
 from gateway.framing import MORE, encode_message, frame_header
+from gateway.pollable import PolledByFd
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class UdpSender:
         self.sock.close()
 
 
-class UdpReceiver:
+class UdpReceiver(PolledByFd):
     """Receives the datagrams sent to `group:port` on `interface` whose first frame starts with a subscription.
 
     Like a ZeroMQ SUB for the subscriber's loop: poll, recv_multipart (zmq.Again with NOBLOCK when nothing
@@ -143,13 +144,6 @@ class UdpReceiver:
 
     def fileno(self) -> int:
         return self.sock.fileno()
-
-    # zmq.Poller reports objects other than zmq sockets by their fd (see gateway.norm.NormReceiver).
-    def __eq__(self, other: object) -> bool:
-        return other is self or (isinstance(other, int) and other == self.sock.fileno())
-
-    def __hash__(self) -> int:
-        return hash(self.sock.fileno())
 
     def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
         """zmq.POLLIN once a datagram waits (up to `timeout` ms; None waits for good), else 0."""

@@ -5,6 +5,8 @@ In every scenario the delivered sequence must equal the published one, record fo
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -170,9 +172,6 @@ def test_async_subscriber_late_join_with_metrics(deployment: Deployment) -> None
 
 def send_junk(group: str, port: int, count: int) -> int:
     """In a lab host: `count` datagrams of random bytes (and truncated frames) to the feed's group and port."""
-    import os
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 4)
         for i in range(count):

@@ -1,0 +1,20 @@
+"""What a zmq.Poller needs of a receiver that is not a ZeroMQ socket (NORM, udp://)."""
+
+from __future__ import annotations
+
+
+class PolledByFd:
+    """A receiver registered in a zmq.Poller by its `fileno()`.
+
+    The poller reports such objects by their fd: comparing equal to it lets code written for sockets
+    (`if sock in dict(poller.poll())`) work unchanged.
+    """
+
+    def fileno(self) -> int:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or (isinstance(other, int) and other == self.fileno())
+
+    def __hash__(self) -> int:
+        return hash(self.fileno())
