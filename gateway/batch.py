@@ -45,23 +45,25 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from gateway import record_loops as loops
+from gateway.record_loops import MAX_KEY as MAX_KEY  # re-exported: the format's limits and record header
+from gateway.record_loops import MAX_TTL_MS as MAX_TTL_MS
+from gateway.record_loops import RECORD as RECORD
+from gateway.record_loops import RECORD_TTL as RECORD_TTL
+
 MAGIC = b"ZB"
 VERSION = 1
 HEADER = struct.Struct("<2sBBIIIQQQ")
-RECORD = struct.Struct("<IQBI")
-RECORD_TTL = struct.Struct("<IQBII")  # RECORD plus ttl_ms, in batches with FLAG_TTL
 HEADER_SIZE = HEADER.size  # 40
 RECORD_OVERHEAD = RECORD.size  # 17
 RECORD_TTL_OVERHEAD = RECORD_TTL.size  # 21
 FLAG_TTL = 0x02
 KNOWN_FLAGS = FLAG_TTL
-MAX_KEY = 255
-MAX_TTL_MS = 2**32 - 1  # about 49.7 days
+MAX_SEQ = 2**64 - 1
 MAX_BATCH = 64 * 1024 * 1024
 _CRC_FROM = 12
 _LENGTH = struct.Struct("<I")
-_TTL = _DELTA = struct.Struct("<I")
-_TTL_AT = RECORD_OVERHEAD  # offset of ttl_ms in a record of a FLAG_TTL batch
+_DELTA = struct.Struct("<I")
 
 
 class BatchError(ValueError):
@@ -105,7 +107,9 @@ class Batch:
         count, first, last, ts_ns, flags = _check_header(buf, len(buf))
         if check_crc:
             _check_crc(buf)
-        _check_records(buf, count, last - first, _overhead(flags))
+        fault = loops.check(buf, count, last - first, _overhead(flags), HEADER_SIZE)
+        if fault is not None:
+            raise BatchError(fault)
         return cls(buf, count, first, last, ts_ns, flags)
 
     @property
@@ -130,31 +134,21 @@ class Batch:
     def __repr__(self) -> str:
         return f"Batch(seq {self.first_seq}..{self.last_seq}, {self.count} records, {self.nbytes} bytes)"
 
-    def raw(self, lo: int = 0, hi: int = 2**64) -> Iterator[tuple[int, int, memoryview, memoryview]]:
+    def raw(self, lo: int = 0, hi: int = MAX_SEQ) -> Iterator[tuple[int, int, memoryview, memoryview]]:
         """Yield (seq, ts_ns, key, body) for records with lo <= seq <= hi; key and body are views."""
-        for seq, ts, key, body, _ in self.entries(lo, hi):
-            yield seq, ts, key, body
+        return self._walk(lo, hi, False)
 
-    def entries(self, lo: int = 0, hi: int = 2**64) -> Iterator[tuple[int, int, memoryview, memoryview, int]]:
+    def entries(self, lo: int = 0, hi: int = MAX_SEQ) -> Iterator[tuple[int, int, memoryview, memoryview, int]]:
         """Yield (seq, ts_ns, key, body, ttl_ms) for records with lo <= seq <= hi; ttl_ms 0 means none."""
-        buf, first, unpack = self.buf, self.first_seq, RECORD.unpack_from
-        has_ttl, overhead, ttl = self.flags & FLAG_TTL, self.overhead, 0
-        pos = HEADER_SIZE
-        for _ in range(self.count):
-            delta, ts, klen, blen = unpack(buf, pos)
-            if has_ttl:
-                (ttl,) = _TTL.unpack_from(buf, pos + _TTL_AT)
-            k = pos + overhead
-            b = k + klen
-            pos = b + blen
-            seq = first + delta
-            if seq < lo:
-                continue
-            if seq > hi:
-                return
-            yield seq, ts, buf[k:b], buf[b:pos], ttl
+        return self._walk(lo, hi, True)
 
-    def records(self, lo: int = 0, hi: int = 2**64, prefixes: tuple[bytes, ...] = ()) -> Iterator[Record]:
+    def _walk(self, lo: int, hi: int, with_ttl: bool) -> Iterator:
+        lo, hi = max(lo, self.first_seq), min(hi, self.last_seq)
+        if lo > hi or not self.count:
+            return iter(())
+        return iter(loops.entries(self.buf, self.first_seq, self.count, self.overhead, HEADER_SIZE, lo, hi, with_ttl))
+
+    def records(self, lo: int = 0, hi: int = MAX_SEQ, prefixes: tuple[bytes, ...] = ()) -> Iterator[Record]:
         """Yield Records with lo <= seq <= hi whose key starts with one of `prefixes` (all when empty)."""
         for seq, ts, key, body, ttl in self.entries(lo, hi):
             kb = key.tobytes()
@@ -240,26 +234,13 @@ def encode(
     With ttl=True the records are (ts_ns, key, body, ttl_ms) and the batch has FLAG_TTL.
     Publishers encode with first_seq=0; the gateway then assigns real sequences with `resequence`.
     """
-    pack = RECORD_TTL.pack if ttl else RECORD.pack
-    parts: list[bytes] = []
-    n = 0
-    for n, rec in enumerate(records, 1):
-        ts, key, body = rec[0], rec[1], rec[2]
-        if len(key) > MAX_KEY:
-            raise BatchError(f"record {n - 1}: key is {len(key)} bytes, the limit is {MAX_KEY}")
-        if len(body) > MAX_BATCH:
-            raise BatchError(f"record {n - 1}: body is {len(body)} bytes, a batch holds at most {MAX_BATCH}")
-        if ttl:
-            if not 0 <= rec[3] <= MAX_TTL_MS:  # type: ignore[misc]
-                raise BatchError(f"record {n - 1}: ttl_ms {rec[3]} outside 0..{MAX_TTL_MS}")  # type: ignore[misc]
-            parts.append(pack(n - 1, ts, len(key), len(body), rec[3]))  # type: ignore[misc]
-        else:
-            parts.append(pack(n - 1, ts, len(key), len(body)))
-        parts.append(key)
-        parts.append(body)
+    try:
+        out, n = loops.pack(records, ttl, HEADER_SIZE, MAX_BATCH)
+    except ValueError as exc:
+        raise BatchError(str(exc)) from None
     if n == 0:
         raise BatchError("a batch of records needs at least one record (use empty() to cover a range)")
-    return _seal(parts, n, first_seq, first_seq + n - 1, ts_ns, FLAG_TTL if ttl else 0)
+    return _finish(out, n, first_seq, first_seq + n - 1, ts_ns, FLAG_TTL if ttl else 0)
 
 
 def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
@@ -304,6 +285,11 @@ def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int, fl
         raise BatchError(f"batch of {HEADER_SIZE + body_len} bytes is over the limit of {MAX_BATCH}")
     out = bytearray(HEADER_SIZE + body_len)
     out[HEADER_SIZE:] = b"".join(parts)
+    return _finish(out, count, first_seq, last_seq, ts_ns, flags)
+
+
+def _finish(out: bytearray, count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int) -> bytes:
+    """The batch whose records fill `out` after HEADER_SIZE reserved bytes: its header and CRC written."""
     HEADER.pack_into(out, 0, MAGIC, VERSION, flags, len(out), 0, count, first_seq, last_seq, ts_ns)
     struct.pack_into("<I", out, 8, crc32c(memoryview(out)[_CRC_FROM:]))
     return bytes(out)
@@ -330,18 +316,3 @@ def _check_crc(buf: memoryview) -> None:
     actual = crc32c(buf[_CRC_FROM:])
     if stored != actual:
         raise BatchError(f"CRC32C mismatch: stored 0x{stored:08x}, computed 0x{actual:08x}")
-
-
-def _check_records(buf: memoryview, count: int, span: int, overhead: int) -> None:
-    end, unpack = len(buf), RECORD.unpack_from
-    pos, prev = HEADER_SIZE, -1
-    for i in range(count):
-        if pos + overhead > end:
-            raise BatchError(f"record {i}: header runs past the batch end at byte {pos}")
-        delta, _, klen, blen = unpack(buf, pos)
-        if delta <= prev or delta > span:
-            raise BatchError(f"record {i}: sequence delta {delta} out of order or outside coverage")
-        prev = delta
-        pos += overhead + klen + blen
-    if pos != end:
-        raise BatchError(f"records end at byte {pos} but the batch is {end} bytes")

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import zmq
 
+from gateway import record_loops
 from netlab import HostProcess
 
 STREAM = "bench"
@@ -245,6 +246,21 @@ def _package(name: str) -> str:
         return "not installed"
 
 
+@contextlib.contextmanager
+def python_record_loops() -> Iterator[None]:
+    """Processes started inside run the record loops in Python (ZEPS_PURE_PYTHON=1, read at their import):
+    the comparison that shows what the compiled ones win."""
+    before = os.environ.get("ZEPS_PURE_PYTHON")
+    os.environ["ZEPS_PURE_PYTHON"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ZEPS_PURE_PYTHON"]
+        else:
+            os.environ["ZEPS_PURE_PYTHON"] = before
+
+
 def _debian(package: str) -> str:
     return _first_line(["dpkg-query", "-W", "-f=${Version}", package])
 
@@ -259,7 +275,7 @@ def machine() -> dict[str, str]:
         "cpu": f"{_cpu_model()}, {os.cpu_count()} cores",
         "memory": f"{mem_kb / 2**20:.1f} GiB",
         "os": f"{_os_name()}, Linux {platform.release()}",
-        "python": f"CPython {platform.python_version()}",
+        "python": f"CPython {platform.python_version()}, record loops {record_loops.IMPLEMENTATION}",
         "pyzmq / libzmq": f"{zmq.__version__} / {zmq.zmq_version()} (Debian libzmq5 {_debian('libzmq5')})",
         "libpgm / libnorm": f"{_debian('libpgm-5.3-0')} / {_debian('libnorm1')}",
         "nats-server / nats-py": f"{_first_line(['nats-server', '--version'])} / {_package('nats-py')}",

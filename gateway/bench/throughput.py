@@ -3,7 +3,9 @@
 ZEPS: a `Publisher` on host pub sends `count` records (100-byte bodies, 100 keys) as fast as the gateway
 takes them; the gateway on gw journals and multicasts them; a `Subscriber` on sub merges multicast and
 replay. The rate is records / (last - first arrival) at the subscriber, counted only when every sequence
-arrived (zero missing after reconciliation).
+arrived (zero missing after reconciliation). The same pipeline runs once more with ZEPS_PURE_PYTHON=1 in
+every process: the record loops (gateway.record_loops) in Python instead of compiled, to show what the
+C extension wins.
 
 Baseline, same lab, same PGM rate: a producer PUSHes one message per record to a relay on gw that does
 `PULL.recv_multipart() -> PUB.send_multipart()` over epgm, one message at a time, no journal; a plain SUB
@@ -33,6 +35,7 @@ from gateway.bench.runner import (
     Table,
     Target,
     cpu_seconds,
+    python_record_loops,
     repeat,
     stop,
 )
@@ -56,10 +59,13 @@ def run(settings: Settings) -> Result:
     failures: list[str] = []
     ours = zeps_runs(settings, progress, "epgm", count, failures)
     per_record = zeps_runs(settings, progress, "epgm", count // 4, failures, per_record=True)
+    with python_record_loops():  # every process of the pipeline, gateway included
+        pure = zeps_runs(settings, progress, "epgm", count, failures, label=", record loops in Python")
     with Lab(["pub", "gw", "sub"]) as lab:  # the same topology, nothing of ours running on it
         raw = repeat(settings.runs, progress, f"raw relay, {raw_count:,} messages",
                      lambda _: relay_once(lab, raw_count), failures)  # fmt: skip
     rate, raw_rate = Stat.of(ours.get("rate"), "records/s"), Stat.of(raw.get("rate"), "msg/s")
+    zeps = (("next_batch()", ours), ("next()", per_record), ("next_batch(), record loops in Python", pure))
     ratio = rate.median / raw_rate.median
     return Result(
         "throughput",
@@ -78,7 +84,7 @@ def run(settings: Settings) -> Result:
                         Stat.of(m.get("missing")),
                         Stat.of(m.get("from_replay")),
                     )
-                    for name, m in (("next_batch()", ours), ("next()", per_record))
+                    for name, m in zeps
                 ]
                 + [
                     (
@@ -93,10 +99,7 @@ def run(settings: Settings) -> Result:
             Table(
                 "CPU µs per record (user + system, all threads), by process",
                 ("subscriber API", "publisher", "gateway", "subscriber"),
-                [
-                    (name, *(Stat.of(m.get(key), digits=2) for key in ("pub_us", "gw_us", "sub_us")))
-                    for name, m in (("next_batch()", ours), ("next()", per_record))
-                ],
+                [(name, *(Stat.of(m.get(key), digits=2) for key in ("pub_us", "gw_us", "sub_us"))) for name, m in zeps],
             ),
         ],
         targets=[
@@ -112,7 +115,8 @@ def run(settings: Settings) -> Result:
                 {
                     "ZEPS next_batch()": ([0], [rate.median]),
                     "ZEPS next()": ([1], [Stat.of(per_record.get("rate")).median]),
-                    "raw pyzmq relay": ([2], [raw_rate.median]),
+                    "ZEPS next_batch(), Python loops": ([2], [Stat.of(pure.get("rate")).median]),
+                    "raw pyzmq relay": ([3], [raw_rate.median]),
                 },
                 kind="bar",
             )
@@ -132,10 +136,11 @@ def zeps_runs(
     *,
     rate_kbps: int = pipeline.RATE_KBPS,
     per_record: bool = False,
+    label: str = "",
 ) -> dict[str, list[float]]:
     """The ZEPS half, shared with the NORM scenario: per run, rates, missing records and CPU per record."""
     options = pipeline.gateway_options(rate_kbps)
-    api = "next()" if per_record else "next_batch()"
+    api = ("next()" if per_record else "next_batch()") + label
     with pipeline.deployed(["sub"], tmp=settings.tmp, transport=transport, options=options) as dep:
         return repeat(settings.runs, progress, f"ZEPS over {transport}, {count:,} records, {api}",
                       lambda _: zeps_once(dep, count, rate_kbps, per_record), failures)  # fmt: skip
