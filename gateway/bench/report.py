@@ -46,8 +46,11 @@ ANALYSIS = """## What limits us, and what would go further
   OpenPGM's NAK timers (a random back-off of up to 50 ms before the first NAK, 200 ms before a repeat):
   the subscriber does not even see the later batches, so there is no gap to fill from replay (its "records
   from replay" stay at 0) and p99 lands in the tens to hundreds of ms. Two feeds (A/B) cut it whenever the
-  other feed is not stalled at the same moment; NORM (gateway.norm, whose timers we set) measured 104-110 ms
-  p99 with back-off factor 1 and 43-54 ms with 0 in a trial of this session. udp:// (gateway/udp.py, the
+  other feed is not stalled at the same moment. NORM repairs in order too, but gateway.norm drives
+  libnorm itself and sets its timers: with an initial GRTT estimate of 1 ms and NACK back-off 0 its repairs
+  take a few ms, and the norm:// 1% loss row meets the target with every record in order off the
+  multicast (with a 10 ms initial GRTT p99 was 33 ms; docs/norm.md has the series). That is the answer for
+  reliable in-order multicast under loss here; epgm's timers are compiled into libzmq. udp:// (gateway/udp.py, the
   MoldUDP64 model) hands every datagram over as it comes: a loss is a gap at the very next datagram, filled
   from the replay sidecar in about one round trip. With one feed that holds until a fill answer itself is
   lost: the 1% loss also hits the replay connection, and a lost one-segment TCP answer waits for the
