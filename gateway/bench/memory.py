@@ -40,6 +40,10 @@ from netlab import Lab
 
 TITLE = "Memory: gateway and replay RSS with a large journal and a client that stops granting credit"
 LIVE_RATE = 20_000.0
+# PGM keeps sent packets for repairs up to its transmit window (rate x recovery interval) whatever the
+# traffic: at LIVE_RATE a 200 Mbit/s window fills in about 20 s, so the run sees the gateway's RSS reach
+# it and stay (at the throughput scenario's 1 Gbit/s it would still be filling when the run ends).
+RATE_KBPS = 200_000
 STUCK_WINDOW = 4 << 20
 SAMPLE_S = 0.5
 FLAT_MIB = 16.0
@@ -66,7 +70,7 @@ def run(settings: Settings) -> Result:
             written += replay.write_journal(root, 0, until_bytes=min(2**30, journal_bytes - size))
             progress(f"journal: {written:,} records, {_journal_size(root) / 2**30:.2f} GiB")
         with Lab(["pub", "gw", "sub"]) as lab:
-            dep = Deployment(lab, root, STREAM, gateway_args=pipeline.gateway_options())
+            dep = Deployment(lab, root, STREAM, gateway_args=pipeline.gateway_options(RATE_KBPS))
             try:
                 samples, clients = _observe(dep, written, duration, progress)
             finally:
@@ -113,7 +117,7 @@ def _result(
     clients: dict,
 ) -> Result:
     # PGM keeps what it sent for repairs: its transmit window, RATE x RECOVERY_IVL, fills and then stays.
-    window = pipeline.RATE_KBPS * 1000 / 8 * Tuning().recovery_ivl_ms / 1000 / 2**20
+    window = RATE_KBPS * 1000 / 8 * Tuning().recovery_ivl_ms / 1000 / 2**20
     rows, flat = [], True
     for name, series in samples.items():
         values = [mib for _, mib in series]
@@ -162,7 +166,7 @@ def _result(
             f"Journal size used: {journal_bytes / 2**30:.2f} GiB (--journal-gb); it was deleted afterwards.",
             f"The gateway's bound is its start plus PGM's transmit window, {window:.0f} MiB of data (10% more for "
             f"packet headers) at --rate-kbps "
-            f"{pipeline.RATE_KBPS:,} and the default 2 s recovery interval: OpenPGM keeps sent packets for "
+            f"{RATE_KBPS:,} and the default 2 s recovery interval: OpenPGM keeps sent packets for "
             "repairs until the window is full, whatever the traffic, so RSS climbs to it and then stays. Lower "
             "--rate-kbps or --recovery-ivl-ms to lower it. The sidecar's bound is its start: one read buffer per "
             "cursor, and frames only while a client has credit.",
