@@ -26,7 +26,6 @@ from gateway.auth import CurveClientKeys, Handshake
 
 log = logging.getLogger(__name__)
 
-MAX_SEQ = 2**64 - 1
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
 
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
@@ -102,7 +101,7 @@ class ReplayClient:
         self._expect(P.SubscribeOk, "SUBSCRIBE-TIME")
         self._open_credit()
 
-    def fetch(self, first: int, last: int = MAX_SEQ, pattern: str = "") -> int:
+    def fetch(self, first: int, last: int = B.MAX_SEQ, pattern: str = "") -> int:
         """Ask for first..last (needs 'range'); returns the request id its FETCH-END will carry."""
         self.require(P.FEATURE_RANGE)
         rid = self._next_request
@@ -250,7 +249,7 @@ def history(
     *,
     first: int = 0,
     since_ns: int | None = None,
-    last: int = MAX_SEQ,
+    last: int = B.MAX_SEQ,
     pattern: str = "",
     timeout: float = 10.0,
     curve: CurveClientKeys | None = None,
@@ -270,7 +269,7 @@ def history(
             yield from _records_until(client, lambda event: isinstance(event, P.FetchEnd))
             return
         client.require(P.FEATURE_TIME)
-        head = probe(client, MAX_SEQ)[0].last
+        head = probe(client, B.MAX_SEQ)[0].last
         stop = min(last, head)
         if stop < 1 or (probe(client, head)[1] or 0) < since_ns:
             return
@@ -296,7 +295,7 @@ def snapshot(
 
 
 def _records_until(
-    client: ReplayClient, is_end: Callable[[Event], bool], stop: int = MAX_SEQ
+    client: ReplayClient, is_end: Callable[[Event], bool], stop: int = B.MAX_SEQ
 ) -> Generator[B.Record, None, Event]:
     """Records of the events up to the one `is_end` accepts, which is the return value."""
     while True:

@@ -25,7 +25,6 @@ from gateway.journal import Trimmed
 from gateway.snapshot import Frozen, SnapshotFeed
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME})
-MAX_SEQ = 2**64 - 1
 _TRIM_RETRIES = 3  # retention racing a reader can trim it again at once; more than this is a runaway
 
 
@@ -211,7 +210,7 @@ class Session:
         if old is not None:
             old.close()
             self.out = deque(o for o in self.out if o.feed is not old)
-        self.sub = _Feed(_prefixes(pattern), start, MAX_SEQ, None)
+        self.sub = _Feed(_prefixes(pattern), start, B.MAX_SEQ, None)
         self.replies.append(P.encode(P.SubscribeOk()))
 
     def _snapshot(self, prefixes: tuple[str, ...]) -> None:

@@ -45,7 +45,7 @@ from gateway.protocol import FEATURE_SNAPSHOT, FetchEnd
 from gateway.protocol import Deliver as ZepsDeliver
 from gateway.protocol import SnapshotEnd as ZepsSnapshotEnd
 from gateway.protocol import Trimmed as ZepsTrimmed
-from gateway.replay_client import DEFAULT_FEATURES, MAX_SEQ, NotGranted, ReplayClient, ReplayError, probe
+from gateway.replay_client import DEFAULT_FEATURES, NotGranted, ReplayClient, ReplayError, probe
 from gateway.snapshot_view import LastValues
 from gateway.udp import UdpError
 
@@ -580,4 +580,4 @@ class Subscriber:
                 if isinstance(event, ZepsDeliver):
                     return event.sequence
             # Nothing journaled since then yet: start with the next record.
-            return probe(client, MAX_SEQ)[0].last + 1
+            return probe(client, B.MAX_SEQ)[0].last + 1

@@ -68,7 +68,8 @@ def decode_message(data: bytes) -> list[bytes | memoryview]:
     return frames
 
 
-def _join(interface: str, group: str, port: int, rcvbuf: int) -> socket.socket:
+def join(interface: str, group: str, port: int, rcvbuf: int) -> socket.socket:
+    """A non-blocking socket that receives `group:port` datagrams arriving on `interface`."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A/B feeds and many receivers on one host
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
@@ -139,7 +140,7 @@ class UdpReceiver(PolledByFd):
     def __init__(
         self, interface: str, group: str, port: int, *, rcvbuf: int, subscriptions: Sequence[bytes] = ()
     ) -> None:
-        self.sock = _join(interface, group, port, rcvbuf)
+        self.sock = join(interface, group, port, rcvbuf)
         self.subscriptions = tuple(subscriptions)
 
     def fileno(self) -> int:

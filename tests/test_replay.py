@@ -27,8 +27,9 @@ import zmq
 
 from gateway import batch as B
 from gateway import protocol as P
+from gateway.batch import MAX_SEQ
 from gateway.journal import JournalReader, JournalWriter, Retention
-from gateway.replay_client import MAX_SEQ, ReplayClient, ReplayError, history
+from gateway.replay_client import ReplayClient, ReplayError, history
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway import udp
 from gateway.bench import nats, pipeline
 from gateway.bench.runner import BenchError, Plot, Progress, Result, Settings, Stat, Table, Target, cpu_seconds, stop
 from gateway.deployment import Deployment
@@ -273,11 +274,7 @@ def floor_sender(group: str, ip: str, orders: Any, done: Any) -> None:
 
 def floor_receiver(group: str, ip: str, total: int, per_run: int, ready: Any, reached: Any) -> int:
     """In s<i>: joins the group and counts datagrams; reports like zeps_subscriber."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind((group, FLOOR_PORT))
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group) + socket.inet_aton(ip))
+    sock = udp.join(ip, group, FLOOR_PORT, 4 << 20)
     sock.settimeout(0.5)
     ready.put(True)
     got, deadline = 0, time.monotonic() + WAIT_S * 4

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import unittest.mock
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -246,19 +247,10 @@ def _package(name: str) -> str:
         return "not installed"
 
 
-@contextlib.contextmanager
-def python_record_loops() -> Iterator[None]:
+def python_record_loops() -> contextlib.AbstractContextManager:
     """Processes started inside run the record loops in Python (ZEPS_PURE_PYTHON=1, read at their import):
     the comparison that shows what the compiled ones win."""
-    before = os.environ.get("ZEPS_PURE_PYTHON")
-    os.environ["ZEPS_PURE_PYTHON"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["ZEPS_PURE_PYTHON"]
-        else:
-            os.environ["ZEPS_PURE_PYTHON"] = before
+    return unittest.mock.patch.dict(os.environ, {"ZEPS_PURE_PYTHON": "1"})
 
 
 def _debian(package: str) -> str:

@@ -71,7 +71,8 @@ def write_records(records: Iterable[Record], out: TextIO) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gateway.replay_client import MAX_SEQ, ReplayError, history
+    from gateway.batch import MAX_SEQ
+    from gateway.replay_client import ReplayError, history
 
     try:
         first, since_ns = parse_start(args.start)

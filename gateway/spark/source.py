@@ -27,11 +27,11 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from gateway import protocol as P
-from gateway.batch import Batch
+from gateway.batch import MAX_SEQ, Batch
 from gateway.commands.history import parse_start
 from gateway.journal import JournalReader, Trimmed
 from gateway.journal.layout import list_segments
-from gateway.replay_client import MAX_SEQ, ReplayClient, ReplayError, probe
+from gateway.replay_client import ReplayClient, ReplayError, probe
 from gateway.spark.arrow import record_batches, spark_schema
 
 log = logging.getLogger(__name__)
