@@ -1,7 +1,84 @@
 """ZEPS gateway: reliable multicast pub-sub for Python.
 
-A gateway sequences and journals every published record and multicasts record batches over PGM/NORM; a replay
-sidecar serves the journal over TCP; the client merges both connections into one gap-free, in-order stream.
+A gateway sequences and journals every published record and multicasts record batches (PGM, NORM or UDP); a
+replay sidecar serves the journal over TCP; the client merges both connections into one gap-free, in-order,
+exactly-once stream. This module is the public API: what is imported from here is what we keep stable.
+
+    from gateway import Publisher, Subscriber
+
+    with Publisher("tcp://127.0.0.1:5570", "px") as pub:
+        pub.publish("eu.bund", b"101.25")
+    with Subscriber("px", replay="tcp://127.0.0.1:5571", start="earliest") as sub:
+        rec = sub.next(timeout=1.0)
+
+The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.server`,
+`gateway.client`) are importable too, for tools and tests; docs/architecture.md draws them.
 """
 
+from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.publisher import Publisher
+from gateway.client.replay_client import ReplayClient, history, snapshot
+from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
+from gateway.errors import (
+    AuthError,
+    BatchError,
+    ConfigError,
+    DataLoss,
+    JournalCorrupt,
+    JournalError,
+    JournalLocked,
+    JournalTrimmed,
+    McastError,
+    NotAJournal,
+    NotGranted,
+    ProtocolError,
+    PublishError,
+    ReplayError,
+    SlowConsumer,
+    Unauthenticated,
+    ZepsError,
+)
+from gateway.mcast import Endpoint, Tuning
+from gateway.reconcile import Start, State
+from gateway.transport.curve import CurveClientKeys, CurveServerKeys
+from gateway.wire.streamkey import StreamKey
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncSubscriber",
+    "AuthError",
+    "BatchError",
+    "Checkpoint",
+    "ConfigError",
+    "CurveClientKeys",
+    "CurveServerKeys",
+    "DataLoss",
+    "Delivery",
+    "Endpoint",
+    "JournalCorrupt",
+    "JournalError",
+    "JournalLocked",
+    "JournalTrimmed",
+    "McastError",
+    "NotAJournal",
+    "NotGranted",
+    "ProtocolError",
+    "PublishError",
+    "Publisher",
+    "Received",
+    "ReplayClient",
+    "ReplayError",
+    "SlowConsumer",
+    "Start",
+    "State",
+    "StreamKey",
+    "Subscriber",
+    "SubscriberStats",
+    "Tuning",
+    "Unauthenticated",
+    "ZepsError",
+    "__version__",
+    "history",
+    "snapshot",
+]

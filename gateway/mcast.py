@@ -1,14 +1,14 @@
-"""Real-time multicast out and in: endpoints, socket tuning, frames and heartbeats.
+"""Real-time multicast out and in: endpoints, socket tuning, the one way in to every multicast transport.
 
 Every multicast message has two frames: the stream name, then a payload. The name comes first so that a SUB
 can select streams by prefix on a shared group (ZeroMQ filters on the first frame; readers then check the
-name exactly). The payload is either a record batch (`gateway.batch`, magic b"ZB") or a heartbeat (magic
+name exactly). The payload is either a record batch (`gateway.wire.batch`, magic b"ZB") or a heartbeat (magic
 b"ZH") carrying the stream's head sequence and the replay endpoint, so a subscriber detects tail loss and
 finds the replay sidecar from the multicast alone. A gateway with a stream key adds a third frame, the
-authenticator of both (`gateway.auth`).
+authenticator of both (`gateway.wire.streamkey`).
 
-With PGM and NORM the publisher cannot see subscriptions (seed 001): filtering happens at the SUB side, and
-subscribers subscribe to whole streams so that they see every sequence (exact gap detection).
+With PGM and NORM the publisher cannot see subscriptions (ZeroMQ's PUB/SUB design): filtering happens at the
+SUB side, and subscribers subscribe to whole streams so that they see every sequence (exact gap detection).
 
 Traps measured on this platform (docs/gateway.md, docs/norm.md):
 - OpenPGM resolves interface names through the resolver and fails inside namespaces: endpoints are built
@@ -16,9 +16,9 @@ Traps measured on this platform (docs/gateway.md, docs/norm.md):
 - ZMQ_RATE (kbit/s) defaults to 100 and the PGM receive window derives from RATE and RECOVERY_IVL on the SUB
   side too: both are set on both sides.
 - libzmq 4.3.4's norm:// engine cannot carry batches (a frame over 2,038 bytes hangs its sender for good,
-  bursts stall it, a receiver aborts on loss): norm:// endpoints are served by `gateway.norm`, which drives
+  bursts stall it, a receiver aborts on loss): norm:// endpoints are served by `gateway.transport.norm`, which drives
   libnorm directly at a fixed rate with backpressure, on the same wire framing as libzmq.
-- PGM and NORM hold everything behind a lost packet until it is repaired; udp:// (`gateway.udp`) hands each
+- PGM and NORM hold everything behind a lost packet until it is repaired; udp:// (`gateway.transport.udp`) hands each
   datagram over as it comes and leaves the repair to the replay sidecar: the low-latency choice under loss.
 """
 
@@ -26,23 +26,15 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import struct
 from dataclasses import dataclass
 
 import zmq
 
-from gateway.batch import MAGIC as BATCH_MAGIC
-from gateway.batch import Batch, BatchError
-from gateway.norm import NormReceiver, NormSender, NormSettings
-from gateway.udp import DATAGRAM_BYTES, MAX_DATAGRAM, UdpReceiver, UdpSender
+from gateway.errors import McastError
+from gateway.transport.norm import NormReceiver, NormSender, NormSettings
+from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM, UdpReceiver, UdpSender
 
-HEARTBEAT_MAGIC = b"ZH"
-_HEARTBEAT = struct.Struct("<2sBBIQQ")
 TRANSPORTS = ("epgm", "pgm", "norm", "udp")
-
-
-class McastError(ValueError):
-    """A bad endpoint, or a multicast payload that is neither a valid batch nor a valid heartbeat."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,49 +179,3 @@ def open_sub(
         sock.setsockopt(zmq.SUBSCRIBE, name)
     sock.connect(str(resolved))
     return sock
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """The stream's head (last journaled sequence) and where to ask for what the multicast lost."""
-
-    head: int
-    ts_ns: int
-    replay: str
-    gateway_id: int
-
-    def encode(self) -> bytes:
-        replay = self.replay.encode()
-        if len(replay) > 255:
-            raise McastError(f"replay endpoint {self.replay!r} is over 255 bytes")
-        fixed = _HEARTBEAT.pack(HEARTBEAT_MAGIC, 1, 0, self.gateway_id, self.head, self.ts_ns)
-        return fixed + bytes([len(replay)]) + replay
-
-    @classmethod
-    def decode(cls, data: bytes | memoryview) -> Heartbeat:
-        if len(data) < _HEARTBEAT.size + 1:
-            raise McastError(f"heartbeat of {len(data)} bytes is truncated")
-        _, version, _, gateway_id, head, ts_ns = _HEARTBEAT.unpack_from(data)
-        if version != 1:
-            raise McastError(f"unsupported heartbeat version {version}")
-        n = data[_HEARTBEAT.size]
-        replay = bytes(data[_HEARTBEAT.size + 1 :])
-        if len(replay) != n:
-            raise McastError(f"heartbeat replay endpoint claims {n} bytes, has {len(replay)}")
-        try:
-            return cls(head, ts_ns, replay.decode("ascii"), gateway_id)
-        except UnicodeDecodeError as exc:
-            raise McastError("heartbeat replay endpoint is not ASCII") from exc
-
-
-def parse_payload(payload: bytes | memoryview) -> Batch | Heartbeat:
-    """Decode the second frame of a multicast message; anything else raises McastError (count and drop it)."""
-    magic = bytes(payload[:2])
-    if magic == BATCH_MAGIC:
-        try:
-            return Batch.parse(payload)
-        except BatchError as exc:
-            raise McastError(f"bad batch: {exc.reason}") from exc
-    if magic == HEARTBEAT_MAGIC:
-        return Heartbeat.decode(payload)
-    raise McastError(f"unknown payload magic {magic!r}")

@@ -6,13 +6,13 @@ slow clients, a thousand late joiners at 9:00) never slows sequencing or multica
     drain commands (bounded) -> each client in turn: at most `frames_per_turn` frames and `reads_per_turn`
     journal reads -> timers: tail polls, pings, idle timeouts
 
-Clients are Sessions (gateway.replay_session, sans-IO); this module owns the socket, the timers and the
+Clients are Sessions (gateway.server.session, sans-IO); this module owns the socket, the timers and the
 metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY, so a full pipe raises
 EAGAIN, which means "this client is slow": it gets nothing more this turn and no one else waits for it.
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
 it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
 segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
-Snapshot indexes (gateway.snapshot) follow their journals on a timer of their own, in bounded slices.
+Snapshot indexes (gateway.server.snapshots) follow their journals on a timer of their own, in bounded slices.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from pathlib import Path
 import zmq
 from prometheus_client import Counter, Gauge
 
-from gateway import protocol as P
-from gateway.auth import CurveServerKeys, TcpGuard
-from gateway.journal import JournalError, JournalReader, NotAJournal
+from gateway.errors import JournalError, NotAJournal
+from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
-from gateway.metrics import Metrics
-from gateway.replay_session import Session
-from gateway.snapshot import SnapshotIndexes
+from gateway.server.session import Session
+from gateway.server.snapshots import SnapshotIndexes
+from gateway.transport.curve import CurveServerKeys, TcpGuard
+from gateway.transport.metrics import Metrics
+from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
 

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway import udp
 from gateway.bench import nats, pipeline
-from gateway.bench.runner import BenchError, Plot, Progress, Result, Settings, Stat, Table, Target, cpu_seconds, stop
-from gateway.deployment import Deployment
+from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, cpu_seconds, stop
+from gateway.errors import BenchError
+from gateway.tools.deployment import Deployment
+from gateway.transport import udp
 from netlab import MP, Lab
 
 TITLE = "Fan-out: server CPU per record with 1-16 subscriber hosts"
@@ -169,8 +170,8 @@ def _zeps_publish(dep: Deployment) -> Callable[[int], Any]:
 
 def zeps_subscriber(multicast: list[str], replay: str, total: int, per_run: int, ready: Any, reached: Any) -> int:
     """In s<i>: a reconciling Subscriber; reports to `reached` each time another `per_run` records came."""
+    from gateway.client.subscriber import Subscriber
     from gateway.mcast import Tuning
-    from gateway.subscriber import Subscriber
 
     tuning = Tuning(rate_kbps=pipeline.RATE_KBPS)
     with Subscriber(pipeline.STREAM, multicast=multicast, replay=replay, start="latest", tuning=tuning) as sub:

@@ -17,25 +17,14 @@ from typing import Any
 
 import zmq
 
-from gateway import batch as B
-from gateway import protocol as P
 from gateway.bench import pipeline, replay
-from gateway.bench.runner import (
-    STREAM,
-    BenchError,
-    Plot,
-    Progress,
-    Result,
-    Settings,
-    Table,
-    Target,
-    need_disk,
-    rss_bytes,
-    stop,
-)
-from gateway.deployment import Deployment
+from gateway.bench.runner import STREAM, Plot, Progress, Result, Settings, Table, Target, need_disk, rss_bytes, stop
+from gateway.client.replay_client import ReplayClient
+from gateway.errors import BenchError
 from gateway.mcast import Tuning
-from gateway.replay_client import ReplayClient
+from gateway.tools.deployment import Deployment
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
 from netlab import Lab
 
 TITLE = "Memory: gateway and replay RSS with a large journal and a client that stops granting credit"

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.runner import BODY, KEYS, BenchError
+from gateway.bench.runner import BODY, KEYS
+from gateway.errors import BenchError
 from netlab import Lab
 
 STREAM_NAME = "BENCH"

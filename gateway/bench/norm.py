@@ -1,4 +1,4 @@
-"""Scenario 5, NORM: the throughput scenario over norm:// (gateway.norm, libnorm at a fixed rate).
+"""Scenario 5, NORM: the throughput scenario over norm:// (gateway.transport.norm, libnorm at a fixed rate).
 
 The same lab, publisher and reconciling subscriber as the throughput scenario; the gateway sends NORM at
 `--rate-kbps` 300,000, the rate docs/norm.md recommends on such a machine (at most what the set rate gives

@@ -16,10 +16,11 @@ from typing import Any
 import zmq
 
 from gateway.bench.runner import BODY, KEYS, STREAM
-from gateway.deployment import Deployment
+from gateway.client.publisher import Publisher
+from gateway.client.subscriber import Subscriber
+from gateway.errors import DataLoss
 from gateway.mcast import Tuning
-from gateway.publisher import Publisher
-from gateway.subscriber import DataLoss, Subscriber
+from gateway.tools.deployment import Deployment
 from netlab import Lab
 
 RATE_KBPS = 1_000_000  # PGM rate, both sides: ~900k records/s of 100-byte bodies, above every target

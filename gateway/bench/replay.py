@@ -25,14 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway import batch as B
-from gateway import protocol as P
 from gateway.bench import nats, pipeline
 from gateway.bench.runner import (
     BODY,
     KEYS,
     STREAM,
-    BenchError,
     Plot,
     Progress,
     Result,
@@ -44,11 +41,14 @@ from gateway.bench.runner import (
     repeat,
     stop,
 )
-from gateway.deployment import Deployment
+from gateway.client.replay_client import ReplayClient
+from gateway.client.subscriber import Subscriber
+from gateway.errors import BenchError
 from gateway.journal import Durability, JournalWriter
 from gateway.mcast import Tuning
-from gateway.replay_client import ReplayClient
-from gateway.subscriber import Subscriber
+from gateway.tools.deployment import Deployment
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
 from netlab import Lab
 
 TITLE = "Replay: journal -> one Python client, and a late joiner catching up"

@@ -30,7 +30,7 @@ ANALYSIS = """## What limits us, and what would go further
   `raw()` yields memoryviews. The throughput table shows both.
 - **The record loops are compiled; what that buys and costs.** The three loops that cost per record
   (the structure check of every batch parsed, the walk that hands records out, the layout of a
-  publisher's batch: gateway/record_loops.py) run from a C extension, gateway/_record_loops.c, built by
+  publisher's batch: gateway/wire/record_loops.py) run from a C extension, gateway/_record_loops.c, built by
   pip. The throughput row "record loops in Python" is the same pipeline with ZEPS_PURE_PYTHON=1 in every
   process: the difference is what the extension wins (docs/batch-format.md has the per-operation costs).
   The price: a C compiler at install time (the extension is optional; without one the same loops run in
@@ -46,11 +46,11 @@ ANALYSIS = """## What limits us, and what would go further
   OpenPGM's NAK timers (a random back-off of up to 50 ms before the first NAK, 200 ms before a repeat):
   the subscriber does not even see the later batches, so there is no gap to fill from replay (its "records
   from replay" stay at 0) and p99 lands in the tens to hundreds of ms. Two feeds (A/B) cut it whenever the
-  other feed is not stalled at the same moment. NORM repairs in order too, but gateway.norm drives
+  other feed is not stalled at the same moment. NORM repairs in order too, but gateway.transport.norm drives
   libnorm itself and sets its timers: with an initial GRTT estimate of 1 ms and NACK back-off 0 its repairs
   take a few ms, and the norm:// 1% loss row meets the target with every record in order off the
   multicast (with a 10 ms initial GRTT p99 was 33 ms; docs/norm.md has the series). That is the answer for
-  reliable in-order multicast under loss here; epgm's timers are compiled into libzmq. udp:// (gateway/udp.py, the
+  reliable in-order multicast under loss here; epgm's timers are compiled into libzmq. udp:// (transport/udp.py, the
   MoldUDP64 model) hands every datagram over as it comes: a loss is a gap at the very next datagram, filled
   from the replay sidecar in about one round trip. With one feed that holds until a fill answer itself is
   lost: the 1% loss also hits the replay connection, and a lost one-segment TCP answer waits for the
@@ -87,18 +87,18 @@ publishers' records (`_check_records`: the structure check every ingested batch 
 backpressure (the multicast queue full at the PGM rate), 10% in `resequence` (copy + CRC of each batch),
 10% in the inline fdatasync past 1 MiB unsynced, 8% in journal writes.
 
-- `Publisher.publish` (gateway/publisher.py) polled the socket for answers on every record, building a
+- `Publisher.publish` (gateway/client/publisher.py) polled the socket for answers on every record, building a
   `zmq.Poller` per call: 60% of its time. It now looks only after sending a batch. Publisher CPU per
   record: 3.5 to 3.8 µs before, 1.0 to 1.1 µs after.
-- `Subscriber` (gateway/subscriber.py) expanded every delivered batch into `Received` objects at once (a
+- `Subscriber` (gateway/client/subscriber.py) expanded every delivered batch into `Received` objects at once (a
   frozen dataclass per record: 40% of its time). It now queues one `Delivery` per batch and expands it
   lazily in `next()`, and the new `next_batch()` hands the `Delivery` out whole, records as memoryviews.
   Subscriber CPU per record: 3.4 to 4.0 µs before, 1.2 to 1.5 µs after (with `next_batch()`).
 - `JournalWriter` made the time-based group commit inside `append`, before the batch was multicast: it
   now runs from the gateway's timer after the multicast queues are pumped (see the latency rows).
-- udp:// added as a third multicast transport for latency under loss (gateway/udp.py; see above).
+- udp:// added as a third multicast transport for latency under loss (gateway/transport/udp.py; see above).
 - The per-record loops moved into a C extension (gateway/_record_loops.c, same results as the Python
-  kept in gateway/record_loops.py): `Batch.parse`'s record check 0.15 to 0.01 µs per record, `encode` 0.31
+  kept in gateway/wire/record_loops.py): `Batch.parse`'s record check 0.15 to 0.01 µs per record, `encode` 0.31
   to 0.05, `Batch.raw()` 0.35 to 0.21. With the PGM rate raised to 1 Gbit/s for both ZEPS and the relay,
   the throughput target (4x the relay) was met; the Python row shows what the compiled loops add.
 - Tried and dropped: a fast path in `Batch.raw()` for whole batches (no range test per record) won 5-10%

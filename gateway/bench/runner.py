@@ -27,7 +27,8 @@ from pathlib import Path
 
 import zmq
 
-from gateway import record_loops
+from gateway.errors import BenchError
+from gateway.wire import record_loops
 from netlab import HostProcess
 
 STREAM = "bench"
@@ -35,10 +36,6 @@ BODY = 100  # bytes per record body, every scenario
 KEYS = 100  # routing keys key000..key099
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-class BenchError(RuntimeError):
-    """A benchmark could not run or did not check out; the message says why and what to do."""
 
 
 @dataclass(frozen=True)

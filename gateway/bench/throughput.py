@@ -4,7 +4,7 @@ ZEPS: a `Publisher` on host pub sends `count` records (100-byte bodies, 100 keys
 takes them; the gateway on gw journals and multicasts them; a `Subscriber` on sub merges multicast and
 replay. The rate is records / (last - first arrival) at the subscriber, counted only when every sequence
 arrived (zero missing after reconciliation). The same pipeline runs once more with ZEPS_PURE_PYTHON=1 in
-every process: the record loops (gateway.record_loops) in Python instead of compiled, to show what the
+every process: the record loops (gateway.wire.record_loops) in Python instead of compiled, to show what the
 C extension wins.
 
 Baseline, same lab, same PGM rate: a producer PUSHes one message per record to a relay on gw that does
@@ -26,7 +26,6 @@ from gateway.bench import pipeline
 from gateway.bench.runner import (
     BODY,
     KEYS,
-    BenchError,
     Plot,
     Progress,
     Result,
@@ -39,8 +38,9 @@ from gateway.bench.runner import (
     repeat,
     stop,
 )
-from gateway.deployment import Deployment
+from gateway.errors import BenchError
 from gateway.mcast import Endpoint, Tuning
+from gateway.tools.deployment import Deployment
 from netlab import MP, Lab
 
 TITLE = "Throughput: publish -> gateway -> epgm -> reconciled subscriber"

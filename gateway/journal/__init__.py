@@ -6,7 +6,7 @@ following the tail without locks. inspect_root / verify_root back `zeps journal 
 See docs/journal.md for the on-disk format and the rules.
 """
 
-from gateway.journal.layout import JournalCorrupt, JournalError, JournalLocked, NotAJournal, Trimmed
+from gateway.errors import JournalCorrupt, JournalError, JournalLocked, JournalTrimmed, NotAJournal
 from gateway.journal.reader import Cursor, JournalReader
 from gateway.journal.tools import (
     Finding,
@@ -28,12 +28,12 @@ __all__ = [
     "JournalError",
     "JournalLocked",
     "JournalReader",
+    "JournalTrimmed",
     "JournalWriter",
     "NotAJournal",
     "RecoveryReport",
     "Retention",
     "StreamInfo",
-    "Trimmed",
     "VerifyReport",
     "inspect_root",
     "iso_utc",

@@ -3,7 +3,7 @@
 One directory per stream::
 
     ROOT/<stream>/
-        00000000000000000001.seg   batches exactly as gateway.batch encodes them, back to back
+        00000000000000000001.seg   batches exactly as gateway.wire.batch encodes them, back to back
         00000000000000000001.idx   sparse index of that segment: INDEX_ENTRY records (seq, ts_ns, offset)
         head                       "<next_seq> <last_ts_ns>": keeps sequences unique if segments vanish
         writer.lock                flock'ed by the stream's one writer; holds its pid
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.batch import HEADER, HEADER_SIZE, MAGIC, Batch, BatchError, frame_length
+from gateway.errors import BatchError, JournalError
+from gateway.wire.batch import HEADER, HEADER_SIZE, MAGIC, Batch, frame_length
 
 SEG_SUFFIX = ".seg"
 IDX_SUFFIX = ".idx"
@@ -37,49 +38,6 @@ _RETRIES = 3
 T = TypeVar("T")
 
 
-class JournalError(Exception):
-    """Anything the journal refuses to do; the message names the cause and the fix."""
-
-
-class JournalCorrupt(JournalError):
-    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows."""
-
-    def __init__(self, path: Path, offset: int, reason: str, fix: str) -> None:
-        super().__init__(f"journal corrupt: {path} at byte {offset}: {reason}. {fix}")
-        self.path = path
-        self.offset = offset
-        self.reason = reason
-
-
-class JournalLocked(JournalError):
-    """Another process is the writer of this stream."""
-
-    def __init__(self, message: str, pid: int | None) -> None:
-        super().__init__(message)
-        self.pid = pid
-
-
-class NotAJournal(JournalError):
-    """A path that does not hold what the caller said it would (journal root or stream directory)."""
-
-
-class Trimmed(JournalError):
-    """Sequences a reader asked for are no longer in the journal (retention, or removal by hand).
-
-    `seq` is the first sequence that could not be delivered; `first_retained` the first one that can.
-    A cursor that raises this has moved on to `first_retained` when that exists, so calling it again
-    continues from there: skipping the loss is the caller's decision, never the journal's.
-    """
-
-    def __init__(self, stream: str, seq: int, first_retained: int) -> None:
-        super().__init__(
-            f"stream {stream!r}: sequence {seq} is no longer in the journal (removed by retention or by hand); "
-            f"the first retained sequence is {first_retained}: resume from there, or from a snapshot"
-        )
-        self.seq = seq
-        self.first_retained = first_retained
-
-
 def repair_hint(root: Path, stream: str, segment: Path, offset: int) -> str:
     """The fix every JournalCorrupt offers: look at everything first, then cut explicitly (never implicitly)."""
     call = f"truncate_at('{root}', '{stream}', '{segment.name}', {offset})"
@@ -90,7 +48,7 @@ def repair_hint(root: Path, stream: str, segment: Path, offset: int) -> str:
     )
 
 
-class SegmentGone(Exception):
+class SegmentGone(JournalError):
     """Internal: the segment being read was unlinked while bytes of it were still unread."""
 
 

@@ -14,14 +14,10 @@ import os
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
-from gateway.batch import HEADER, Batch, BatchError
+from gateway.errors import BatchError, JournalCorrupt, JournalError, JournalTrimmed, NotAJournal
 from gateway.journal.layout import (
     FrameScanner,
-    JournalCorrupt,
-    JournalError,
-    NotAJournal,
     SegmentGone,
-    Trimmed,
     check_stream_name,
     first_ts,
     idx_path,
@@ -36,10 +32,11 @@ from gateway.journal.layout import (
     seg_path,
     stream_head,
 )
+from gateway.wire.batch import HEADER, Batch
 
 log = logging.getLogger(__name__)
 
-_ATTEMPTS = 3  # listing-then-opening races with retention: a few attempts, then the answer is Trimmed
+_ATTEMPTS = 3  # listing-then-opening races with retention: a few attempts, then the answer is JournalTrimmed
 
 
 class JournalReader:
@@ -116,7 +113,7 @@ class JournalReader:
     def cursor(self, from_seq: int) -> Cursor:
         """A cursor delivering the batches that hold sequences >= from_seq, then following the tail.
 
-        Raises Trimmed if from_seq is before the first retained sequence.
+        Raises JournalTrimmed if from_seq is before the first retained sequence.
         """
         if from_seq < 1:
             raise ValueError(f"from_seq {from_seq}: sequences start at 1")
@@ -128,14 +125,14 @@ class JournalReader:
                     f"stream {self.stream!r} has no segments: its writer creates the first one when it opens"
                 )
             if from_seq < segments[0]:
-                raise Trimmed(self.stream, from_seq, segments[0])
+                raise JournalTrimmed(self.stream, from_seq, segments[0])
             seq = segments[bisect_right(segments, from_seq) - 1]
             f = open_segment(self.directory, seq)
             if f is None:
                 continue  # deleted by retention between listing and opening
             offset, expected = self._position(seq, f.fileno(), from_seq)
             return Cursor(self, f, offset, expected, from_seq, (dir_mtime, segments))
-        raise Trimmed(self.stream, from_seq, self.first_seq)
+        raise JournalTrimmed(self.stream, from_seq, self.first_seq)
 
     def _position(self, seq: int, fd: int, from_seq: int) -> tuple[int, int]:
         """(offset, first sequence there) of the last index entry at or before from_seq in a segment."""
@@ -191,7 +188,7 @@ class Cursor:
 
     @property
     def next_seq(self) -> int:
-        """The first sequence the next batch read will hold (after a Trimmed: where reading resumes)."""
+        """The first sequence the next batch read will hold (after a JournalTrimmed: where reading resumes)."""
         return self._expected
 
     @property
@@ -202,7 +199,7 @@ class Cursor:
     def next_batch(self) -> Batch | None:
         """The next complete batch, or None at the current end of the stream (call again later).
 
-        Raises Trimmed if the batches it needs were deleted (it then stands at the first retained one),
+        Raises JournalTrimmed if the batches it needs were deleted (it then stands at the first retained one),
         JournalCorrupt for bytes that are not a valid batch where more data follows.
         """
         while True:  # each pass consumes a batch or moves on a segment; both are finite
@@ -250,7 +247,7 @@ class Cursor:
         missing = max(self._expected, self._from)
         self._reposition(seq, f)
         if seq > missing:  # a gap the caller cares about: segments between were removed
-            raise Trimmed(self._reader.stream, missing, seq)
+            raise JournalTrimmed(self._reader.stream, missing, seq)
         return True
 
     def _find_successor(self) -> tuple[int, io.FileIO] | None:
@@ -267,17 +264,17 @@ class Cursor:
             if (f := open_segment(directory, seq)) is not None:
                 return seq, f
         if gone:
-            raise Trimmed(self._reader.stream, max(self._expected, self._from), self._reader.first_seq)
+            raise JournalTrimmed(self._reader.stream, max(self._expected, self._from), self._reader.first_seq)
         return None
 
-    def _lost(self) -> Trimmed:
+    def _lost(self) -> JournalTrimmed:
         """The current segment was deleted with bytes unread: stand at the first retained batch and say so."""
         missing = max(self._expected, self._from)
         for seq in list_segments(self._reader.directory):
             if seq > self._segment and (f := open_segment(self._reader.directory, seq)) is not None:
                 self._reposition(seq, f)
-                return Trimmed(self._reader.stream, missing, seq)
-        return Trimmed(self._reader.stream, missing, self._reader.first_seq)
+                return JournalTrimmed(self._reader.stream, missing, seq)
+        return JournalTrimmed(self._reader.stream, missing, self._reader.first_seq)
 
     def _reposition(self, seq: int, f: io.FileIO) -> None:
         """Continue at the start of segment `seq` (open as `f`), dropping any successor found before."""

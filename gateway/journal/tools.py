@@ -11,13 +11,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway.batch import HEADER, Batch, BatchError
+from gateway.errors import BatchError, JournalError, NotAJournal
 from gateway.journal.layout import (
     HEAD_NAME,
     INDEX_ENTRY,
     FrameScanner,
-    JournalError,
-    NotAJournal,
     SegmentGone,
     check_stream_name,
     first_ts,
@@ -37,6 +35,7 @@ from gateway.journal.layout import (
     write_head,
 )
 from gateway.journal.writer import RecoveryReport, lock_stream
+from gateway.wire.batch import HEADER, Batch
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +180,7 @@ def _gap(expected: int, seq: int) -> str:
     if seq > expected:
         return (
             f"sequences {expected}..{seq - 1} are missing (segments removed by hand, or discarded by "
-            "truncate_at): readers get Trimmed there"
+            "truncate_at): readers get JournalTrimmed there"
         )
     return f"segment starts at sequence {seq}, but the one before already reached {expected - 1}"
 
@@ -303,7 +302,7 @@ def truncate_at(root: str | os.PathLike[str], stream: str, segment: str | int, o
 
     Destructive, hence never automatic. Takes the writer lock, so it fails while a gateway writes the stream.
     The head file moves past every sequence found in the discarded bytes, so none is ever reused: readers
-    meet Trimmed at the gap, and verify reports it as missing sequences until retention removes it.
+    meet JournalTrimmed at the gap, and verify reports it as missing sequences until retention removes it.
     """
     check_stream_name(stream)
     directory = Path(root) / stream

@@ -16,14 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from gateway.batch import HEADER, Batch, BatchError, resequence
+from gateway.errors import BatchError, JournalCorrupt, JournalError, JournalLocked
 from gateway.journal.layout import (
     INDEX_ENTRY,
     LOCK_NAME,
     FrameScanner,
-    JournalCorrupt,
-    JournalError,
-    JournalLocked,
     check_stream_name,
     first_ts,
     idx_path,
@@ -39,6 +36,7 @@ from gateway.journal.layout import (
     segment_tail,
     write_head,
 )
+from gateway.wire.batch import HEADER, Batch, resequence
 
 log = logging.getLogger(__name__)
 

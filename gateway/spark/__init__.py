@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from gateway.errors import SparkUnavailable
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -33,10 +35,6 @@ JAVA_HINT = (
     "Spark needs Java 17: apt-get install openjdk-17-jre-headless (Debian 12), or set JAVA_HOME to a Java 17 "
     "installation"
 )
-
-
-class SparkUnavailable(RuntimeError):
-    """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
 
 
 def require() -> None:

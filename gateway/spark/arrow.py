@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gateway.batch import HEADER_SIZE, RECORD_OVERHEAD, Batch
+from gateway.wire.batch import HEADER_SIZE, RECORD_OVERHEAD, Batch
 
 # (name, Spark SQL type, Arrow type): the one definition both the Spark schema and the Arrow batches use.
 COLUMNS = (
@@ -33,7 +33,7 @@ JOURNAL_TIME = ("journal_ts_ns", "BIGINT", pa.int64())  # the batch's journal ti
 MAX_RECORDS = 10_000  # per Arrow batch (Spark's own default for Arrow batches)
 MAX_BYTES = 4 << 20  # per Arrow batch, of journal bytes: bounds memory whatever the record size
 
-_LENGTHS = struct.Struct("<12xBI")  # key_len, body_len of a record header (gateway.batch.RECORD)
+_LENGTHS = struct.Struct("<12xBI")  # key_len, body_len of a record header (gateway.wire.batch.RECORD)
 _RECORD = np.dtype([("delta", "<u4"), ("ts", "<u8"), ("klen", "u1"), ("blen", "<u4")])  # packed, like RECORD
 _SPAN = np.arange(RECORD_OVERHEAD)
 _SKIP, _KEY, _BODY = 0, 1, 2

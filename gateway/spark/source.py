@@ -26,13 +26,14 @@ from pathlib import Path
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from gateway import protocol as P
-from gateway.batch import MAX_SEQ, Batch
-from gateway.commands.history import parse_start
-from gateway.journal import JournalReader, Trimmed
+from gateway.client.position import parse_position
+from gateway.client.replay_client import ReplayClient, probe
+from gateway.errors import JournalTrimmed, ReplayError
+from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments
-from gateway.replay_client import ReplayClient, ReplayError, probe
 from gateway.spark.arrow import record_batches, spark_schema
+from gateway.wire import protocol as P
+from gateway.wire.batch import MAX_SEQ, Batch
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def journal_batches(reader: JournalReader, lo: int, hi: int) -> Iterator[Batch]:
                 while cursor.next_seq <= hi and (batch := cursor.next_batch()) is not None:
                     yield batch
                 return
-        except Trimmed as exc:
+        except JournalTrimmed as exc:
             log.warning("%s", exc)
             if exc.first_retained > hi:
                 return
@@ -283,7 +284,7 @@ def _time(options: Mapping[str, str], name: str) -> int | None:
     if text.isdigit():
         return int(text)
     try:
-        return parse_start(text)[1]
+        return parse_position(text)[1]
     except ValueError:
         raise ValueError(f"zeps: option {name}={text!r}: expected ns since the epoch or an ISO-8601 time") from None
 

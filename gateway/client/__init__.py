@@ -1,0 +1,1 @@
+"""The client library: Subscriber, AsyncSubscriber, Publisher, ReplayClient (re-exported by `gateway`)."""

@@ -1,0 +1,163 @@
+"""Every exception the library raises, under one base: `except ZepsError` catches them all.
+
+Each message names the cause and the fix, so a command line can print it as one line. The classes also
+derive from the builtin that their callers caught before this family existed (ValueError for bad input,
+RuntimeError for a failure at run time), so existing `except ValueError` code keeps working.
+
+This module sits below every layer (it imports nothing of ours), so any layer may raise these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MAX_REASON = 255  # a ZEPS string: reasons travel back to peers verbatim in INVALID
+
+
+def printable(text: str) -> str:
+    """Escape everything outside printable ASCII and cut to MAX_REASON bytes, so the text fits a ZEPS string."""
+    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+class ZepsError(Exception):
+    """The base of every exception the library raises."""
+
+
+# --- bad input: values, files, settings (ValueError) -----------------------------------------------------
+
+
+class ConfigError(ZepsError, ValueError):
+    """Settings that cannot work together; the message says which and how to fix them."""
+
+
+class BatchError(ZepsError, ValueError):
+    """A batch that does not parse or does not check out; `reason` says what and where."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ProtocolError(ZepsError, ValueError):
+    """A frame (or a value to encode) breaks the ZEPS grammar.
+
+    reason is printable ASCII of at most 255 bytes, so a server can send it back verbatim in INVALID.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = printable(reason)
+        super().__init__(self.reason)
+
+
+class AuthError(ZepsError, ValueError):
+    """A key file or a key setting that cannot be used; the message names the file and the fix."""
+
+
+class McastError(ZepsError, ValueError):
+    """A bad endpoint, or a multicast payload that is neither a valid batch nor a valid heartbeat."""
+
+
+class Unauthenticated(McastError):
+    """A multicast message that failed the stream key check; `kind` says how (for counting and logs)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+
+
+class UdpError(McastError):
+    """A datagram that is not a well-formed message."""
+
+
+# --- failures at run time (RuntimeError) -----------------------------------------------------------------
+
+
+class NormError(ZepsError, RuntimeError):
+    """libnorm is missing or refused a setting; the message names the call and what to check."""
+
+
+class PublishError(ZepsError, RuntimeError):
+    """The gateway refused something, or did not answer in time; `reason` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ReplayError(ZepsError, RuntimeError):
+    """The server refused something, went away, or did not answer in time; `reason` says which and the fix."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotGranted(ReplayError):
+    """The server does not grant an extension the request needs."""
+
+
+class DataLoss(ZepsError, RuntimeError):
+    """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on."""
+
+    def __init__(self, lo: int, hi: int, reason: str) -> None:
+        super().__init__(f"records {lo}..{hi} are lost ({reason}): the journal no longer retains them")
+        self.lo, self.hi, self.reason = lo, hi, reason
+
+
+class SlowConsumer(ZepsError, RuntimeError):
+    """The application fell further behind the live feed than `max_lag` allows (lag_policy="raise")."""
+
+
+class SparkUnavailable(ZepsError, RuntimeError):
+    """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
+
+
+class BenchError(ZepsError, RuntimeError):
+    """A benchmark could not run or did not check out; the message says why and what to do."""
+
+
+# --- the journal -------------------------------------------------------------------------------------------
+
+
+class JournalError(ZepsError):
+    """Anything the journal refuses to do; the message names the cause and the fix."""
+
+
+class JournalCorrupt(JournalError):
+    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows."""
+
+    def __init__(self, path: Path, offset: int, reason: str, fix: str) -> None:
+        super().__init__(f"journal corrupt: {path} at byte {offset}: {reason}. {fix}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class JournalLocked(JournalError):
+    """Another process is the writer of this stream."""
+
+    def __init__(self, message: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+class NotAJournal(JournalError):
+    """A path that does not hold what the caller said it would (journal root or stream directory)."""
+
+
+class JournalTrimmed(JournalError):
+    """Sequences a reader asked for are no longer in the journal (retention, or removal by hand).
+
+    `seq` is the first sequence that could not be delivered; `first_retained` the first one that can.
+    A cursor that raises this has moved on to `first_retained` when that exists, so calling it again
+    continues from there: skipping the loss is the caller's decision, never the journal's.
+    """
+
+    def __init__(self, stream: str, seq: int, first_retained: int) -> None:
+        super().__init__(
+            f"stream {stream!r}: sequence {seq} is no longer in the journal (removed by retention or by hand); "
+            f"the first retained sequence is {first_retained}: resume from there, or from a snapshot"
+        )
+        self.seq = seq
+        self.first_retained = first_retained

@@ -1,0 +1,574 @@
+"""The gateway: ingest -> sequence -> journal -> multicast, in one event loop.
+
+Publishers reach the gateway in two ways: ZEPS over a ROUTER socket (ATTACH, PUBLISH, PUBLISH-BATCH, PING,
+DETACH; publish confirms on request) and plain ZeroMQ PUB sockets (frames: key, body) through an XSUB socket,
+to which the gateway sends the subscribe-all itself. Records are gathered per stream into batches bounded by
+count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced and written to the journal
+*before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
+
+Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
+that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), the gateway
+stops reading publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from gateway.errors import ConfigError
+from gateway.journal import Durability, JournalWriter, Retention
+from gateway.mcast import Endpoint, Tuning, open_pub
+from gateway.server.metrics import GatewayMetrics
+from gateway.transport.curve import CurveServerKeys, TcpGuard
+from gateway.transport.norm import NormSender
+from gateway.transport.udp import UdpSender, batch_room
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
+from gateway.wire.heartbeat import Heartbeat
+from gateway.wire.streamkey import AUTH, StreamKey, message
+
+log = logging.getLogger(__name__)
+
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
+FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
+
+
+@dataclass
+class GatewayConfig:
+    """Everything `zeps gateway` can be told; the CLI and the TOML config file fill the same fields."""
+
+    streams: list[str]
+    journal: Path
+    ingest: str
+    ingest_pub: str | None = None
+    multicast: list[str] = field(default_factory=list)
+    replay_endpoint: str = ""
+    tuning: Tuning = field(default_factory=Tuning)
+    heartbeat_ms: int = 100
+    linger_ms: int = 2
+    batch_records: int = 1024
+    batch_bytes: int = 60_000
+    max_message_bytes: int = 1024 * 1024
+    max_clients: int = 1024
+    client_timeout: float = 60.0  # at the client limit, sessions silent this long make room for new ones
+    journal_retry_ms: int = 1000  # while the journal's disk is full: refuse publishes this long between tries
+    max_out_queue: int = 256
+    durability: Durability = field(default_factory=Durability)
+    retention: Retention = field(default_factory=Retention)
+    segment_bytes: int = 64 * 1024 * 1024
+    metrics: str | None = None
+    stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
+    curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            raise ConfigError("name at least one stream (--stream NAME)")
+        for name in self.streams:
+            P.validate_stream_name(name)
+        if self.ingest_pub and len(self.streams) != 1:
+            raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
+        if min(self.max_message_bytes, self.max_clients, self.journal_retry_ms) < 1 or self.client_timeout <= 0:
+            raise ConfigError("--max-message-bytes, --max-clients, --journal-retry-ms and --client-timeout must be > 0")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The ingest's ZMQ_MAXMSGSIZE: ZeroMQ closes a connection that sends a larger frame without reading it
+        (so no peer can make the gateway buffer unbounded frames). Smaller frames over the record limit are
+        read and answered with INVALID naming the limit."""
+        return self.max_message_bytes + FRAME_SLACK
+
+
+@dataclass
+class _Session:
+    """A ZEPS publisher connection, known by its ROUTER identity."""
+
+    stream: str
+    features: frozenset[str] = frozenset()
+    last_seen: float = 0.0
+
+
+class _Lane:
+    """One stream: records waiting to be batched, the journal writer, and confirms waiting for fsync."""
+
+    def __init__(self, stream: str, writer: JournalWriter) -> None:
+        self.stream = stream
+        self.writer = writer
+        self.pending: list[tuple[int, bytes, bytes]] = []
+        self.pending_bytes = 0
+        self.pending_since = 0.0
+        # (identity, records, confirm) in publish order: the ZEPS publishers of the records not yet sequenced,
+        # owed a PUBLISH-OK (if confirm) once journaled, or an INVALID if the journal refuses them.
+        self.unsequenced: list[tuple[bytes, int, bool]] = []
+        # (identity, first_seq, count) owed once the journal has synced through first_seq + count - 1.
+        self.confirms: deque[tuple[bytes, int, int]] = deque()
+        # Disk full: since when (None: writable), and the time before which no write is tried again.
+        self.full_since: float | None = None
+        self.retry_at = 0.0
+        self.full_reason = ""
+
+
+class _Out:
+    """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
+
+    Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
+    zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
+    (`run`). A datagram output queues each batch as parts that fit a datagram.
+    """
+
+    RETRY_S = 0.001  # how soon a full transport is tried again
+
+    def __init__(
+        self,
+        sock: zmq.Socket | NormSender | UdpSender,
+        endpoint: Endpoint,
+        heads: dict[str, int],
+        rooms: dict[str, int],
+    ) -> None:
+        self.sock = sock
+        self.endpoint = endpoint
+        self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
+        self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
+        self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
+
+    def pump(self) -> float:
+        """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
+        while self.queue:
+            frames, last = self.queue[0]
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
+            except zmq.Again:
+                return self.RETRY_S
+            self.queue.popleft()
+            self.sent_head[frames[0].decode()] = last
+        # NORM takes part of a message that does not fit and the rest only when asked again.
+        if isinstance(self.sock, NormSender) and not self.sock.drain():
+            return self.RETRY_S
+        return 0.0
+
+
+class Gateway:
+    """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe) with real-time output over PGM, NORM or UDP multicast."""
+
+    def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
+        self.config = config
+        self.ctx = ctx or zmq.Context.instance()
+        self.id = random.getrandbits(32)
+        self.metrics = GatewayMetrics()
+        self.lanes = {
+            name: _Lane(
+                name,
+                JournalWriter.open(
+                    config.journal,
+                    name,
+                    segment_bytes=config.segment_bytes,
+                    durability=config.durability,
+                    retention=config.retention,
+                ),
+            )
+            for name in config.streams
+        }
+        self.sessions: dict[bytes, _Session] = {}
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 1000)
+        # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
+        # publisher has REPLY_HWM replies of room before that happens, not libzmq's default 1,000.
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, REPLY_HWM)
+        self._warned_unread = False
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+        self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
+        self.guard.secure(self.router, f"ingest {config.ingest}")
+        self.router.bind(config.ingest)
+        self.xsub: zmq.Socket | None = None
+        if config.ingest_pub:
+            self.xsub = self.ctx.socket(zmq.XSUB)
+            self.xsub.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+            self.guard.secure(self.xsub, f"ingest-pub {config.ingest_pub}")
+            self.xsub.bind(config.ingest_pub)
+            self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
+        self.outs: list[_Out] = []
+        for text in config.multicast:
+            endpoint = Endpoint.parse(text)
+            heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+            sock = open_pub(self.ctx, endpoint, config.tuning)
+            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock)))
+        if config.metrics:
+            self.metrics.serve(config.metrics)
+        self._next_heartbeat = 0.0
+        self._stopping = False
+        log.info(
+            "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
+            self.id,
+            ",".join(config.streams),
+            config.ingest,
+            ",".join(str(o.endpoint) for o in self.outs) or "none",
+            config.journal,
+            config.stream_key,
+            config.curve,
+        )
+
+    def _rooms(self, sock: zmq.Socket | NormSender | UdpSender) -> dict[str, int]:
+        """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
+        the authenticator, when signing); empty for the others (any size)."""
+        if not isinstance(sock, UdpSender):
+            return {}
+        auth = AUTH.size if self.config.stream_key else 0
+        return {name: batch_room(self.config.tuning.datagram_bytes, name.encode(), auth) for name in self.lanes}
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        if self.xsub is not None:
+            poller.register(self.xsub, zmq.POLLIN)
+        try:
+            while not (self._stopping or until()):
+                wait = self._on_timers(time.monotonic())
+                if any(len(o.queue) >= self.config.max_out_queue for o in self.outs):
+                    # Backpressure: read no publisher until multicast drains; their HWMs slow them down.
+                    time.sleep(min(wait, 0.002) or 0.0005)
+                    continue
+                events = dict(poller.poll(int(wait * 1000)))
+                if self.router in events:
+                    self._drain_router()
+                if self.xsub is not None and self.xsub in events:
+                    self._drain_xsub()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _on_timers(self, now: float) -> float:
+        """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
+        linger = self.config.linger_ms / 1000
+        deadline = now + 0.05
+        for lane in self.lanes.values():
+            if lane.pending:
+                due = lane.pending_since + linger
+                if due <= now:
+                    self._flush(lane)
+                else:
+                    deadline = min(deadline, due)
+        for out in self.outs:  # multicast first: a group commit's fdatasync must not delay what is journaled
+            wait = out.pump()
+            if wait:
+                deadline = min(deadline, now + wait)
+        for lane in self.lanes.values():
+            if lane.writer.maybe_sync():
+                self.metrics.fsync_seconds.observe(lane.writer.last_sync_latency_s)
+            self._send_confirms(lane)
+            due = lane.writer.sync_deadline
+            if due is not None:
+                deadline = min(deadline, due)
+        if now >= self._next_heartbeat:
+            self._heartbeat(now)
+        deadline = min(deadline, self._next_heartbeat)
+        return max(0.0, deadline - time.monotonic())
+
+    def _heartbeat(self, now: float) -> None:
+        self._next_heartbeat = now + self.config.heartbeat_ms / 1000
+        ts = time.time_ns()
+        for out in self.outs:
+            for stream, head in out.sent_head.items():
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
+                with contextlib.suppress(zmq.Again):  # a full transport skips a beat; the next one comes
+                    out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
+                self.metrics.heartbeats.inc()
+
+    # --- ZEPS ingest ----------------------------------------------------------------------------------
+
+    def _drain_router(self, limit: int = 4096) -> None:
+        for _ in range(limit):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self._reject(frames[0], "expected one command per message", reply=len(frames) > 1)
+                continue
+            identity, frame = frames
+            if not P.is_zeps(frame):
+                self.metrics.rejected.labels("no-signature").inc()
+                continue
+            try:
+                cmd = P.decode(frame)
+            except P.ProtocolError as exc:
+                self._reject(identity, exc.reason)
+                continue
+            self._on_command(identity, cmd)
+
+    def _on_command(self, identity: bytes, cmd: P.Command) -> None:
+        session = self.sessions.get(identity)
+        if session is not None:
+            session.last_seen = time.monotonic()
+        match cmd:
+            case P.Attach(stream=stream):
+                self._attach(identity, stream)
+            case P.Ping():
+                self._reply(identity, P.PingOk())
+            case _ if session is None:
+                self._reject(
+                    identity,
+                    f"{cmd.NAME} before ATTACH: attach to a stream first (a session ends when the gateway restarts "
+                    "or closes the connection, e.g. for a frame over its size limit)",
+                )
+            case P.Publish(key=key, body=body):
+                self._publish(identity, session, key.encode(), bytes(body))
+            case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
+                self._publish_batch(identity, session, raw)
+            case P.Extend(features=wanted):
+                session.features = GRANTABLE.intersection(wanted)
+                self._reply(identity, P.ExtendOk(tuple(sorted(session.features))))
+            case P.Detach():
+                del self.sessions[identity]
+                self._reply(identity, P.DetachOk())
+            case P.Subscribe() | P.SubscribeTime() | P.Fetch() | P.Credit():
+                where = f" at {self.config.replay_endpoint}" if self.config.replay_endpoint else ""
+                self._reject(identity, f"{cmd.NAME} is served by the replay sidecar{where}, not the ingest")
+            case _:
+                self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
+
+    def _attach(self, identity: bytes, stream: str) -> None:
+        if stream not in self.lanes:
+            served = ", ".join(sorted(self.lanes))
+            self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
+            return
+        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients and not self._evict_idle():
+            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later", kind="clients")
+            return
+        self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
+        self._reply(identity, P.AttachOk())
+
+    def _evict_idle(self) -> bool:
+        """At the client limit: end the sessions silent for `client_timeout` (publishers that vanished without
+        DETACH, as ROUTER sockets never say a peer left); whether that made room."""
+        cutoff = time.monotonic() - self.config.client_timeout
+        idle = [identity for identity, s in self.sessions.items() if s.last_seen < cutoff]
+        for identity in idle:
+            del self.sessions[identity]
+        if idle:
+            log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
+        return bool(idle)
+
+    def _publish(self, identity: bytes | None, session: _Session | None, key: bytes, body: bytes) -> None:
+        if len(body) > self.config.max_message_bytes:
+            self._reject(identity, f"message of {len(body)} bytes is over the limit of {self.config.max_message_bytes}")
+            return
+        lane = self.lanes[session.stream] if session else next(iter(self.lanes.values()))
+        if not lane.pending:
+            lane.pending_since = time.monotonic()
+        lane.pending.append((time.time_ns(), key, body))
+        lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
+        if identity is not None and session is not None:
+            _owe(lane.unsequenced, identity, 1, P.FEATURE_CONFIRM in session.features)
+        self.metrics.published.inc()
+        if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
+            self._flush(lane)
+
+    def _publish_batch(self, identity: bytes, session: _Session, raw: memoryview) -> None:
+        try:
+            batch = B.Batch.parse(bytes(raw))
+        except B.BatchError as exc:
+            self._reject(identity, f"bad PUBLISH-BATCH: {exc.reason}")
+            return
+        if batch.first_seq != 0 or not batch.dense or batch.count == 0:
+            self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
+            return
+        payload = batch.nbytes - B.HEADER_SIZE - batch.count * B.RECORD_OVERHEAD  # keys and bodies
+        if payload > self.config.max_message_bytes:
+            limit = self.config.max_message_bytes
+            self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
+            return
+        lane = self.lanes[session.stream]
+        self._flush(lane)
+        _owe(lane.unsequenced, identity, batch.count, P.FEATURE_CONFIRM in session.features)
+        self.metrics.published.inc(batch.count)
+        self._journal(lane, batch)
+
+    def _flush(self, lane: _Lane) -> None:
+        if not lane.pending:
+            return
+        raw = B.encode(0, lane.pending)
+        lane.pending = []
+        lane.pending_bytes = 0
+        self._journal(lane, B.Batch.parse(raw, check_crc=False))
+
+    def _journal(self, lane: _Lane, batch: B.Batch) -> None:
+        """Write-ahead: the journal first, then the multicast queues."""
+        if lane.full_since is not None and time.monotonic() < lane.retry_at:
+            self._refuse_unjournaled(lane, batch.count, lane.full_reason, "journal-full")
+            return
+        try:
+            sealed = lane.writer.append(batch)
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                self._refuse_unjournaled(lane, batch.count, self._disk_full(lane, exc), "journal-full")
+            else:
+                reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}): records refused"
+                log.error("stream %s: %s (%d)", lane.stream, reason, batch.count)
+                self._refuse_unjournaled(lane, batch.count, reason, "journal")
+            return
+        if lane.full_since is not None:
+            log.warning(
+                "stream %s: the journal takes writes again after %.1f s; accepting publishes",
+                lane.stream,
+                time.monotonic() - lane.full_since,
+            )
+            lane.full_since = None
+            self.metrics.journal_full.labels(lane.stream).set(0)
+        last = lane.writer.last_seq
+        first = last - batch.count + 1
+        for identity, n, confirm in lane.unsequenced:
+            if confirm:
+                lane.confirms.append((identity, first, n))
+            first += n
+        lane.unsequenced.clear()
+        self.metrics.journaled.inc(batch.count)
+        self.metrics.batch_records.observe(batch.count)
+        key, name = self.config.stream_key, lane.stream.encode()
+        frames = message(key, name, sealed)  # signed once, for every output that sends it whole
+        cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
+        for out in self.outs:
+            room = out.rooms.get(lane.stream)
+            if room is None or len(sealed) <= room:
+                out.queue.append((frames, last))
+                continue
+            if room not in cut:
+                # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
+                first, ts = last - batch.count + 1, lane.writer.last_ts_ns
+                whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
+                cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
+            out.queue.extend(cut[room])
+        self.metrics.multicast.inc(len(self.outs))
+
+    def _disk_full(self, lane: _Lane, exc: OSError) -> str:
+        """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
+
+        The writer has cut the failed batch back, so the journal holds whole batches only and nothing accepted
+        is lost; multicast, heartbeats and replay carry on. The first write tried after the pause ends the state.
+        """
+        now = time.monotonic()
+        retry_s = self.config.journal_retry_ms / 1000
+        lane.retry_at = now + retry_s
+        if lane.full_since is None:
+            lane.full_since = now
+            lane.full_reason = (
+                f"journal of stream {lane.stream!r} is full ({os.strerror(exc.errno)}): records refused until "
+                f"space is freed there; the gateway tries again every {retry_s:g} s"
+            )
+            log.error(
+                "stream %s: journal disk full (%s) in %s: refusing publishes, trying again every %g s. Fix: free "
+                "space on that filesystem (or give the journal a bigger one, or limit it with --retention-bytes)",
+                lane.stream,
+                os.strerror(exc.errno),
+                lane.writer.directory,
+                retry_s,
+            )
+            self.metrics.journal_full.labels(lane.stream).set(1)
+        return lane.full_reason
+
+    def _refuse_unjournaled(self, lane: _Lane, count: int, reason: str, kind: str) -> None:
+        """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
+        self.metrics.rejected.labels(kind).inc(count)
+        for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
+            self._send_to(identity, P.invalid(reason))
+        lane.unsequenced.clear()
+
+    def _send_confirms(self, lane: _Lane) -> None:
+        """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written)."""
+        never = self.config.durability.mode == "never"
+        synced = lane.writer.last_seq if never else lane.writer.synced_seq
+        while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
+            identity, first, n = lane.confirms.popleft()
+            self._reply(identity, P.PublishOk(first, n))
+
+    # --- plain PUB ingest -----------------------------------------------------------------------------
+
+    def _drain_xsub(self, limit: int = 4096) -> None:
+        assert self.xsub is not None
+        for _ in range(limit):
+            try:
+                frames = self.xsub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2 or len(frames[0]) > P.MAX_STRING:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            key, body = frames
+            try:
+                key.decode()
+            except UnicodeDecodeError:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            if len(body) > self.config.max_message_bytes:
+                self.metrics.rejected.labels("oversize").inc()
+                continue
+            self._publish(None, None, key, body)
+
+    # --- replies --------------------------------------------------------------------------------------
+
+    def _reply(self, identity: bytes, cmd: P.Command) -> None:
+        self._send_to(identity, P.encode(cmd))
+
+    def _send_to(self, identity: bytes, frame: bytes) -> None:
+        """A reply to one client. Never blocks the gateway; a reply that cannot go is counted, not lost in silence:
+        the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms)."""
+        try:
+            self.router.send_multipart((identity, frame), zmq.NOBLOCK)
+        except zmq.Again:
+            self.metrics.replies_dropped.labels("unread").inc()
+            level = logging.DEBUG if self._warned_unread else logging.WARNING  # said once, then counted
+            self._warned_unread = True
+            log.log(level, "a reply to client %s was dropped: it leaves %d replies unread", identity.hex(), REPLY_HWM)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            self.metrics.replies_dropped.labels("gone").inc()
+
+    def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True, kind: str = "invalid") -> None:
+        self.metrics.rejected.labels(kind).inc()
+        log.debug("INVALID to %s: %s", identity.hex() if identity else "-", reason)
+        if identity is not None and reply:
+            self._send_to(identity, P.invalid(reason))
+
+    def close(self) -> None:
+        """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
+        for lane in self.lanes.values():
+            self._flush(lane)
+        deadline = time.monotonic() + 2.0
+        while any(o.queue for o in self.outs) and time.monotonic() < deadline:
+            time.sleep(max(o.pump() for o in self.outs) or 0.0)
+        for lane in self.lanes.values():
+            lane.writer.close()
+            self._send_confirms(lane)
+        self.guard.close()
+        self.router.close()
+        if self.xsub is not None:
+            self.xsub.close()
+        for out in self.outs:
+            out.sock.close()
+        self.metrics.close()
+
+
+def _owe(owed: list[tuple[bytes, int, bool]], identity: bytes, n: int, confirm: bool) -> None:
+    """Add n records to what `identity` is owed, merging with its last entry when it is the same publisher."""
+    if owed and owed[-1][0] == identity and owed[-1][2] == confirm:
+        owed[-1] = (identity, owed[-1][1] + n, confirm)
+    else:
+        owed.append((identity, n, confirm))

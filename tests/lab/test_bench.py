@@ -1,0 +1,74 @@
+"""`zeps bench` end to end in --quick mode: every scenario really runs (labs, gateway, sidecar, subscribers,
+nats-server) and yields a well-formed report. No timing is asserted: targets live in the report, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway.bench import SCENARIOS, report, scenario
+from gateway.bench.runner import Result, Settings, machine
+from gateway.cli.main import main
+from netlab import state
+
+pytestmark = pytest.mark.lab
+
+
+def _my_labs() -> list[str]:
+    """Labs recorded as owned by this test process: a scenario must leave none behind."""
+    return [r["id"] for r in state.load_all() if (r.get("owner") or {}).get("pid") == os.getpid()]
+
+
+def _check(result: Result, name: str) -> None:
+    assert result.scenario == name
+    assert result.tables and all(t.rows for t in result.tables)
+    for table in result.tables:
+        assert all(len(row) == len(table.columns) for row in table.rows), table.title
+    assert result.targets
+    assert not [n for n in result.notes if "failed" in n], result.notes
+
+
+@pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in ("replay", "memory")])
+def test_scenario_quick(name: str, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("zeps bench needs root (network namespaces): run the tests as root", pytrace=False)
+    result = scenario(name).run(Settings(runs=1, quick=True, tmp=tmp_path))
+    _check(result, name)
+    assert not _my_labs()  # every lab it made is gone
+    assert not any(tmp_path.iterdir())  # temporary journals and stores removed
+
+
+def test_replay_and_memory_through_the_cli_write_a_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "report" / "benchmarks.md"
+    store = tmp_path / "store"
+    store.mkdir()
+    for name in ("replay", "memory"):
+        assert main(["bench", name, "--quick", "--runs", "1", "--tmp", str(store), "--report", str(out)]) == 0
+        text = out.read_text()
+        assert text.startswith("# Benchmarks")
+        assert re.search(r"^\| target \(issue #8\) \| measured \| met \|$", text, re.M)
+        assert "## Machine and versions" in text and "nats-server" in text
+        images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+        assert images and all((out.parent / image).stat().st_size > 1000 for image in images)
+    printed = capsys.readouterr().out
+    assert "## Replay" in printed and "## Memory" in printed
+    assert not any(store.iterdir())
+
+
+def test_report_of_a_failed_scenario_still_renders(tmp_path: Path) -> None:
+    failed = Result("fanout", "Fan-out", "", notes=["**This scenario failed:** no nats-server"])
+    paths = report.write([failed], machine(), tmp_path / "b.md", "zeps bench all")
+    text = paths[0].read_text()
+    assert "This scenario failed" in text and "## Machine and versions" in text
+
+
+@pytest.mark.parametrize("args", [["--runs", "0"], ["--journal-gb", "-1"], ["--tmp", "/nonexistent/dir"]])
+def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "memory", *args])
+    assert exc.value.code == 2
+    assert "zeps bench" in capsys.readouterr().err

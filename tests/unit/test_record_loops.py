@@ -1,0 +1,123 @@
+"""The compiled record loops (gateway/_record_loops.c) against their Python versions: same answers, same errors.
+
+Every batch the gateway ingests and every batch a subscriber receives goes through `check`, so the compiled
+one must refuse exactly what the Python one refuses, with the same words, and never read out of bounds on
+bytes a rogue sender made up.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.wire import batch as B
+from gateway.wire import record_loops as L
+
+if L.IMPLEMENTATION != "compiled":  # what the equivalence below compares; `pip install -e .` builds it
+    pytest.fail(
+        f"gateway.wire._record_loops was not built (record loops: {L.IMPLEMENTATION}): is a C compiler installed?"
+    )
+from gateway.wire import _record_loops as C
+
+MAX = B.MAX_SEQ
+keys = st.binary(max_size=12)
+plain = st.tuples(st.integers(0, 2**64 - 1), keys, st.binary(max_size=60))
+with_ttl = st.tuples(st.integers(0, 2**64 - 1), keys, st.binary(max_size=60), st.integers(0, B.MAX_TTL_MS))
+firsts = st.integers(0, MAX - 50)
+batches = st.builds(B.encode, firsts, st.lists(plain, min_size=1, max_size=30)) | st.builds(
+    lambda first, recs: B.encode(first, recs, ttl=True), firsts, st.lists(with_ttl, min_size=1, max_size=30)
+)
+
+
+def _check_args(raw: bytes | bytearray) -> tuple:
+    _, _, flags, _, _, count, first, last, _ = B.HEADER.unpack_from(raw)
+    return memoryview(raw), count, last - first, B._overhead(flags), B.HEADER_SIZE
+
+
+@settings(max_examples=300)
+@given(batches, st.data())
+def test_check_finds_the_same_fault(raw: bytes, data: st.DataObject) -> None:
+    """Flip, cut or pad the records; both loops name the same first fault (or none)."""
+    assert C.check(*_check_args(raw)) is None is L.py_check(*_check_args(raw))
+    damaged = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 4))):
+        how = data.draw(st.sampled_from(["flip", "cut", "pad"]))
+        if how == "flip" and len(damaged) > B.HEADER_SIZE:
+            at = data.draw(st.integers(B.HEADER_SIZE, len(damaged) - 1))
+            damaged[at] = data.draw(st.integers(0, 255))
+        elif how == "cut" and len(damaged) > B.HEADER_SIZE:
+            del damaged[data.draw(st.integers(B.HEADER_SIZE, len(damaged) - 1)) :]
+        else:
+            damaged += data.draw(st.binary(min_size=1, max_size=30))
+    assert C.check(*_check_args(damaged)) == L.py_check(*_check_args(damaged))
+
+
+@given(batches, st.integers(0, 40), st.integers(0, 40), st.booleans())
+def test_entries_are_the_same_records(raw: bytes, lo_off: int, span: int, ttl: bool) -> None:
+    b = B.Batch.parse(raw)
+    lo = b.first_seq + lo_off
+    args = (b.buf, b.first_seq, b.count, b.overhead, B.HEADER_SIZE, lo, min(lo + span, MAX), ttl)
+    compiled = C.entries(*args)
+    assert all(isinstance(field, memoryview) for e in compiled for field in e[2:4])
+    as_bytes = [tuple(bytes(f) if isinstance(f, memoryview) else f for f in e) for e in compiled]
+    assert as_bytes == [tuple(bytes(f) if isinstance(f, memoryview) else f for f in e) for e in L.py_entries(*args)]
+
+
+def test_entries_refuse_records_past_the_end_instead_of_reading_them() -> None:
+    """`Batch` built around unchecked bytes (not through parse): the compiled walk stops, it does not overread."""
+    raw = bytearray(B.encode(0, [(1, b"k", b"body")]))
+    raw[B.HEADER_SIZE + 13] = 0xFF  # body_len now claims 255 more bytes than there are
+    with pytest.raises(ValueError, match="run past its end at byte 40"):
+        C.entries(memoryview(raw), 0, 1, B.RECORD_OVERHEAD, B.HEADER_SIZE, 0, MAX, False)
+    with pytest.raises(ValueError, match="overhead below"):
+        C.check(memoryview(raw), 1, 0, 3, B.HEADER_SIZE)
+
+
+@given(st.lists(plain, max_size=20) | st.lists(with_ttl, min_size=1, max_size=20))
+def test_pack_lays_out_the_same_bytes(recs: list[tuple]) -> None:
+    ttl = bool(recs) and len(recs[0]) == 4
+    assert C.pack(recs, ttl, B.HEADER_SIZE, B.MAX_BATCH) == L.py_pack(recs, ttl, B.HEADER_SIZE, B.MAX_BATCH)
+
+
+@pytest.mark.parametrize(
+    ("recs", "ttl", "max_batch", "message"),
+    [
+        ([(0, b"k" * 256, b"")], False, B.MAX_BATCH, "record 0: key is 256 bytes, the limit is 255"),
+        (
+            [(0, b"k", b"x"), (0, b"k", b"y" * 101)],
+            False,
+            100,
+            "record 1: body is 101 bytes, a batch holds at most 100",
+        ),
+        ([(0, b"k", b"x" * 50)] * 3, False, 150, "batch of 176 bytes is over the limit of 150"),
+        ([(0, b"k", b"", -1)], True, B.MAX_BATCH, "record 0: ttl_ms -1 outside 0..4294967295"),
+        ([(0, b"k", b"", 2**32)], True, B.MAX_BATCH, "record 0: ttl_ms 4294967296 outside 0..4294967295"),
+        ([(0, b"k", b"", 2**70)], True, B.MAX_BATCH, f"record 0: ttl_ms {2**70} outside 0..4294967295"),
+    ],
+)
+def test_pack_refuses_with_the_same_words(recs: list[tuple], ttl: bool, max_batch: int, message: str) -> None:
+    for pack in (C.pack, L.py_pack):
+        with pytest.raises(ValueError) as err:
+            pack(recs, ttl, B.HEADER_SIZE, max_batch)
+        assert str(err.value) == message
+
+
+def test_pack_takes_any_iterable_and_refuses_what_is_not_a_record() -> None:
+    assert C.pack(iter([(5, b"a", b"b")]), False, 0, B.MAX_BATCH) == L.py_pack([(5, b"a", b"b")], False, 0, B.MAX_BATCH)
+    with pytest.raises(TypeError):
+        C.pack([(5, b"a")], False, 0, B.MAX_BATCH)
+    with pytest.raises(TypeError):
+        C.pack([(5, "not bytes", b"b")], False, 0, B.MAX_BATCH)
+
+
+def test_the_environment_can_force_the_python_loops() -> None:
+    """ZEPS_PURE_PYTHON=1 at import: what `zeps bench` uses to measure what the compiled loops win."""
+    code = "from gateway.wire import record_loops as L; print(L.IMPLEMENTATION, L.check is L.py_check)"
+    env = {**os.environ, "ZEPS_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["python", "True"]
