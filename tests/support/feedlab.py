@@ -18,7 +18,7 @@ from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
 from gateway.tools.deployment import Deployment, Keys
 from gateway.tools.load import generated
-from gateway.transport.metrics import SubscriberMetrics
+from gateway.client.metrics import SubscriberMetrics
 from netlab import Lab
 
 STREAM = "feed"
