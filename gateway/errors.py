@@ -113,6 +113,10 @@ class SparkUnavailable(ZepsError, RuntimeError):
     """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
 
 
+class CoordinatorError(ZepsError, RuntimeError):
+    """The coordinator (etcd) refused a request or did not answer in time; the message names it and the fix."""
+
+
 class BenchError(ZepsError, RuntimeError):
     """A benchmark could not run or did not check out; the message says why and what to do."""
 

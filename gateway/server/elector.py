@@ -1,0 +1,119 @@
+"""The elector: campaigns for a group's leader key in etcd and keeps the lease alive, on a thread of its own.
+
+Threading contract: one elector thread makes every etcd request (each bounded by the client's timeout) and is
+the only writer of `Leadership`. Other threads read `authority()`: one tuple, replaced whole, so a reader never
+sees an epoch from one grant with the deadline of another. The gateway's loop calls `may_act(now)` before it
+multicasts or confirms; it never waits on etcd.
+
+A follower that finds the key held polls it every renewal interval; as soon as it is gone (the leader's lease
+expired or was revoked), the follower campaigns. A leader whose renewal fails keeps its authority only until
+`authority_until`: if etcd is unreachable for longer, it steps down without being told (rule 2 of
+gateway.server.leadership), and campaigns again when etcd answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from gateway.errors import CoordinatorError
+from gateway.server.leadership import RENEWALS_PER_TTL, Leadership, Role
+from gateway.transport.etcd import Etcd
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL_S = 1  # etcd's lease unit is the second; a LAN etcd with fast heartbeats grants 1 s
+DEFAULT_MARGIN_S = 0.2
+
+
+class Elector:
+    """Campaigns for `key` with `value` (what followers and clients learn of the leader)."""
+
+    def __init__(
+        self,
+        etcd_url: str,
+        key: str,
+        value: str,
+        *,
+        ttl_s: int = DEFAULT_TTL_S,
+        margin_s: float = DEFAULT_MARGIN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key, self.value, self.ttl_s = key, value, ttl_s
+        self._etcd = Etcd(etcd_url, timeout_s=ttl_s / RENEWALS_PER_TTL)
+        self._leadership = Leadership(margin_s)
+        self._clock = clock
+        self._lease = 0
+        self._authority: tuple[int, float] = (0, -math.inf)  # (epoch, authority_until): replaced whole
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"elector-{key}", daemon=True)
+
+    def start(self) -> Elector:
+        self._thread.start()
+        return self
+
+    def authority(self) -> tuple[int, float]:
+        """(epoch, until): this node may act as leader of `epoch` while the monotonic clock is below `until`."""
+        return self._authority
+
+    def may_act(self, now: float) -> bool:
+        return now < self._authority[1]
+
+    def close(self, *, resign: bool = True) -> None:
+        """Stops campaigning; with `resign`, revokes the lease so a successor need not wait for it to expire."""
+        self._stop.set()
+        self._thread.join()
+        self._authority = (self._authority[0], -math.inf)
+        if resign and self._lease:
+            try:
+                self._etcd.revoke(self._lease)
+            except CoordinatorError as exc:
+                log.warning("leadership: could not resign (%s); the lease ends by itself", exc)
+
+    def _run(self) -> None:
+        interval = self.ttl_s / RENEWALS_PER_TTL
+        while not self._stop.wait(self._step_wait(interval)):
+            try:
+                self._step()
+            except CoordinatorError as exc:
+                log.warning("leadership: %s", exc)
+            self._publish()
+
+    def _step_wait(self, interval: float) -> float:
+        if self._leadership.role is Role.LEADER:
+            return max(0.0, self._leadership.renewed_at + interval - self._clock())
+        return interval
+
+    def _step(self) -> None:
+        now = self._clock()
+        lead = self._leadership
+        if lead.role is Role.LEADER and not lead.may_act(now):
+            log.warning("leadership: epoch %d lapsed (no renewal in time); stepping down", lead.epoch)
+            lead.lost()
+        if lead.role is Role.LEADER:
+            ttl = self._etcd.keepalive(self._lease)
+            if ttl <= 0:
+                log.warning("leadership: etcd no longer holds the lease of epoch %d; stepping down", lead.epoch)
+                lead.lost()
+                self._lease = 0
+            else:
+                lead.renewed(now, ttl)
+            return
+        if self._etcd.holder(self.key) is not None:
+            return
+        sent_at = self._clock()
+        self._lease = self._etcd.grant(self.ttl_s)
+        epoch = self._etcd.create(self.key, self.value, self._lease)
+        if epoch is None:  # someone else was faster
+            self._etcd.revoke(self._lease)
+            self._lease = 0
+            return
+        lead.granted(sent_at, epoch, self.ttl_s)
+        log.info("leadership: %s leads %s in epoch %d", self.value, self.key, epoch)
+
+    def _publish(self) -> None:
+        lead = self._leadership
+        self._authority = (lead.epoch, lead.authority_until if lead.role is Role.LEADER else -math.inf)

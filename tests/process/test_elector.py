@@ -1,0 +1,119 @@
+"""Leader election on a real etcd: one leader at a time, no overlap across kill and SIGSTOP, etcd restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.etcd import EtcdProcess
+
+from gateway.server.elector import Elector
+
+pytestmark = pytest.mark.timeout(120)
+
+KEY = "/zeps/test/leader"
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    server = EtcdProcess(tmp_path).start()
+    yield server
+    server.kill()
+
+
+def wait_for(what: Callable[[], bool], timeout_s: float) -> float:
+    """Monotonic time at which `what` first held (polled every ms); fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if what():
+            return time.monotonic()
+        time.sleep(0.001)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+def test_one_leader_and_a_successor_only_after_its_authority_ends(etcd: EtcdProcess) -> None:
+    a = Elector(etcd.url, KEY, "a").start()
+    wait_for(lambda: a.may_act(time.monotonic()), 5)
+    b = Elector(etcd.url, KEY, "b").start()
+    try:
+        time.sleep(1.5)  # several renewals: a stays leader, b never acts
+        assert a.may_act(time.monotonic()) and not b.may_act(time.monotonic())
+        epoch_a, _ = a.authority()
+        a.close(resign=False)  # a dies without a word: b must wait for the lease
+        _, a_until = a._leadership.epoch, a._leadership.authority_until
+        took_over = wait_for(lambda: b.may_act(time.monotonic()), 5)
+        assert took_over >= a_until, "b acted while a could still act"
+        assert b.authority()[0] > epoch_a
+    finally:
+        b.close()
+
+
+def test_a_resigning_leader_hands_over_at_once(etcd: EtcdProcess) -> None:
+    a = Elector(etcd.url, KEY, "a").start()
+    b = Elector(etcd.url, KEY, "b").start()
+    try:
+        first = wait_for(lambda: a.may_act(time.monotonic()) or b.may_act(time.monotonic()), 5)
+        leader, other = (a, b) if a.may_act(first) else (b, a)
+        leader.close(resign=True)
+        start = time.monotonic()
+        other_at = wait_for(lambda: other.may_act(time.monotonic()), 5)
+        assert other_at - start < 1.0  # no lease to wait for: the next poll finds the key gone
+    finally:
+        a.close()
+        b.close()
+
+
+CHILD = """
+import sys, time
+from gateway.server.elector import Elector
+e = Elector(sys.argv[1], sys.argv[2], "paused").start()
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    now = time.monotonic()
+    print(f"{now:.6f} {int(e.may_act(now))}", flush=True)
+    time.sleep(0.002)
+"""
+
+
+def test_a_leader_paused_past_its_lease_never_acts_after_its_successor_took_over(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    out = open(tmp_path / "child.out", "w")  # noqa: SIM115
+    child = subprocess.Popen([sys.executable, "-c", CHILD, etcd.url, KEY], stdout=out)
+    try:
+        lines = lambda: (tmp_path / "child.out").read_text().split("\n")[:-1]  # noqa: E731
+        wait_for(lambda: any(line.endswith(" 1") for line in lines()), 10)
+        b = Elector(etcd.url, KEY, "b").start()
+        try:
+            os.kill(child.pid, signal.SIGSTOP)
+            took_over = wait_for(lambda: b.may_act(time.monotonic()), 5)
+            os.kill(child.pid, signal.SIGCONT)
+            time.sleep(0.5)
+            acting = [float(t) for t, may in (line.split() for line in lines()) if may == "1"]
+            assert acting, "the child never led"
+            assert max(acting) < took_over, "the paused leader acted after its successor took over"
+        finally:
+            b.close()
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        out.close()
+
+
+def test_etcd_down_ends_authority_and_leadership_returns_with_etcd(etcd: EtcdProcess) -> None:
+    a = Elector(etcd.url, KEY, "a").start()
+    try:
+        wait_for(lambda: a.may_act(time.monotonic()), 5)
+        etcd.kill()
+        lost = wait_for(lambda: not a.may_act(time.monotonic()), 3)
+        assert lost - a._leadership.renewed_at <= a.ttl_s  # within one lease of the last renewal
+        etcd.start()
+        wait_for(lambda: a.may_act(time.monotonic()), 10)
+    finally:
+        a.close()
