@@ -48,6 +48,7 @@ class Elector:
         self._clock = clock
         self._lease = 0
         self._authority: tuple[int, float] = (0, -math.inf)  # (epoch, authority_until): replaced whole
+        self._unreachable = False  # etcd failed the last request: said once, until it answers again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"elector-{key}", daemon=True)
 
@@ -79,7 +80,13 @@ class Elector:
             try:
                 self._step()
             except CoordinatorError as exc:
-                log.warning("leadership: %s", exc)
+                if not self._unreachable:
+                    log.warning("leadership: %s (retrying every %.2f s)", exc, interval)
+                self._unreachable = True
+            else:
+                if self._unreachable:
+                    log.info("leadership: etcd at %s answers again", self._etcd.url)
+                self._unreachable = False
             self._publish()
 
     def _step_wait(self, interval: float) -> float:
