@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 import zmq
 
@@ -190,7 +190,7 @@ class Subscriber:
         checkpoint: str | Path | None = None,
         tuning: Tuning | None = None,
         max_lag: int | None = None,
-        lag_policy: str = "replay",
+        lag_policy: Literal["replay", "raise"] = "replay",
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
@@ -247,7 +247,7 @@ class Subscriber:
             buffer_limit_bytes=buffer_limit_bytes,
             progress_timeout=progress_timeout,
             max_lag=max_lag,
-            lag_policy=lag_policy,  # type: ignore[arg-type]
+            lag_policy=lag_policy,
         )
         self._execute(self.reconciler.handle(R.Tick(), time.monotonic()))
 
