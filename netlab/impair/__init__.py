@@ -8,8 +8,8 @@ untested one. So the pieces are, one module each:
   bpf(2): random loss, Gilbert-Elliott loss, "drop exactly the next N", partition and duplication
   (``bpf_clone_redirect``). A change is a few stores into shared memory: nothing reloaded, no queued packet lost.
 - ``tc``: where it goes (pyroute2): a ``clsact`` egress hook for the program, a **TBF** root qdisc for the rate.
-- ``nfqueue`` (raw netlink), ``iptables`` (the ``mangle`` rules) and ``delay`` (a small process in the host's
-  namespace that holds each packet's verdict): delay, jitter, reorder.
+- ``delay``: an iptables ``mangle`` rule (``iptables``) sending the packets to NFQUEUE, where a small process in
+  the host's namespace (``nfqueue``, raw netlink) holds each packet's verdict: delay, jitter, reorder.
 - ``model``: :class:`Impairment` and :class:`LinkCounters`, what this module's functions take and give.
 
 Directions: ``"in"`` shapes the egress of the host's *bridge-side* veth (in the root namespace, delay at the
@@ -24,9 +24,10 @@ import socket
 import time
 
 from netlab.impair import ebpf
-from netlab.impair.delay import delay_daemon, set_delay
+from netlab.impair.delay import set_delay
 from netlab.impair.iptables import delay_rules
 from netlab.impair.model import DIRECTIONS, Direction, Impairment, LinkCounters
+from netlab.impair.nfqueue import delay_daemon
 from netlab.impair.tc import Link, map_value, read_rate, remove_filter, set_rate
 from netlab.lab import Host, Lab, LabError
 

@@ -7,15 +7,9 @@ the direction's two queues, swaps the rule in one step, then lets the old proces
 
 from __future__ import annotations
 
-import contextlib
-import heapq
-import os
-import random
 import select
-import signal
 import subprocess
 import sys
-import time
 
 from netlab import ns, state
 from netlab.impair import nfqueue
@@ -29,71 +23,10 @@ READY_TIMEOUT = 20.0  # seconds for a new delay process to bind its queue
 DRAIN_GRACE = 2.0  # seconds an old process has, beyond its longest delay, to release what it holds
 
 
-def run(queue: int, delay_s: float, jitter_s: float, reorder: float) -> None:
-    """Hold each packet of ``queue`` for its delay, then accept it. SIGTERM: finish the held ones, then exit."""
-    sock = nfqueue.open_queue(queue)
-    sock.setblocking(False)
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    draining = False
-
-    def on_term(_signum: int, _frame: object) -> None:
-        nonlocal draining
-        draining = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    print("ready", flush=True)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
-    rng = random.Random()
-    held: list[tuple[float, int]] = []  # (due, packet id); ids grow, so ties keep arrival order
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    poller.register(wake_r, select.POLLIN)
-    while True:
-        now = time.monotonic()
-        due = []
-        while held and held[0][0] <= now:
-            due.append(heapq.heappop(held)[1])
-        if due:
-            sock.send(nfqueue.accept(queue, due))
-        if held:
-            timeout: float | None = max(0.0, held[0][0] - time.monotonic()) * 1000
-        else:
-            timeout = 0 if draining else None  # draining: only look for stragglers, then exit
-        events = dict(poller.poll(timeout))
-        if wake_r in events:
-            with contextlib.suppress(BlockingIOError):
-                os.read(wake_r, 64)
-        arrived = 0
-        for _ in range(1024):  # bounded: let due packets go out between bursts of arrivals
-            try:
-                data = sock.recv(1 << 16)
-            except BlockingIOError:
-                break
-            now = time.monotonic()
-            for packet_id in nfqueue.packet_ids(data):
-                arrived += 1
-                if reorder and rng.random() < reorder:
-                    heapq.heappush(held, (now, packet_id))
-                else:
-                    heapq.heappush(held, (now + delay_s + rng.uniform(-jitter_s, jitter_s), packet_id))
-        if draining and not held and not arrived:
-            return
-
-
-def delay_daemon(argv: list[str]) -> int:
-    """Entry point of the delay process: ``QUEUE DELAY_US JITTER_US REORDER_FRACTION``."""
-    queue, delay_us, jitter_us, reorder = int(argv[0]), int(argv[1]), int(argv[2]), float(argv[3])
-    run(queue, delay_us / 1e6, jitter_us / 1e6, reorder)
-    return 0
-
-
 def _start(lab: Lab, host: Host, queue: int, delay_us: int, jitter_us: int, reorder_pct: float) -> int:
     """Start the delay process in ``host`` and wait until it has bound its queue; return its pid."""
-    code = "import sys, netlab.impair.delay as m; sys.exit(m.delay_daemon(sys.argv[1:]))"
-    argv = [sys.executable, "-c", code, str(queue), str(delay_us), str(jitter_us), str(reorder_pct / 100)]
+    settings = (queue, delay_us, jitter_us, reorder_pct / 100)
+    argv = [sys.executable, "-I", "-S", nfqueue.__file__, *map(str, settings)]  # stdlib only: starts at once
     proc = lab.popen(
         host,
         argv,

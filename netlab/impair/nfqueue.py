@@ -1,14 +1,24 @@
-"""Raw NFQUEUE over netlink (no libnetfilter_queue): bind a queue, read packet ids, give verdicts.
+"""The delay process: raw NFQUEUE over netlink (no libnetfilter_queue), holding each packet's verdict.
 
-The constants are the kernel's ABI, from include/uapi/linux/netlink.h, include/uapi/linux/netfilter.h,
-include/uapi/linux/netfilter/nfnetlink.h and include/uapi/linux/netfilter/nfnetlink_queue.h.
+Standard library only, and run by path (``python -I -S nfqueue.py QUEUE DELAY_US JITTER_US REORDER``), not
+imported through netlab: a new delay process binds its queue in milliseconds, so a change of delay under
+traffic leaves no long stretch on the old settings. The constants are the kernel's ABI, from
+include/uapi/linux/netlink.h, include/uapi/linux/netfilter.h, include/uapi/linux/netfilter/nfnetlink.h and
+include/uapi/linux/netfilter/nfnetlink_queue.h.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import os
+import random
+import select
+import signal
 import socket
 import struct
+import sys
+import time
 from collections.abc import Iterable, Iterator
 
 NETLINK_NETFILTER = 12  # netlink.h
@@ -92,3 +102,68 @@ def accept(queue: int, ids: Iterable[int]) -> bytes:
         nlmsg(NFQNL_MSG_VERDICT, NLM_F_REQUEST, queue, [(NFQA_VERDICT_HDR, struct.pack("!II", NF_ACCEPT, i))])
         for i in ids
     )
+
+
+def run(queue: int, delay_s: float, jitter_s: float, reorder: float) -> None:
+    """Hold each packet of ``queue`` for its delay, then accept it. SIGTERM: finish the held ones, then exit."""
+    sock = open_queue(queue)
+    sock.setblocking(False)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    draining = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal draining
+        draining = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready", flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    rng = random.Random()
+    held: list[tuple[float, int]] = []  # (due, packet id); ids grow, so ties keep arrival order
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        now = time.monotonic()
+        due = []
+        while held and held[0][0] <= now:
+            due.append(heapq.heappop(held)[1])
+        if due:
+            sock.send(accept(queue, due))
+        if held:
+            timeout: float | None = max(0.0, held[0][0] - time.monotonic()) * 1000
+        else:
+            timeout = 0 if draining else None  # draining: only look for stragglers, then exit
+        events = dict(poller.poll(timeout))
+        if wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 64)
+        arrived = 0
+        for _ in range(1024):  # bounded: let due packets go out between bursts of arrivals
+            try:
+                data = sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            now = time.monotonic()
+            for packet_id in packet_ids(data):
+                arrived += 1
+                if reorder and rng.random() < reorder:
+                    heapq.heappush(held, (now, packet_id))
+                else:
+                    heapq.heappush(held, (now + delay_s + rng.uniform(-jitter_s, jitter_s), packet_id))
+        if draining and not held and not arrived:
+            return
+
+
+def delay_daemon(argv: list[str]) -> int:
+    """Entry point of the delay process: ``QUEUE DELAY_US JITTER_US REORDER_FRACTION``."""
+    queue, delay_us, jitter_us, reorder = int(argv[0]), int(argv[1]), int(argv[2]), float(argv[3])
+    run(queue, delay_us / 1e6, jitter_us / 1e6, reorder)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(delay_daemon(sys.argv[1:]))
