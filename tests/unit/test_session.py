@@ -218,6 +218,18 @@ def test_a_pattern_filters_keys_and_the_coverage_stays_gap_free() -> None:
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))  # nothing left uncovered
 
 
+def test_batches_holding_nothing_for_a_pattern_become_one_empty_batch_covering_them() -> None:
+    journal = FakeJournal(0)
+    for first, key in ((1, "a/x"), (11, "b/y"), (21, "b/z"), (31, "a/x")):
+        journal.batches.append(journal_batch(first, [key] * BATCH))
+    s = session(journal, P.FEATURE_BATCH)
+    s.handle(P.Subscribe("a/", 0), 0.0)
+    s.handle(P.Credit(1 << 20), 0.0)
+    sent = drain(s)[1:]
+    assert coverage(sent) == [(1, 10), (11, 30), (31, 40)]  # one empty batch for 11..30, not one per batch
+    assert seqs(sent) == [*range(1, 11), *range(31, 41)]
+
+
 def test_resubscribing_drops_what_the_old_subscription_had_not_sent() -> None:
     journal = FakeJournal(30)
     s = session(journal, P.FEATURE_BATCH)
