@@ -5,12 +5,15 @@ PY := .venv/bin/python
 setup:
 	@bash scripts/setup.sh
 
-test: setup
+# Lint, format and types first: any error fails the target before a test runs (CI runs `make test`).
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
 	.venv/bin/zeps demo
 
+# mypy through the venv's python: a copied venv's bin/mypy may name another venv's interpreter.
 lint: setup
 	.venv/bin/ruff check gateway netlab tests
 	.venv/bin/ruff format --check gateway netlab tests
+	$(PY) -m mypy

@@ -137,7 +137,12 @@ class Tuning:
         )
 
 
-def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket | NormSender | UdpSender:
+# What open_pub / open_sub return, whichever the transport: each offers the socket calls the callers use.
+McastSender = zmq.Socket | NormSender | UdpSender
+McastReceiver = zmq.Socket | NormReceiver | UdpReceiver
+
+
+def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSender:
     """A sender on the multicast endpoint (interface resolved to its address).
 
     PGM: an XPUB with XPUB_NODROP. A PUB drops silently at its high-water mark; this raises zmq.Again
@@ -159,9 +164,7 @@ def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> zmq.Socket
     return sock
 
 
-def open_sub(
-    ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]
-) -> zmq.Socket | NormReceiver | UdpReceiver:
+def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> McastReceiver:
     """A receiver on the multicast endpoint, subscribed to whole streams (every sequence is seen).
 
     PGM: a SUB socket. NORM and UDP: a `NormReceiver` or `UdpReceiver`, which offer the same poll /

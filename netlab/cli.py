@@ -49,7 +49,7 @@ def resolve_host(spec: str, records: Sequence[dict[str, Any]]) -> tuple[str, str
     raise LabError(f"host {host!r} exists in several labs ({labs}): say which, e.g. {matches[0][0]}/{host}")
 
 
-_UNITS = {
+_UNITS: dict[str, dict[str, float]] = {
     "time": {"us": 0.001, "ms": 1.0, "s": 1000.0},
     "rate": {"kbit": 1, "mbit": 1000, "gbit": 1_000_000},
 }

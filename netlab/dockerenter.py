@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import warnings  # noqa: F401  os.execvpe imports it lazily, and after the chroot it could not
+from collections.abc import Iterable
 
 # (namespace, CLONE_ flag); mnt last: after it, /proc/PID/... paths would resolve inside the container.
 _NAMESPACES = (("ipc", 0x08000000), ("uts", 0x04000000), ("net", 0x40000000), ("pid", 0x20000000), ("mnt", 0x00020000))
@@ -69,7 +70,7 @@ def _enter(pid: int, cwd: str) -> None:
     os.chdir(cwd)
 
 
-def _child(command: list[str], env: dict[str, str], mask: set[signal.Signals]) -> None:
+def _child(command: list[str], env: dict[str, str], mask: Iterable[int]) -> None:
     """In the forked child (pid namespace of the container): exec the command, or exit 127/126 like a shell."""
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != 0:  # the parent (outside this pid namespace, so seen as 0) died before prctl

@@ -304,7 +304,7 @@ def _build(client: docker.DockerClient, tag: str, context: io.BytesIO) -> None:
 def _prune(client: docker.DockerClient, keep: str, source: str) -> None:
     """Remove older project images built from this checkout (only those no container uses)."""
     for image in client.images.list(name=IMAGE, filters={"label": f"{LABEL_SOURCE}={source}"}):
-        if keep not in image.tags:
+        if keep not in image.tags and image.id is not None:
             with contextlib.suppress(docker.errors.APIError):  # in use by a container: keep it
                 client.images.remove(image.id)
 

@@ -203,7 +203,9 @@ class DockerLab(Lab):
                 network_mode=self.id,
                 sysctls={"net.ipv6.conf.all.disable_ipv6": "1"},
             ),
-            networking_config=api.create_networking_config({self.id: api.create_endpoint_config(ipv4_address=host.ip)}),
+            networking_config=api.create_networking_config(
+                {self.id: api.create_endpoint_config(ipv4_address=host.ip)}  # type: ignore[arg-type]  # stub wrong: SDK takes name->config
+            ),
         )
         api.start(host.netns)
 
@@ -266,9 +268,9 @@ def _remove_engine_objects(engine: docker.DockerClient | None, lab_id: str) -> l
     if engine is None:
         return []
     errors: list[str] = []
-    label = {"label": f"{LABEL_ID}={lab_id}"}
+    label: dict[str, str | list[str] | bool] = {"label": f"{LABEL_ID}={lab_id}"}
     for container in engine.containers.list(all=True, filters=label):
-        if container.name.startswith(f"{lab_id}-"):
+        if (container.name or "").startswith(f"{lab_id}-"):
             lab_mod._attempt(
                 errors, f"remove container {container.name}", functools.partial(container.remove, force=True)
             )
@@ -283,13 +285,17 @@ def lab_ids_present(engine: docker.DockerClient | None) -> set[str]:
     names = set(ns.list_netns()) | set(firewall.bridges_with_rules())
     ids = {m.group(1) for n in names if (m := _OBJECT_RE.match(n))}
     if engine is not None:
-        label = {"label": LABEL_ID}
+        label: dict[str, str | list[str] | bool] = {"label": LABEL_ID}
         for container in engine.containers.list(all=True, filters=label):
             lab_id = container.labels.get(LABEL_ID, "")
-            if _ID_RE.match(lab_id) and container.name.startswith(f"{lab_id}-"):
+            if _ID_RE.match(lab_id) and (container.name or "").startswith(f"{lab_id}-"):
                 ids.add(lab_id)
         for net in engine.networks.list(filters=label):
-            if _ID_RE.match(net.name) and (net.attrs.get("Labels") or {}).get(LABEL_ID) == net.name:
+            if (
+                net.name is not None
+                and _ID_RE.match(net.name)
+                and (net.attrs.get("Labels") or {}).get(LABEL_ID) == net.name
+            ):
                 ids.add(net.name)
     return ids | {r["id"] for r in state.load_all() if _ID_RE.match(r["id"])}
 

@@ -264,6 +264,7 @@ class Lab:
             state.save(self.id, self.to_record())
 
     def _build(self) -> None:
+        assert self.subnet is not None  # allocated before the build
         # Snooping is off (set at creation): without an IGMP querier on the LAN, a snooping bridge can
         # stop forwarding a group once memberships expire. Flooding is what a test LAN wants.
         with IPRoute() as ipr:
@@ -295,7 +296,7 @@ class Lab:
     def _teardown(self) -> None:
         with self._lock:
             popens, handles = self._popens[:], self._handles[:]
-        errors = []
+        errors: list[str] = []
         for handle in handles:
             _attempt(errors, f"stop pid {handle.pid}", handle.terminate)
         for proc in popens:

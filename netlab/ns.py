@@ -77,23 +77,24 @@ def call_in_netns(name: str, fn: Callable[..., T], *args: object, timeout: float
     path = netns_path(name)
     if not path.exists():
         raise FileNotFoundError(f"network namespace {name!r} does not exist ({path}); is the lab up?")
-    outcome: dict[str, object] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def body() -> None:
         try:
             enter(path)
-            outcome["value"] = fn(*args)
+            value.append(fn(*args))
         except BaseException as exc:
-            outcome["error"] = exc
+            error.append(exc)
 
     worker = threading.Thread(target=body, name=f"netns-{name}", daemon=True)
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
         raise TimeoutError(f"{fn!r} did not return within {timeout} s inside namespace {name!r}")
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def _netns_id(path: str | os.PathLike[str]) -> tuple[int, int]:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
-from typing import Any
+from typing import Any, cast
 
 from netlab.lab import Host, Lab
 from netlab.procs import MP, HostProcess
@@ -149,7 +149,7 @@ class Sniffer:
         self._stop.set()
 
     def result(self, timeout: float | None = 60.0) -> Capture:
-        return self._handle.result(timeout)  # type: ignore[no-any-return]
+        return self._handle.result(timeout)
 
 
 def start_sniff(
@@ -209,7 +209,7 @@ def _send_paced(ifname: str, frames: Sequence[bytes], pps: float) -> int:
     try:
         start = time.monotonic()
         for i, frame in enumerate(frames):
-            sock.send(frame)
+            sock.send(frame)  # type: ignore[arg-type]  # scapy sends bytes as they are (stubs say Packet)
             pause = start + (i + 1) / pps - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
@@ -384,7 +384,7 @@ def _receive(
         if not events and done.is_set():
             break
         for key, _ in events:
-            data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+            data = cast(socket.socket, key.fileobj).recv(65536)  # registered above
             seq, sent_at = _PROBE.unpack_from(data)
             now = time.monotonic()
             arrivals.append((seq, (now - sent_at) * 1000, now))

@@ -61,7 +61,7 @@ def run(settings: Settings) -> Result:
             name = f"ZEPS, --fsync {fsync}"
             options = pipeline.gateway_options(pipeline.RATE_KBPS, "--fsync", fsync)
             with pipeline.deployed_on(lab, tmp=settings.tmp, options=options) as dep:
-                server = (dep.gateway.pid, _zeps_starter(dep), _zeps_publish(dep))
+                server = (dep.gateway_pid, _zeps_starter(dep), _zeps_publish(dep))
                 costs[name] = {
                     k: _measure(settings, progress, f"{name}, {k} subscribers", lab, k, per_run, *server)
                     for k in fanouts

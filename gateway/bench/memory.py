@@ -13,7 +13,6 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import zmq
 
@@ -83,7 +82,8 @@ def _observe(dep: Deployment, history: int, duration: float, progress: Progress)
         while time.monotonic() - start < duration:
             t = time.monotonic() - start
             for name, proc in (("gateway", dep.gateway), ("replay sidecar", dep.sidecar)):
-                samples[name].append((t, rss_bytes(proc.pid) / 2**20))  # type: ignore[union-attr]
+                assert proc is not None  # both run for the whole observation
+                samples[name].append((t, rss_bytes(proc.pid) / 2**20))
             if len(samples["gateway"]) % 20 == 0:
                 progress(f"{t:.0f}/{duration:.0f} s: RSS gateway {samples['gateway'][-1][1]:.0f} MiB, "
                          f"sidecar {samples['replay sidecar'][-1][1]:.0f} MiB")  # fmt: skip
@@ -173,7 +173,7 @@ def read_for(endpoint: str, seconds: float) -> dict[str, int]:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             event = client.recv(timeout=1)
-            if event is not None and hasattr(event, "raw"):
+            if isinstance(event, B.Batch):
                 nbytes += event.nbytes
                 for _ in event.raw():
                     records += 1
@@ -186,14 +186,14 @@ def stop_granting(endpoint: str, seconds: float) -> dict[str, int]:
     with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)
-        for cmd in (P.Attach(P.PROTOCOL, P.VERSION, STREAM), P.Extend((P.FEATURE_BATCH,)), P.Subscribe("", 0),
-                    P.Credit(STUCK_WINDOW)):  # fmt: skip
-            sock.send(P.encode(cmd))
+        for request in (P.Attach(P.PROTOCOL, P.VERSION, STREAM), P.Extend((P.FEATURE_BATCH,)), P.Subscribe("", 0),
+                        P.Credit(STUCK_WINDOW)):  # fmt: skip
+            sock.send(P.encode(request))
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if not sock.poll(200):
                 continue
-            cmd: Any = P.decode(sock.recv())
+            cmd = P.decode(sock.recv())
             if isinstance(cmd, P.Ping):
                 sock.send(P.encode(P.PingOk()))
             elif isinstance(cmd, P.DeliverBatch):

@@ -86,7 +86,7 @@ def write_journal(root: Path, records: int, *, body: int = BODY, until_bytes: in
 
 
 def _first(template: B.Batch, n: int) -> B.Batch:
-    return B.Batch.parse(B.encode(0, ((ts, key, body) for _, ts, key, body in template.raw(hi=n - 1))))  # type: ignore[misc]
+    return B.Batch.parse(B.encode(0, ((ts, key, body) for _, ts, key, body in template.raw(hi=n - 1))))
 
 
 @contextmanager
@@ -96,7 +96,8 @@ def sidecar(root: Path, *options: str) -> Iterator[str]:
     cmd += options
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        line = proc.stdout.readline().decode()  # type: ignore[union-attr]
+        assert proc.stdout is not None  # stdout=PIPE
+        line = proc.stdout.readline().decode()
         match = re.search(r" at (tcp://\S+)", line)
         if not match:
             raise BenchError(f"zeps replay did not start: {line!r}")

@@ -95,7 +95,7 @@ class Stat:
 class Table:
     title: str
     columns: tuple[str, ...]
-    rows: list[tuple[object, ...]]
+    rows: Sequence[tuple[object, ...]]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,9 @@ from gateway.wire import protocol as P
 def rss_mib() -> float:
     """Resident memory of this process."""
     status = Path("/proc/self/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
+    found = re.search(r"VmRSS:\s+(\d+) kB", status)
+    assert found is not None, "Linux /proc/self/status has a VmRSS line"
+    return int(found.group(1)) / 1024
 
 
 def write_journal(root: Path, stream: str, keys: int, updates: int, body: int) -> int:
@@ -94,7 +96,8 @@ def over_tcp(root: Path, stream: str, keys: int, time_limit: float) -> dict[str,
             while not isinstance(event := client.recv(), P.SnapshotEnd):
                 if event is None:
                     raise RuntimeError(f"the sidecar stopped sending after {got} records")
-                got += sum(1 for _ in event.raw())  # type: ignore[union-attr]
+                assert isinstance(event, B.Batch), event  # a snapshot is batches, then SNAPSHOT-END
+                got += sum(1 for _ in event.raw())
                 _bounded("snapshot over TCP", deadline)
             done = time.perf_counter()
     if got != keys:

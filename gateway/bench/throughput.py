@@ -153,10 +153,10 @@ def zeps_once(dep: Deployment, count: int, rate_kbps: int, per_record: bool) -> 
     try:
         if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
             raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
-        gw_cpu = cpu_seconds(dep.gateway.pid)
+        gw_cpu = cpu_seconds(dep.gateway_pid)
         pub = lab.run("pub", pipeline.publish, dep.ingest, count, 0.0, timeout=300)
         got = sub.result(timeout=300)
-        gw_cpu = cpu_seconds(dep.gateway.pid) - gw_cpu
+        gw_cpu = cpu_seconds(dep.gateway_pid) - gw_cpu
     finally:
         stop(sub)
     if got["missing"] or got["disorder"]:

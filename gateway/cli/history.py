@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
+    from gateway.client.subscriber import Received
     from gateway.wire.batch import Record
 
 from gateway.cli import keyopts
@@ -44,7 +45,7 @@ def replay_arguments(p: argparse.ArgumentParser) -> None:
     keyopts.add_client_options(p)
 
 
-def write_records(records: Iterable[Record], out: TextIO) -> None:
+def write_records(records: Iterable[Record | Received], out: TextIO) -> None:
     """One JSON object a line per record: seq, ts_ns (publish time), key, body_b64, and ttl_ms when set."""
     for rec in records:
         line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": base64.b64encode(rec.body).decode()}

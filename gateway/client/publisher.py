@@ -17,6 +17,7 @@ import itertools
 import math
 import time
 from types import TracebackType
+from typing import TypeVar
 
 import zmq
 
@@ -26,6 +27,7 @@ from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 _ids = itertools.count()  # monitor addresses
+_Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
 
 
 class Publisher:
@@ -211,7 +213,7 @@ class Publisher:
                     pass  # PING-OK and the like carry nothing for a publisher
             block = False
 
-    def _expect(self, kind: type[P.Command], what: str, *, invalid_ok: bool = False) -> P.Command | None:
+    def _expect(self, kind: type[_Answer], what: str, *, invalid_ok: bool = False) -> _Answer | None:
         if not self.handshake.poll(self.timeout):
             why = self.handshake.explain() or f"no answer within {self.timeout} s; is the gateway running there?"
             raise PublishError(f"{what}: {why}")

@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
+from typing import TypeVar
 
 import zmq
 
@@ -26,6 +27,7 @@ from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
+_Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
 
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
 
@@ -195,7 +197,7 @@ class ReplayClient:
         except P.ProtocolError as exc:
             raise ReplayError(f"replay server at {self.endpoint} sent a frame this client cannot read: {exc}") from None
 
-    def _expect(self, kind: type[P.Command], what: str, *, invalid_ok: bool = False) -> P.Command | None:
+    def _expect(self, kind: type[_Answer], what: str, *, invalid_ok: bool = False) -> _Answer | None:
         """Wait for the answer to a request, keeping stream frames that arrive first for recv()."""
         deadline = time.monotonic() + self.timeout
         while (got := self._recv_until(deadline)) is not None:
@@ -280,7 +282,8 @@ def snapshot(
     with ReplayClient(endpoint, stream, features=features, timeout=timeout, curve=curve) as client:
         client.snapshot(prefixes)
         end = yield from _records_until(client, lambda event: isinstance(event, P.SnapshotEnd))
-        return end.last  # type: ignore[union-attr]
+        assert isinstance(end, P.SnapshotEnd)  # what is_end accepted
+        return end.last
 
 
 def _records_until(

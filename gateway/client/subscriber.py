@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Literal, cast
 
 import zmq
 
@@ -41,7 +42,7 @@ from gateway import reconcile as R
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, probe
 from gateway.client.snapshot_view import LastValues
 from gateway.errors import DataLoss, McastError, NotGranted, ReplayError, SlowConsumer, UdpError, Unauthenticated
-from gateway.mcast import Endpoint, Tuning, open_sub
+from gateway.mcast import Endpoint, McastReceiver, Tuning, open_sub
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
 from gateway.wire.heartbeat import Heartbeat, parse_payload
@@ -189,7 +190,7 @@ class Subscriber:
         checkpoint: str | Path | None = None,
         tuning: Tuning | None = None,
         max_lag: int | None = None,
-        lag_policy: str = "replay",
+        lag_policy: Literal["replay", "raise"] = "replay",
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
@@ -213,7 +214,7 @@ class Subscriber:
         self.verifier = Verifier(stream, [stream_key] if isinstance(stream_key, StreamKey) else stream_key)
         self.stats = SubscriberStats()
         self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
-        self.feeds: dict[zmq.Socket, str] = {}
+        self.feeds: dict[McastReceiver, str] = {}
         for i, text in enumerate(multicast):
             sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
             self.feeds[sock] = chr(ord("A") + i)
@@ -238,6 +239,7 @@ class Subscriber:
         resume = self.checkpoint.load() if self.checkpoint else None
         begin, since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
         if begin is None:
+            assert since_ns is not None  # parse_start gives a time whenever it gives no start
             begin = R.Start.at_seq(self._seq_for_time(since_ns))
         self.reconciler = R.Reconciler(
             begin,
@@ -245,7 +247,7 @@ class Subscriber:
             buffer_limit_bytes=buffer_limit_bytes,
             progress_timeout=progress_timeout,
             max_lag=max_lag,
-            lag_policy=lag_policy,  # type: ignore[arg-type]
+            lag_policy=lag_policy,
         )
         self._execute(self.reconciler.handle(R.Tick(), time.monotonic()))
 
@@ -396,7 +398,7 @@ class Subscriber:
             self._reconnect(now)
         self._execute(self.reconciler.handle(R.Tick(), now))
 
-    def _drain_feed(self, sock: zmq.Socket, feed: str, now: float, limit: int = 256) -> None:
+    def _drain_feed(self, sock: McastReceiver, feed: str, now: float, limit: int = 256) -> None:
         name = self.stream.encode()
         for _ in range(limit):
             try:
@@ -456,7 +458,7 @@ class Subscriber:
         for action in actions:
             match action:
                 case R.Deliver(batch=batch, lo=lo, hi=hi, source=source):
-                    self._deliver(batch, lo, hi, source)
+                    self._deliver(cast(B.Batch, batch), lo, hi, source)  # the batches fed to the reconciler
                 case R.Request():
                     self._request(action)
                 case R.Cancel(request_id=rid):

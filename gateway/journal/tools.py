@@ -5,6 +5,7 @@ inspect and verify only read, so they are safe next to a running gateway; trunca
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class StreamInfo:
 def inspect_root(root: str | os.PathLike[str]) -> list[StreamInfo]:
     """Sequence and time range, segment count and size of every stream: headers only, cheap on any size."""
     return [
-        retrying(f"stream {stream!r}", lambda s=stream: _inspect(Path(root) / s)) for stream in journal_streams(root)
+        retrying(f"stream {stream!r}", functools.partial(_inspect, Path(root) / stream))
+        for stream in journal_streams(root)
     ]
 
 

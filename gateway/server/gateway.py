@@ -273,9 +273,9 @@ class Gateway:
             if lane.writer.maybe_sync():
                 self.metrics.fsync_seconds.observe(lane.writer.last_sync_latency_s)
             self._send_confirms(lane)
-            due = lane.writer.sync_deadline
-            if due is not None:
-                deadline = min(deadline, due)
+            sync_due = lane.writer.sync_deadline
+            if sync_due is not None:
+                deadline = min(deadline, sync_due)
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         deadline = min(deadline, self._next_heartbeat)
@@ -381,7 +381,7 @@ class Gateway:
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
 
-    def _publish_batch(self, identity: bytes, session: _Session, raw: memoryview) -> None:
+    def _publish_batch(self, identity: bytes, session: _Session, raw: P.Buffer) -> None:
         try:
             batch = B.Batch.parse(bytes(raw))
         except B.BatchError as exc:
@@ -465,18 +465,19 @@ class Gateway:
         """
         now = time.monotonic()
         retry_s = self.config.journal_retry_ms / 1000
+        cause = os.strerror(exc.errno) if exc.errno else str(exc)
         lane.retry_at = now + retry_s
         if lane.full_since is None:
             lane.full_since = now
             lane.full_reason = (
-                f"journal of stream {lane.stream!r} is full ({os.strerror(exc.errno)}): records refused until "
+                f"journal of stream {lane.stream!r} is full ({cause}): records refused until "
                 f"space is freed there; the gateway tries again every {retry_s:g} s"
             )
             log.error(
                 "stream %s: journal disk full (%s) in %s: refusing publishes, trying again every %g s. Fix: free "
                 "space on that filesystem (or give the journal a bigger one, or limit it with --retention-bytes)",
                 lane.stream,
-                os.strerror(exc.errno),
+                cause,
                 lane.writer.directory,
                 retry_s,
             )

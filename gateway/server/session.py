@@ -281,7 +281,9 @@ class Session:
         while not self.out:
             if self.credit <= 0 or self._reads_left <= 0 or not self.has_work:
                 return None
-            self._step(self.fetches[0] if self.fetches else self.snap or self.sub)  # type: ignore[arg-type]
+            feed = self.fetches[0] if self.fetches else self.snap or self.sub
+            assert feed is not None  # has_work
+            self._step(feed)
         head = self.out[0]
         return head.frame if head.charge == 0 or self.credit > 0 else None
 

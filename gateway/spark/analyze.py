@@ -227,7 +227,9 @@ def _key_stats(row: Row, key: str, peak: int) -> KeyStats:
 
 def continuity(slim: DataFrame, records: int, max_gaps: int = MAX_GAPS) -> Continuity:
     """The gap audit: distinct sequences against the span; the missing ranges only if some are missing."""
-    distinct, first, last = slim.agg(F.count_distinct("seq"), F.min("seq"), F.max("seq")).first()  # type: ignore[misc]
+    row = slim.agg(F.count_distinct("seq"), F.min("seq"), F.max("seq")).first()
+    assert row is not None  # an aggregate has exactly one row
+    distinct, first, last = row
     if last - first + 1 == distinct:
         return Continuity(first, last, records, distinct, 0, [])
     seqs = slim.select("seq").distinct()

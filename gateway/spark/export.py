@@ -51,5 +51,7 @@ def export(
         df.write.mode("overwrite" if overwrite else "errorifexists").parquet(path)
     seconds = time.monotonic() - start
     row = spark.read.parquet(path).agg(F.count("*").alias("n"), F.min("seq").alias("lo"), F.max("seq").alias("hi"))
-    n, lo, hi = row.first()  # type: ignore[misc]
+    first = row.first()
+    assert first is not None  # an aggregate has exactly one row
+    n, lo, hi = first
     return Exported(path, n, lo, hi, seconds)

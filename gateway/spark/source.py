@@ -124,7 +124,8 @@ class JournalScan(DataSourceReader):
             SeqRange(max(lo, s), min(hi, n - 1)) for s, n in zip(segments, nexts, strict=True) if s <= hi and n > lo
         ]
 
-    def read(self, partition: SeqRange) -> Iterator:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator:
+        assert isinstance(partition, SeqRange)  # Spark hands back the partitions this reader made
         batches = journal_batches(JournalReader(self.root, self.stream), partition.lo, partition.hi)
         yield from record_batches(self.stream, batches, partition.lo, partition.hi, journal_time=self.journal_time)
 
@@ -222,7 +223,8 @@ class ReplayStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         step = self.records_per_partition
         return [SeqRange(lo, min(lo + step - 1, end["seq"])) for lo in range(start["seq"] + 1, end["seq"] + 1, step)]
 
-    def read(self, partition: SeqRange) -> Iterator:  # type: ignore[override]
+    def read(self, partition: InputPartition) -> Iterator:
+        assert isinstance(partition, SeqRange)  # Spark hands back the partitions this reader made
         batches = self.fetch(partition.lo, partition.hi)
         yield from record_batches(self.stream, batches, partition.lo, partition.hi, journal_time=self.journal_time)
 

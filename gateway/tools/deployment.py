@@ -87,6 +87,12 @@ class Deployment:
         self.start_gateway()
         self.start_replay()
 
+    @property
+    def gateway_pid(self) -> int:
+        """The gateway's pid (it is started on construction)."""
+        assert self.gateway is not None
+        return self.gateway.pid
+
     def for_host(self, host: str) -> list[str]:
         """The multicast endpoints as a subscriber on `host` names them (its own interface address)."""
         ip = self.lab.host(host).ip

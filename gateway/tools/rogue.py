@@ -13,17 +13,19 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 import zmq
 
 from gateway.errors import McastError
-from gateway.mcast import Endpoint, Tuning, open_pub, open_sub
+from gateway.mcast import Endpoint, McastReceiver, Tuning, open_pub, open_sub
 from gateway.wire import batch as B
 from gateway.wire.heartbeat import Heartbeat, parse_payload
 from gateway.wire.streamkey import AUTH, AUTH_MAGIC, AUTH_VERSION, StreamKey
 
 KINDS = ("unsigned", "bad-tag", "own-key", "heartbeat", "replayed")
 FORGED = KINDS[:-1]  # the kinds no keyed subscriber may accept
+Frames = Sequence[bytes | memoryview]  # one multipart message as sent or captured
 
 
 def attack(endpoint: str, stream: str, count: int, rate: float = 200.0, listen_s: float = 1.0) -> dict[str, int]:
@@ -43,6 +45,7 @@ def attack(endpoint: str, stream: str, count: int, rate: float = 200.0, listen_s
             start = time.monotonic()
             for i in range(count):
                 kind = kinds[i % len(kinds)]
+                frames: Frames
                 if kind == "replayed":
                     frames = captured[i % len(captured)]
                 else:
@@ -57,10 +60,11 @@ def attack(endpoint: str, stream: str, count: int, rate: float = 200.0, listen_s
     return dict(sent)
 
 
-def _listen(sub: zmq.Socket, name: bytes, seconds: float) -> tuple[int, int, list[list[bytes]]]:
+def _listen(sub: McastReceiver, name: bytes, seconds: float) -> tuple[int, int, list[Frames]]:
     """(the stream's head, the key id the gateway signs with, genuine batches captured) from the feed, heard
     for `seconds`, or up to five times as long until a batch has been captured."""
-    head, key_id, captured = 0, 0, []
+    head, key_id = 0, 0
+    captured: list[Frames] = []
     start = time.monotonic()
     while (now := time.monotonic()) < start + seconds or (not captured and now < start + 5 * seconds):
         if not sub.poll(50):

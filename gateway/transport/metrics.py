@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, start_http_server
 
 
@@ -18,7 +20,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def serve(self, addr: str) -> None:
         host, port = parse_listen(addr)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import zmq
 
 from gateway.errors import NormError
-from gateway.transport.pollable import PolledByFd
+from gateway.transport.pollable import PolledByFd, again
 from gateway.wire.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
 
 _VOIDP = ctypes.c_void_p
@@ -233,7 +233,11 @@ class NormSender:
         data, done = self._pending, self._written
         assert data is not None
         # The tail is passed by address: no copy of the message per partial write.
-        where = data if not done else ctypes.cast(ctypes.c_char_p(data), _VOIDP).value + done
+        where: bytes | int = data
+        if done:
+            address = ctypes.cast(ctypes.c_char_p(data), _VOIDP).value
+            assert address is not None  # a bytes object's buffer is never NULL
+            where = address + done
         self._written += self._write(self.stream, where, len(data) - done)
         if self._written < len(data):
             return False
@@ -258,16 +262,16 @@ class NormSender:
         self._drain_events()
         return self._pending is None or self._put()
 
-    def send_multipart(self, frames: Sequence[bytes], flags: int = 0, copy: bool = True) -> None:
+    def send_multipart(self, frames: Sequence[bytes | memoryview], flags: int = 0, copy: bool = True) -> None:
         """Queue one message on the stream; zmq.Again when the stream is full (blocks unless NOBLOCK)."""
         del copy  # accepted for zmq.Socket compatibility: the frames are always copied into the stream
         deadline = None
         while not self.drain():
             if flags & zmq.NOBLOCK:
-                raise zmq.Again("NORM stream full: it drains at the sender's rate")
+                raise again("NORM stream full: it drains at the sender's rate")
             deadline = deadline or time.monotonic() + self.linger_ms / 1000
             if time.monotonic() > deadline:
-                raise zmq.Again(f"NORM stream still full after {self.linger_ms} ms")
+                raise again(f"NORM stream still full after {self.linger_ms} ms")
             select.select([self._s.fileno()], [], [], 0.01)
         self._pending, self._written = encode_message(frames), 0
         self._put()
@@ -384,13 +388,15 @@ class NormReceiver(PolledByFd):
         """The next whole message; zmq.Again with NOBLOCK when none is ready."""
         del copy
         if not self.poll(0 if flags & zmq.NOBLOCK else None):
-            raise zmq.Again("no NORM message ready")
+            raise again("no NORM message ready")
         frames = self._ready.popleft()
         self._signal()
         return frames
 
     def _process(self) -> None:
         for kind, obj in self._s.events():
+            if obj is None:  # NORM_OBJECT_INVALID: an event about no object (none of the receiver's)
+                continue
             if kind in (NORM_RX_OBJECT_NEW, NORM_RX_OBJECT_UPDATED):
                 if self._s.lib.NormObjectGetType(obj) == NORM_OBJECT_STREAM:
                     self._streams.setdefault(obj, _RxStream())

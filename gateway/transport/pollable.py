@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import zmq
+
+
+def again(reason: str) -> zmq.Again:
+    """zmq.Again carrying `reason`: pyzmq's own constructor drops its message and says only "Resource
+    temporarily unavailable", which would hide why a NORM or udp:// transport refused."""
+    error = zmq.Again()
+    error.strerror = reason
+    return error
+
 
 class PolledByFd:
     """A receiver registered in a zmq.Poller by its `fileno()`.

@@ -25,11 +25,12 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import zmq
 
 from gateway.errors import UdpError
-from gateway.transport.pollable import PolledByFd
+from gateway.transport.pollable import PolledByFd, again
 from gateway.wire.framing import MORE, encode_message, frame_header
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def batch_room(datagram_bytes: int, stream: bytes, auth_bytes: int = 0) -> int:
 
 def decode_message(data: bytes) -> list[bytes | memoryview]:
     """The frames of one datagram: the first (the stream name) as bytes, the others as views of `data`."""
-    view, pos, end, frames, more = memoryview(data), 0, len(data), [], True
+    view, pos, end, more = memoryview(data), 0, len(data), True
+    frames: list[bytes | memoryview] = []
     while more:
         header = frame_header(data, pos, end)
         if header is None:
@@ -61,7 +63,7 @@ def decode_message(data: bytes) -> list[bytes | memoryview]:
         more = bool(zflags & MORE)
     if pos != end:
         raise UdpError(f"{end - pos} bytes after the last frame")
-    frames[0] = frames[0].tobytes()
+    frames[0] = bytes(frames[0])
     return frames
 
 
@@ -105,12 +107,12 @@ class UdpSender:
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.bytes_per_s)
         self.at = now
         if self.tokens < 0:
-            raise zmq.Again("udp:// is at its rate")
+            raise again("udp:// is at its rate")
         data = encode_message(frames)
         try:
             self.sock.sendto(data, self.dest)
         except BlockingIOError:
-            raise zmq.Again("udp:// socket buffer full") from None
+            raise again("udp:// socket buffer full") from None
         except OSError as exc:
             if exc.errno != errno.EMSGSIZE:
                 raise
@@ -159,10 +161,10 @@ class UdpReceiver(PolledByFd):
                 data = self.sock.recv(MAX_DATAGRAM)
             except BlockingIOError:
                 if flags & zmq.NOBLOCK:
-                    raise zmq.Again("no datagram waiting") from None
+                    raise again("no datagram waiting") from None
                 continue
             frames = decode_message(data)
-            if not self.subscriptions or frames[0].startswith(self.subscriptions):  # type: ignore[union-attr]
+            if not self.subscriptions or cast(bytes, frames[0]).startswith(self.subscriptions):  # frame 0: bytes
                 return frames
 
     def close(self, linger: int | None = None) -> None:

@@ -62,6 +62,7 @@ FLAG_TTL = 0x02
 KNOWN_FLAGS = FLAG_TTL
 MAX_SEQ = 2**64 - 1
 MAX_BATCH = 64 * 1024 * 1024
+Bytes = bytes | memoryview  # a key or body as given to encode(): a copy or a view into another batch
 _CRC_FROM = 12
 _LENGTH = struct.Struct("<I")
 _DELTA = struct.Struct("<I")
@@ -217,7 +218,7 @@ class Batch:
 
 def encode(
     first_seq: int,
-    records: Iterable[tuple[int, bytes, bytes]] | Iterable[tuple[int, bytes, bytes, int]],
+    records: Iterable[tuple[int, Bytes, Bytes]] | Iterable[tuple[int, Bytes, Bytes, int]],
     *,
     ts_ns: int = 0,
     ttl: bool = False,

@@ -51,10 +51,21 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Annotated, ClassVar, Final, Literal, NamedTuple, get_type_hints
+from typing import (
+    Annotated,
+    Any,
+    ClassVar,
+    Final,
+    Literal,
+    NamedTuple,
+    TypeVar,
+    cast,
+    dataclass_transform,
+    get_type_hints,
+)
 
 from gateway.errors import ProtocolError, printable
 
@@ -109,11 +120,12 @@ class Command:
     NAME: ClassVar[str]
     FEATURE: ClassVar[str | None]
     SENDER: ClassVar[Sender]
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # every subclass is a dataclass (@_command)
 
     def __repr__(self) -> str:
         # Shared repr: the dataclass one would show chunk memoryviews as "<memory at 0x...>".
         shown = []
-        for f in fields(self):  # type: ignore[arg-type]
+        for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, memoryview):
                 text = repr(value.tobytes()) if value.nbytes <= 32 else f"<{value.nbytes} bytes>"
@@ -123,7 +135,13 @@ class Command:
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-_command = dataclass(frozen=True, slots=True, repr=False)
+_C = TypeVar("_C", bound=Command)
+
+
+@dataclass_transform(frozen_default=True)
+def _command(cls: type[_C]) -> type[_C]:
+    """Every command is a frozen, slotted dataclass with the shared repr (one decorator so types see it)."""
+    return dataclass(frozen=True, slots=True, repr=False)(cls)
 
 
 @_command
@@ -391,13 +409,13 @@ def _chunk_codec(cmd: str, field: str) -> tuple[_Reader, _Writer]:
 
     def write(out: list[Buffer], value: object) -> None:
         try:
-            size = memoryview(value).nbytes  # type: ignore[arg-type]
+            size = memoryview(cast(Buffer, value)).nbytes  # memoryview() is the check
         except TypeError:
             raise ProtocolError(f"{cmd} field '{field}' must be bytes-like, got {type(value).__name__}") from None
         if size > MAX_CHUNK:
             raise ProtocolError(f"{cmd} field '{field}' is {size} bytes, max {MAX_CHUNK}")
         out.append(_U32.pack(size))
-        out.append(value)  # type: ignore[arg-type]
+        out.append(cast(Buffer, value))
 
     return read, write
 
@@ -439,7 +457,7 @@ def _compile(spec: CommandSpec) -> _Compiled:
 def _spec(row: tuple[int, str, type[Command], str | None, Sender]) -> CommandSpec:
     cmd_id, name, cls, feature, sender = row
     hints = get_type_hints(cls, include_extras=True)
-    wires = tuple((f.name, hints[f.name].__metadata__[0]) for f in fields(cls))  # type: ignore[arg-type]
+    wires = tuple((f.name, hints[f.name].__metadata__[0]) for f in fields(cls))
     cls.ID, cls.NAME, cls.FEATURE, cls.SENDER = cmd_id, name, feature, sender
     return CommandSpec(cmd_id, name, cls, wires, feature, sender)
 

@@ -26,6 +26,7 @@ import secrets
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gateway.errors import AuthError, McastError, Unauthenticated
 
@@ -91,7 +92,7 @@ class StreamKey:
         text = f"# zeps stream key {self.id:08x} (HMAC-SHA256): keep it secret\n{self.secret.hex()}\n"
         write_new(Path(path), text, 0o600)
 
-    def tag(self, stream: bytes, payload: bytes | memoryview) -> bytes:
+    def tag(self, stream: bytes | memoryview, payload: bytes | memoryview) -> bytes:
         mac = self._mac.copy()
         mac.update(bytes((len(stream),)))
         mac.update(stream)
@@ -138,7 +139,7 @@ class Verifier:
         self.keys = {key.id: key for key in keys}
         self._warned: set[str] = set()
 
-    def open(self, frames: Sequence[bytes]) -> bytes:
+    def open(self, frames: Sequence[bytes | memoryview]) -> bytes | memoryview:
         """The payload of a message (stream name, payload[, authenticator]) that passes; else raise."""
         if len(frames) not in (2, 3):
             raise McastError(f"a multicast message has 2 or 3 frames, not {len(frames)}")
@@ -163,7 +164,7 @@ class Verifier:
             self._fail("bad-tag", f"a message whose tag does not match key {key_id:08x} (forged or damaged)")
         return payload
 
-    def _fail(self, kind: str, what: str) -> None:
+    def _fail(self, kind: str, what: str) -> NoReturn:
         self._warn_once(kind, f"dropped {what} on the multicast feed of {self.stream}; further ones are counted")
         raise Unauthenticated(kind, what)
 
@@ -173,7 +174,7 @@ class Verifier:
             log.warning("%s", text)
 
 
-def _parse_auth(frame: bytes) -> tuple[int, bytes]:
+def _parse_auth(frame: bytes | memoryview) -> tuple[int, bytes]:
     if len(frame) != AUTH.size:
         raise Unauthenticated("malformed", f"an authenticator of {len(frame)} bytes, expected {AUTH.size}")
     magic, version, key_id, tag = AUTH.unpack(frame)
