@@ -804,7 +804,8 @@ class Reconciler:
         if kind is Live or kind is Replay:
             _check_coverage(event.batch)  # type: ignore[union-attr]
         self._now = now
-        self._out = out = []
+        out: list[Action] = []
+        self._out = out
         handler = self._row.on[kind]
         if handler is not None:
             handler(event)
@@ -896,8 +897,8 @@ class Reconciler:
         if n is not None:
             while self._holes and self._holes[0].hi < n:  # filled (the other feed) before it was due
                 self._holes.popleft()
-            for f in [f for f in self._fetches if f.hi is not None and max(f.covered_to, n - 1) >= f.hi]:
-                self._retire(f, cancel=f.covered_to < f.hi)
+            for f, hi in [(f, f.hi) for f in self._fetches if f.hi is not None and max(f.covered_to, n - 1) >= f.hi]:
+                self._retire(f, cancel=f.covered_to < hi)
             while self._holes and len(self._fetches) < self._max_outstanding and self._holes[0].due <= now:
                 hole = self._holes[0]
                 lo = max(hole.lo, n)
