@@ -6,8 +6,14 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from netlab import Lab
+
+# Property tests judge results, never speed: no per-example deadline, and no health check that fails a test
+# because the machine is busy (CI and parallel work share two cores). Speed lives in `zeps bench`.
+settings.register_profile("zeps", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("zeps")
 
 NEEDS_ROOT = "netlab needs root (network namespaces): run the tests as root"
 
