@@ -176,7 +176,7 @@ from typing import Any, Literal, NamedTuple
 
 from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
-from gateway.merge.requests import Attempts, Fetch, RequestScheduler, RetryPolicy
+from gateway.merge.requests import Fetch, RequestScheduler, RetryPolicy, SilenceWatch
 from gateway.merge.stats import ReconcilerStats
 from gateway.merge.vocabulary import (
     EVENT_KINDS,
@@ -284,6 +284,94 @@ class Start:
         return cls.at_seq(seq + 1)
 
 
+class _Stream:
+    """N and everything that moves it: each batch judged by its coverage alone (see the theory of
+    operation), held ones drained once N reaches them, losses reported in their place. ``out`` is the
+    current event's action list; ``overflowed``: something had to be held and did not fit."""
+
+    __slots__ = ("held", "out", "overflowed", "pos", "requests", "stats")
+
+    def __init__(self, pos: Position, held: HeldBuffer, requests: RequestScheduler, stats: ReconcilerStats) -> None:
+        self.pos, self.held, self.requests, self.stats = pos, held, requests, stats
+        self.out: list[Action] = []
+        self.overflowed = False
+
+    def take(self, batch: Covering, source: str) -> bool:
+        """Deliver, drop as duplicate, or hold; False only if it had to be held and did not fit."""
+        n = self.pos.next
+        if batch.last_seq < n:
+            self.stats.duplicates_dropped += 1
+            return True
+        if batch.first_seq <= n:
+            self.emit(batch, n, batch.last_seq, source)
+            self.drain()
+            return True
+        return self.hold(batch, source)
+
+    def take_or_overflow(self, batch: Covering, source: str) -> None:
+        """Take it; if it does not fit, say so (MERGED and RECOVERING then fall back)."""
+        if not self.take(batch, source):
+            self.stats.buffer_overflows += 1
+            self.overflowed = True
+
+    def hold(self, batch: Covering, source: str) -> bool:
+        if self.held.holds(batch):
+            self.stats.duplicates_dropped += 1
+            return True
+        return self.held.hold(batch, source)
+
+    def drain(self) -> None:
+        """Deliver (or report lost) every held item that N has reached."""
+        held, pos = self.held, self.pos
+        while held.lowest <= pos.next:
+            item, n = held.pop(), pos.next
+            if item.last < n:
+                if item.batch is not None:
+                    self.stats.duplicates_dropped += 1
+            elif item.batch is None:
+                self.lose(n, item.last, item.source)
+            else:
+                self.emit(item.batch, n, item.last, item.source)
+
+    def journal_lacks(self, fetch: Fetch, resume: int, reason: str, now: float) -> None:
+        """The journal has nothing below ``resume`` for this fetch: report what was still needed."""
+        n = self.pos.next
+        top = resume - 1 if fetch.hi is None else min(fetch.hi, resume - 1)
+        lo = max(fetch.covered_to + 1, n)
+        if top > fetch.covered_to:
+            self.requests.progress(fetch, top, now)
+        if lo > top:
+            return
+        if lo == n:
+            self.lose(lo, top, reason)
+            self.drain()
+        elif not self.held.hold_loss(lo, top, reason):
+            self.stats.buffer_overflows += 1
+            self.overflowed = True
+
+    def emit(self, batch: Covering, lo: int, hi: int, source: str) -> None:
+        self.out.append(Emit(batch, lo, hi, source))
+        stats = self.stats
+        stats.delivered_batches += 1
+        if source == "replay":
+            stats.ranges_from_replay += hi - lo + 1
+        elif source == "snapshot":
+            stats.ranges_from_snapshot += hi - lo + 1
+        else:
+            stats.records_from_live += hi - lo + 1
+        self.pos.advance(hi + 1)
+        if self.requests.gaps:
+            self.requests.passed(hi + 1, filled=True)
+
+    def lose(self, lo: int, hi: int, reason: str) -> None:
+        self.out.append(Loss(lo, hi, reason))
+        self.stats.losses += 1
+        self.stats.records_lost += hi - lo + 1
+        self.pos.advance(hi + 1)
+        if self.requests.gaps:
+            self.requests.passed(hi + 1, filled=False)
+
+
 # --- the machine -----------------------------------------------------------------------------------------
 
 
@@ -321,11 +409,9 @@ class Reconciler:
             stats=self._stats,
         )
         self._pos = Position(max_lag, lag_policy)
-        self._overflowed = False  # held data did not fit (MERGED/RECOVERING fall back)
+        self._stream = _Stream(self._pos, self._held, self._requests, self._stats)
         self._closing = False
-        self._tail_since: float | None = None  # since when the head has been beyond the frontier
-        self._silent_until: float | None = None  # AWAIT_LIVE: the end of the current silent period
-        self._silent_periods = Attempts()
+        self._silence = SilenceWatch(self._policy)
         self._now = 0.0
         self._out: list[Action] = []
 
@@ -389,7 +475,7 @@ class Reconciler:
             _check_coverage(event.batch)  # type: ignore[union-attr]
         self._now = now
         out: list[Action] = []
-        self._out = out
+        self._out = self._stream.out = out
         handler = self._row.on[kind]
         if handler is not None:
             handler(self, event)
@@ -424,7 +510,7 @@ class Reconciler:
     def _fix_from_live(self, ev: Live) -> None:
         self._pos.saw_live(ev.batch.last_seq, self._now)
         self._pos.next = ev.batch.first_seq
-        self._take(ev.batch, f"live:{ev.feed}")
+        self._stream.take(ev.batch, f"live:{ev.feed}")
 
     def _fix_from_head(self, ev: HeadSeen) -> None:
         self._pos.saw_live(ev.head, self._now)
@@ -453,7 +539,7 @@ class Reconciler:
         n = self._pos.next
         if n and ev.batch.first_seq <= n:
             self._pos.saw_live(ev.batch.last_seq, self._now)
-            self._take(ev.batch, f"live:{ev.feed}")
+            self._stream.take(ev.batch, f"live:{ev.feed}")
         else:
             self._hold_live(ev)
 
@@ -463,10 +549,10 @@ class Reconciler:
         self._pos.saw_live(batch.last_seq, self._now)
         if self._pos.holding_futile():
             self._stats.live_skipped += 1
-        elif not self._hold(batch, source):
+        elif not self._stream.hold(batch, source):
             self._stats.buffer_overflows += 1
             self._held.clear()
-            if not self._hold(batch, source):
+            if not self._stream.hold(batch, source):
                 self._stats.live_skipped += 1
 
     def _take_snapshot(self, ev: Replay) -> None:
@@ -485,7 +571,7 @@ class Reconciler:
             self._requests.fail(fetch, self._now, n, self._out, cancel=True)
         else:
             self._requests.progress(fetch, batch.last_seq, self._now)
-            self._emit(batch, n, batch.last_seq, "snapshot")
+            self._stream.emit(batch, n, batch.last_seq, "snapshot")
 
     def _end_snapshot(self, ev: SnapshotDone) -> None:
         fetch = self._requests.find(ev.request_id)
@@ -504,26 +590,22 @@ class Reconciler:
             self._register_gap(accounted + 1, batch.first_seq - 1, self._now + self._gap_grace)
         if batch.last_seq > pos.frontier:
             pos.frontier = batch.last_seq
-        if not self._take(batch, f"live:{ev.feed}"):
-            self._stats.buffer_overflows += 1
-            self._overflowed = True
+        self._stream.take_or_overflow(batch, f"live:{ev.feed}")
 
     def _take_replay(self, ev: Replay) -> None:
         batch, fetch = ev.batch, self._requests.find(ev.request_id)
         n = self._pos.next
         if fetch is None:  # a stale answer: still valid data, used only where it continues the stream
             if batch.first_seq <= n and not self._requests.was_snapshot(ev.request_id):
-                self._take(batch, "replay")
+                self._stream.take(batch, "replay")
             else:
                 self._stats.replay_dropped += 1
             return
         if batch.first_seq > max(fetch.covered_to, n - 1) + 1:  # a trim the server did not announce
-            self._journal_lacks(fetch, batch.first_seq, "skipped")
+            self._stream.journal_lacks(fetch, batch.first_seq, "skipped", self._now)
         if batch.last_seq > fetch.covered_to:
             self._requests.progress(fetch, batch.last_seq, self._now)
-        if not self._take(batch, "replay"):
-            self._stats.buffer_overflows += 1
-            self._overflowed = True
+        self._stream.take_or_overflow(batch, "replay")
 
     def _end_fetch(self, ev: ReplayEnd) -> None:
         """A bounded answer ended: done if it covered the range, else a failed attempt."""
@@ -538,7 +620,7 @@ class Reconciler:
     def _report_trimmed(self, ev: ReplayTrimmed) -> None:
         fetch = self._requests.find(ev.request_id)
         if fetch is not None:
-            self._journal_lacks(fetch, ev.first_retained, "trimmed")
+            self._stream.journal_lacks(fetch, ev.first_retained, "trimmed", self._now)
 
     def _void_requests(self, ev: ReplayLost) -> None:
         self._requests.void()
@@ -568,7 +650,7 @@ class Reconciler:
         return edge is not None and self._pos.next > edge and not self._live_silent()
 
     def _buffer_overflowed(self) -> bool:
-        return self._overflowed
+        return self._stream.overflowed
 
     def _too_slow(self) -> bool:
         limit = self._pos.replay_limit  # read here, not in a call: this guard runs twice per batch
@@ -587,26 +669,14 @@ class Reconciler:
 
     def _watch_position(self) -> None:
         """AWAIT_LIVE: no feed has spoken; count silent periods as failed attempts, Stalled once."""
-        now = self._now
-        if self._silent_until is None:
-            self._silent_until = now + self._policy.timeout
-        elif now >= self._silent_until:
-            self._silent_until = now + self._policy.timeout
-            if self._silent_periods.fail(self._policy):
-                self._out.append(Stalled(0, None, self._silent_periods.count))
-                self._stats.stalls += 1
+        if attempts := self._silence.stalled(self._now):
+            self._out.append(Stalled(0, None, attempts))
+            self._stats.stalls += 1
 
     def _watch_tail(self) -> None:
         """A head beyond the frontier for tail_grace is a tail loss: register the gap."""
-        head, accounted = self._pos.head, self._pos.accounted
-        if head is None or head <= accounted:
-            self._tail_since = None
-            return
-        if self._tail_since is None:
-            self._tail_since = self._now
-        if self._now - self._tail_since >= self._tail_grace:
-            self._register_gap(accounted + 1, head, self._now)
-            self._tail_since = None
+        if tail := self._pos.tail_lost(self._now, self._tail_grace):
+            self._register_gap(*tail, self._now)
 
     def _pump_requests(self) -> None:
         self._requests.pump(self._now, self._pos.next, self._pos.head, self._out)
@@ -617,18 +687,18 @@ class Reconciler:
         """Live takes over: cancel what replay was streaming; everything below N is accounted."""
         self._requests.cancel_all(self._out)
         self._pos.frontier = self._pos.next - 1
-        self._tail_since = None
+        self._pos.tail_since = None
 
     def _after_snapshot(self) -> None:
         """Continue as from Start.at_seq(N): one open-ended request from N; held live that N reached is due."""
         self._requests.cancel_all(self._out)
         self._requests.open(self._pos.next)
-        self._drain()
+        self._stream.drain()
 
     def _fall_back(self) -> None:
         """Low gear: forget held data and gaps, stream everything from N over replay."""
         self._shut()
-        self._overflowed = False
+        self._stream.overflowed = False
         self._pos.live_edge = None
         self._requests.open(self._pos.next)
 
@@ -636,77 +706,6 @@ class Reconciler:
         self._requests.cancel_all(self._out)
         self._held.clear()
         self._requests.abandon_gaps()
-
-    # --- moving N ---------------------------------------------------------------------------------------
-
-    def _take(self, batch: Covering, source: str) -> bool:
-        """Deliver, drop as duplicate, or hold; False only if it had to be held and did not fit."""
-        n = self._pos.next
-        if batch.last_seq < n:
-            self._stats.duplicates_dropped += 1
-            return True
-        if batch.first_seq <= n:
-            self._emit(batch, n, batch.last_seq, source)
-            self._drain()
-            return True
-        return self._hold(batch, source)
-
-    def _hold(self, batch: Covering, source: str) -> bool:
-        if self._held.holds(batch):
-            self._stats.duplicates_dropped += 1
-            return True
-        return self._held.hold(batch, source)
-
-    def _drain(self) -> None:
-        """Deliver (or report lost) every held item that N has reached."""
-        held, pos = self._held, self._pos
-        while held.lowest <= pos.next:
-            item, n = held.pop(), pos.next
-            if item.last < n:
-                if item.batch is not None:
-                    self._stats.duplicates_dropped += 1
-            elif item.batch is None:
-                self._lose(n, item.last, item.source)
-            else:
-                self._emit(item.batch, n, item.last, item.source)
-
-    def _journal_lacks(self, fetch: Fetch, resume: int, reason: str) -> None:
-        """The journal has nothing below ``resume`` for this request: report what was still needed."""
-        n = self._pos.next
-        top = resume - 1 if fetch.hi is None else min(fetch.hi, resume - 1)
-        lo = max(fetch.covered_to + 1, n)
-        if top > fetch.covered_to:
-            self._requests.progress(fetch, top, self._now)
-        if lo > top:
-            return
-        if lo == n:
-            self._lose(lo, top, reason)
-            self._drain()
-        elif not self._held.hold_loss(lo, top, reason):
-            self._stats.buffer_overflows += 1
-            self._overflowed = True
-
-    def _emit(self, batch: Covering, lo: int, hi: int, source: str) -> None:
-        self._out.append(Emit(batch, lo, hi, source))
-        stats = self._stats
-        stats.delivered_batches += 1
-        if source == "replay":
-            stats.ranges_from_replay += hi - lo + 1
-        elif source == "snapshot":
-            stats.ranges_from_snapshot += hi - lo + 1
-        else:
-            stats.records_from_live += hi - lo + 1
-        self._pos.advance(hi + 1)
-        if self._requests.gaps:
-            self._requests.passed(hi + 1, filled=True)
-
-    def _lose(self, lo: int, hi: int, reason: str) -> None:
-        self._out.append(Loss(lo, hi, reason))
-        self._stats.losses += 1
-        self._stats.records_lost += hi - lo + 1
-        self._pos.advance(hi + 1)
-        if self._requests.gaps:
-            self._requests.passed(hi + 1, filled=False)
 
     def _register_gap(self, lo: int, hi: int, due: float) -> None:
         """Gaps only ever start beyond the frontier, so they never overlap; adjacent ones coalesce."""

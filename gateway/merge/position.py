@@ -12,11 +12,22 @@ class Position:
     ``next`` is N (0 until the position is known: sequences start at 1); ``head`` the highest sequence known to exist;
     ``live_edge`` the highest sequence seen live (batches, heartbeats) and ``last_live_at`` when live last
     spoke; ``frontier`` (MERGED/RECOVERING) the highest sequence delivered, held, or in a registered gap.
+    ``tail_since``: since when the head has been beyond the frontier (None: it is not).
     ``replay_limit`` / ``raise_limit``: ``max_lag`` under the lag policy "replay" / "raise", else None.
     Plain attributes: the reconciler reads them on every batch.
     """
 
-    __slots__ = ("_reported", "frontier", "head", "last_live_at", "live_edge", "next", "raise_limit", "replay_limit")
+    __slots__ = (
+        "_reported",
+        "frontier",
+        "head",
+        "last_live_at",
+        "live_edge",
+        "next",
+        "raise_limit",
+        "replay_limit",
+        "tail_since",
+    )
 
     def __init__(self, max_lag: int | None, policy: Literal["replay", "raise"]) -> None:
         if max_lag is not None and max_lag < 1:
@@ -30,6 +41,7 @@ class Position:
         self.live_edge: int | None = None
         self.last_live_at = -math.inf
         self.frontier = 0
+        self.tail_since: float | None = None
         self._reported = False  # LagExceeded sent for the current excursion above max_lag
 
     @property
@@ -56,6 +68,20 @@ class Position:
         self.next = n
         if self.head is None or self.head < n - 1:
             self.head = n - 1
+
+    def tail_lost(self, now: float, grace: float) -> tuple[int, int] | None:
+        """The range between the frontier and the head once the head has been beyond it for ``grace``
+        (MERGED/RECOVERING: a tail loss, nothing on live will reveal it); else None."""
+        head, accounted = self.head, self.accounted
+        if head is None or head <= accounted:
+            self.tail_since = None
+            return None
+        if self.tail_since is None:
+            self.tail_since = now
+        if now - self.tail_since < grace:
+            return None
+        self.tail_since = None
+        return accounted + 1, head
 
     def holding_futile(self) -> bool:
         """Catching up beyond max_lag / 2 with lag_policy "replay": live held now would be dropped anyway."""

@@ -69,6 +69,24 @@ class Attempts:
 
 
 @dataclass(slots=True)
+class SilenceWatch:
+    """Periods of ``policy.timeout`` without a sign of life, counted as failed attempts (AWAIT_LIVE)."""
+
+    policy: RetryPolicy
+    until: float | None = None  # the end of the current period; None until the first look
+    periods: Attempts = field(default_factory=Attempts)
+
+    def stalled(self, now: float) -> int | None:
+        """The periods so far, the first time they exceed max_retries (report ``Stalled``); else None."""
+        if self.until is not None and now < self.until:
+            return None
+        first_look, self.until = self.until is None, now + self.policy.timeout
+        if first_look or not self.periods.fail(self.policy):
+            return None
+        return self.periods.count
+
+
+@dataclass(slots=True)
 class Fetch:
     """One needed range and the request currently asking for it (None while waiting)."""
 
