@@ -912,6 +912,19 @@ def test_tail_evidence_extends_a_waiting_hole() -> None:
     assert r.stats.gaps_filled == 2 and r.state is State.MERGED
 
 
+def test_tail_evidence_right_after_n_passed_a_waiting_hole_is_requested() -> None:
+    """The other feed fills a hole still waiting for a request slot, and in the same event the tail grace
+    of a newer head expires: the tail beyond it is requested (this used to raise IndexError)."""
+    r = merged_at(1, max_outstanding_requests=1, tail_grace=0.1)
+    r.handle(Live(B(3, 3), "A"), 0.0)  # 1..2 requested: the one slot is taken
+    r.handle(HeadSeen(10, "A"), 0.01)
+    r.handle(Tick(), 0.2)  # tail hole 4..10 waits for the slot
+    r.handle(HeadSeen(20, "A"), 0.21)
+    actions = r.handle(Live(B(1, 10), "B"), 0.4)
+    assert actions == [Emit(B(1, 10), 1, 10, "live:B"), Cancel(1), Request(2, 11, 20)]
+    assert r.stats.gaps_filled == 2
+
+
 def test_gap_filled_by_other_feed_within_grace_is_never_requested() -> None:
     r = merged_at(1, gap_grace=0.02)
     out = r.handle(Live(B(3, 4), "A"), 0.0)
