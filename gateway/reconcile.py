@@ -67,10 +67,10 @@ CATCHING_UP (``Start.at_seq``/``after_seq``, and every fall-back)
 MERGED
     Live batches are delivered directly. A live batch starting beyond the frontier (the highest
     sequence delivered, held or requested) or, after ``tail_grace``, a heartbeat head beyond it (tail
-    loss) registers a hole: RECOVERING.
+    loss) registers a gap: RECOVERING.
 RECOVERING
-    Holes are registered only at the frontier, so they never overlap and repeated detections coalesce.
-    After ``gap_grace`` (the A/B skew; the other feed often fills the hole first) they are cut into
+    Gaps are registered only at the frontier, so they never overlap and repeated detections coalesce.
+    After ``gap_grace`` (the A/B skew; the other feed often fills the gap first) they are cut into
     bounded requests of at most ``max_request_span``, at most ``max_outstanding_requests`` at a time.
     A request whose range has been delivered by anyone is retired (cancelled if its answer is not
     complete). Nothing missing: MERGED.
