@@ -418,7 +418,7 @@ class Subscriber:
                 if self.replay_endpoint is None and item.replay:
                     self.replay_endpoint = item.replay
                     log.info("replay sidecar found from heartbeats: %s", item.replay)
-                self._execute(self.reconciler.handle(R.Heartbeat(item.head, feed), now))
+                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed), now))
             else:
                 self._execute(self.reconciler.handle(R.Live(item, feed), now))
 
@@ -445,19 +445,19 @@ class Subscriber:
                 single = B.Batch.parse(B.encode(seq, [(0, key.encode(), bytes(body))]))
                 self._execute(self.reconciler.handle(R.Replay(single, request_id), now))
             case ZepsTrimmed(first_retained=first):
-                self._execute(self.reconciler.handle(R.Trimmed(request_id, first), now))
+                self._execute(self.reconciler.handle(R.ReplayTrimmed(request_id, first), now))
             case FetchEnd():
                 self.fills.popleft()
                 self._execute(self.reconciler.handle(R.ReplayEnd(request_id), now))
             case ZepsSnapshotEnd(last=last):
-                self._execute(self.reconciler.handle(R.SnapshotEnd(request_id, last), now))
+                self._execute(self.reconciler.handle(R.SnapshotDone(request_id, last), now))
 
     # --- actions ----------------------------------------------------------------------------------------
 
     def _execute(self, actions: list[R.Action]) -> None:
         for action in actions:
             match action:
-                case R.Deliver(batch=batch, lo=lo, hi=hi, source=source):
+                case R.Emit(batch=batch, lo=lo, hi=hi, source=source):
                     self._deliver(cast(B.Batch, batch), lo, hi, source)  # the batches fed to the reconciler
                 case R.Request():
                     self._request(action)
@@ -469,7 +469,7 @@ class Subscriber:
                     self.pending.append(DataLoss(lo, hi, reason))
                 case R.Stalled(lo=lo, hi=hi, attempts=attempts):
                     log.warning("replay of %s..%s made no progress after %d attempts; still trying", lo, hi, attempts)
-                case R.TooSlow(lag=lag):
+                case R.LagExceeded(lag=lag):
                     self.pending.append(SlowConsumer(f"the application is {lag} records behind the live feed"))
                 case R.StateChanged(new=new):
                     self.stats.states.append(new.name)

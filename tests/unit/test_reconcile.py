@@ -34,9 +34,10 @@ from gateway.reconcile import (
     Action,
     Cancel,
     Close,
-    Deliver,
+    Emit,
     Event,
-    Heartbeat,
+    HeadSeen,
+    LagExceeded,
     Live,
     Loss,
     Reconciler,
@@ -44,15 +45,14 @@ from gateway.reconcile import (
     ReplayEnd,
     ReplayLost,
     ReplayRestored,
+    ReplayTrimmed,
     Request,
-    SnapshotEnd,
+    SnapshotDone,
     Stalled,
     Start,
     State,
     StateChanged,
     Tick,
-    TooSlow,
-    Trimmed,
     describe_transitions,
 )
 
@@ -192,7 +192,7 @@ class ReplayServer:
             return
         from_first_retained = req.lo == 1 and req.hi is None  # SUBSCRIBE(latest=0): never TRIMMED
         if req.lo < self.sc.first_retained and not (from_first_retained or self.sc.silent_trims):
-            self.send(step, Trimmed(req.request_id, self.sc.first_retained))
+            self.send(step, ReplayTrimmed(req.request_id, self.sc.first_retained))
         lo = max(req.lo, self.sc.first_retained)
         end = self.journal_head if req.hi is None else req.hi
         if self.faults and self.rnd.random() < self.sc.p_answer_stall:
@@ -222,7 +222,7 @@ class ReplayServer:
             pause = int(2 * PROGRESS_TIMEOUT / DT) if i == pause_at else 0
             self.send(step, Replay(B(first, top, 10 * len(seqs), seqs), rid), pause)
         if not stalled:
-            self.send(step, SnapshotEnd(rid, n0))
+            self.send(step, SnapshotDone(rid, n0))
 
     def published(self, step: int, head: int) -> None:
         self.journal_head = head
@@ -277,7 +277,7 @@ class World:
         self.ranges: list[tuple[int, int, str]] = []
         self.states: list[State] = [self.rec.state]
         self.stalls: list[Stalled] = []
-        self.too_slow: list[TooSlow] = []
+        self.too_slow: list[LagExceeded] = []
         self.step = 0
 
     # --- feeding ---
@@ -296,25 +296,25 @@ class World:
         match self.rec.state, event:
             case State.AWAIT_LIVE, Live():
                 return event.batch.first_seq
-            case State.AWAIT_LIVE, Heartbeat():
+            case State.AWAIT_LIVE, HeadSeen():
                 return event.head + 1
-            case State.AWAIT_EARLIEST, Trimmed() if event.request_id in current:
+            case State.AWAIT_EARLIEST, ReplayTrimmed() if event.request_id in current:
                 return event.first_retained
             case State.AWAIT_EARLIEST, Replay() if event.request_id in current:
                 return event.batch.first_seq
             case State.SNAPSHOTTING, Replay() if event.request_id in current:
                 return event.batch.first_seq
-            case State.SNAPSHOTTING, SnapshotEnd() if event.request_id in current:
+            case State.SNAPSHOTTING, SnapshotDone() if event.request_id in current:
                 return event.last + 1
         return None
 
     def apply(self, actions: list[Action]) -> None:
         for a in actions:
-            if isinstance(a, Deliver | Loss):
+            if isinstance(a, Emit | Loss):
                 assert self.expected is not None, f"{a} before the position was known"
                 assert a.lo == self.expected, f"{a}: expected lo={self.expected} (ranges so far {self.ranges[-3:]})"
                 assert a.lo <= a.hi <= self.sc.total
-                if isinstance(a, Deliver):
+                if isinstance(a, Emit):
                     assert a.batch.first_seq <= a.lo and a.hi <= a.batch.last_seq, f"{a} outside its coverage"
                     self.hand_over(a)
                 self.ranges.append((a.lo, a.hi, "loss" if isinstance(a, Loss) else a.source))
@@ -328,10 +328,10 @@ class World:
                 self.states.append(a.new)
             elif isinstance(a, Stalled):
                 self.stalls.append(a)
-            elif isinstance(a, TooSlow):
+            elif isinstance(a, LagExceeded):
                 self.too_slow.append(a)
 
-    def hand_over(self, a: Deliver) -> None:
+    def hand_over(self, a: Emit) -> None:
         """What the IO layer does: apply the records of lo..hi to the application's last values."""
         held: tuple[int, ...] | None = a.batch.seqs  # type: ignore[attr-defined]
         assert (held is not None) == (a.source == "snapshot"), f"{a}: snapshot data must be labelled so"
@@ -377,7 +377,7 @@ class World:
         for feed in self.sc.feeds:
             if feed != self.sc.dead_feed and (reliable or self.rnd.random() >= self.sc.p_heartbeat_drop):
                 arrival = self.step + (0 if reliable else self.rnd.randint(0, self.sc.reorder))
-                heapq.heappush(self.inbox, (arrival, next(self.order), Heartbeat(self.server.journal_head, feed)))
+                heapq.heappush(self.inbox, (arrival, next(self.order), HeadSeen(self.server.journal_head, feed)))
 
     def run_step(self, *, publish: bool) -> None:
         sc = self.sc
@@ -644,14 +644,15 @@ def test_docstring_examples() -> None:
     assert result.attempted > 10 and result.failed == 0
 
 
-def test_table_names_every_event_and_resolves_every_method() -> None:
+def test_table_names_every_event_and_uses_only_reconciler_methods() -> None:
     assert set(TRANSITIONS) == set(State)
     for state, row in TRANSITIONS.items():
         if state is not State.CLOSED:
             assert set(row.on) == set(EVENT_KINDS), state
-        names = [*row.on.values(), *row.timers, *(g for g, _, _ in row.when), *(a for _, _, a in row.when)]
-        for name in filter(None, names):
-            assert callable(getattr(Reconciler, name, None)), f"{state}: {name} is not a Reconciler method"
+        assert all(isinstance(go.target, State) for go in row.go)
+        functions = [*row.on.values(), *row.timers, *(go.guard for go in row.go), *(go.action for go in row.go)]
+        for function in filter(None, functions):
+            assert getattr(Reconciler, function.__name__) is function, f"{state}: {function} is not a Reconciler method"
 
 
 def test_docs_embed_the_current_table() -> None:
@@ -665,7 +666,7 @@ def test_docs_embed_the_current_table() -> None:
 def merged_at(n: int, **options: object) -> Reconciler:
     """A reconciler in MERGED whose next_seq is n (everything before came live)."""
     r = Reconciler(Start.latest(), **options)  # type: ignore[arg-type]
-    r.handle(Heartbeat(n - 1, "A"), 0.0)
+    r.handle(HeadSeen(n - 1, "A"), 0.0)
     assert r.state is State.MERGED and r.next_seq == n
     return r
 
@@ -679,7 +680,7 @@ def test_await_live_first_live_batch_fixes_the_position() -> None:
     assert r.state is State.AWAIT_LIVE and r.next_seq is None
     batch = B(40, 45)
     assert r.handle(Live(batch, "B"), 0.0) == [
-        Deliver(batch, 40, 45, "live:B"),
+        Emit(batch, 40, 45, "live:B"),
         StateChanged(State.AWAIT_LIVE, State.MERGED),
     ]
     assert r.next_seq == 46 and r.head == 45
@@ -687,7 +688,7 @@ def test_await_live_first_live_batch_fixes_the_position() -> None:
 
 def test_await_live_heartbeat_fixes_the_position_after_head() -> None:
     r = Reconciler(Start.latest())
-    assert r.handle(Heartbeat(41, "A"), 0.0) == [StateChanged(State.AWAIT_LIVE, State.MERGED)]
+    assert r.handle(HeadSeen(41, "A"), 0.0) == [StateChanged(State.AWAIT_LIVE, State.MERGED)]
     assert r.next_seq == 42
     assert r.handle(Live(B(30, 41), "A"), 0.01) == []  # before the position: nothing
     assert r.stats.duplicates_dropped == 1
@@ -704,9 +705,9 @@ def test_await_live_ignores_replay_and_reports_silence_once() -> None:
 def test_await_earliest_trimmed_fixes_the_position_without_loss() -> None:
     r = Reconciler(Start.earliest())
     assert r.handle(Tick(), 0.0) == [Request(1, 1, None)]
-    assert r.handle(Trimmed(1, 100), 0.1) == [StateChanged(State.AWAIT_EARLIEST, State.CATCHING_UP)]
+    assert r.handle(ReplayTrimmed(1, 100), 0.1) == [StateChanged(State.AWAIT_EARLIEST, State.CATCHING_UP)]
     assert r.next_seq == 100
-    assert r.handle(Replay(B(100, 104), 1), 0.2) == [Deliver(B(100, 104), 100, 104, "replay")]
+    assert r.handle(Replay(B(100, 104), 1), 0.2) == [Emit(B(100, 104), 100, 104, "replay")]
     assert r.stats.losses == 0
 
 
@@ -716,8 +717,8 @@ def test_await_earliest_first_batch_fixes_position_and_meets_held_live_at_once()
     assert r.handle(Live(B(4, 6), "A"), 0.1) == []  # held: position unknown
     assert r.handle(Replay(B(9, 9), 99), 0.1) == []  # unknown request: cannot fix the position
     assert r.handle(Replay(B(1, 4), 1), 0.2) == [
-        Deliver(B(1, 4), 1, 4, "replay"),
-        Deliver(B(4, 6), 5, 6, "live:A"),
+        Emit(B(1, 4), 1, 4, "replay"),
+        Emit(B(4, 6), 5, 6, "live:A"),
         StateChanged(State.AWAIT_EARLIEST, State.CATCHING_UP),
         StateChanged(State.CATCHING_UP, State.MERGED),
         Cancel(1),
@@ -735,11 +736,11 @@ def snapshotting(**options: object) -> Reconciler:
 def test_snapshot_batches_are_delivered_as_snapshot_and_live_is_only_held() -> None:
     r = snapshotting()
     s1, s2 = B(3, 10, seqs=(4, 9)), B(11, 20, seqs=(15,))
-    assert r.handle(Replay(s1, 1), 0.1) == [Deliver(s1, 3, 10, "snapshot")]  # the first batch fixes N
+    assert r.handle(Replay(s1, 1), 0.1) == [Emit(s1, 3, 10, "snapshot")]  # the first batch fixes N
     assert r.next_seq == 11
     # Live reaching N is held all the same: a snapshot range may never follow a full one.
     assert r.handle(Live(B(8, 14), "A"), 0.2) == []
-    assert r.handle(Replay(s2, 1), 0.3) == [Deliver(s2, 11, 20, "snapshot")]
+    assert r.handle(Replay(s2, 1), 0.3) == [Emit(s2, 11, 20, "snapshot")]
     assert r.stats.ranges_from_snapshot == 18
 
 
@@ -747,9 +748,9 @@ def test_snapshot_end_continues_as_from_the_next_sequence_with_held_live() -> No
     r = snapshotting()
     r.handle(Replay(B(1, 20, seqs=(5,)), 1), 0.1)
     r.handle(Live(B(18, 24), "A"), 0.2)
-    assert r.handle(SnapshotEnd(1, 20), 0.3) == [
+    assert r.handle(SnapshotDone(1, 20), 0.3) == [
         StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
-        Deliver(B(18, 24), 21, 24, "live:A"),  # held live that N reached: due now
+        Emit(B(18, 24), 21, 24, "live:A"),  # held live that N reached: due now
         StateChanged(State.CATCHING_UP, State.MERGED),
     ]
     assert r.next_seq == 25 and r.outstanding == ()
@@ -757,7 +758,7 @@ def test_snapshot_end_continues_as_from_the_next_sequence_with_held_live() -> No
 
 def test_empty_snapshot_end_fixes_the_position() -> None:
     r = snapshotting()
-    assert r.handle(SnapshotEnd(1, 0), 0.1) == [
+    assert r.handle(SnapshotDone(1, 0), 0.1) == [
         StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
         Request(2, 1, None),
     ]
@@ -780,7 +781,7 @@ def test_snapshot_failing_part_way_is_finished_by_full_replay_and_its_late_answe
         StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
         Request(2, 11, None),  # not a new snapshot: it would be as of another N
     ]
-    assert r.handle(Replay(B(11, 12), 2), 1.3) == [Deliver(B(11, 12), 11, 12, "replay")]
+    assert r.handle(Replay(B(11, 12), 2), 1.3) == [Emit(B(11, 12), 11, 12, "replay")]
     assert r.handle(Replay(B(11, 20, seqs=(14,)), 1), 1.4) == []  # the abandoned snapshot, at N: dropped
     assert r.stats.replay_dropped == 1
 
@@ -805,23 +806,23 @@ def test_replay_lost_mid_snapshot_continues_with_full_replay_once_restored() -> 
 def test_catching_up_merges_when_replay_passes_the_heartbeat_head() -> None:
     r = Reconciler(Start.at_seq(10))
     assert r.handle(Tick(), 0.0) == [Request(1, 10, None)]
-    r.handle(Heartbeat(12, "A"), 0.1)
-    assert r.handle(Replay(B(10, 11), 1), 0.2) == [Deliver(B(10, 11), 10, 11, "replay")]
+    r.handle(HeadSeen(12, "A"), 0.1)
+    assert r.handle(Replay(B(10, 11), 1), 0.2) == [Emit(B(10, 11), 10, 11, "replay")]
     assert r.handle(Replay(B(12, 12), 1), 0.3) == [
-        Deliver(B(12, 12), 12, 12, "replay"),
+        Emit(B(12, 12), 12, 12, "replay"),
         StateChanged(State.CATCHING_UP, State.MERGED),
         Cancel(1),
     ]
-    assert r.handle(Replay(B(13, 13), 1), 0.4) == [Deliver(B(13, 13), 13, 13, "replay")]  # late but at N
-    assert r.handle(Live(B(13, 14), "A"), 0.5) == [Deliver(B(13, 14), 14, 14, "live:A")]
+    assert r.handle(Replay(B(13, 13), 1), 0.4) == [Emit(B(13, 13), 13, 13, "replay")]  # late but at N
+    assert r.handle(Live(B(13, 14), "A"), 0.5) == [Emit(B(13, 14), 14, 14, "live:A")]
 
 
 def test_catching_up_does_not_merge_into_a_silent_live_feed() -> None:
     r = Reconciler(Start.at_seq(1), progress_timeout=1.0)
-    r.handle(Heartbeat(2, "A"), 0.0)
-    assert r.handle(Replay(B(1, 3), 1), 5.0) == [Deliver(B(1, 3), 1, 3, "replay")]  # live silent for 5 s
+    r.handle(HeadSeen(2, "A"), 0.0)
+    assert r.handle(Replay(B(1, 3), 1), 5.0) == [Emit(B(1, 3), 1, 3, "replay")]  # live silent for 5 s
     assert r.state is State.CATCHING_UP
-    assert r.handle(Heartbeat(3, "A"), 5.1) == [StateChanged(State.CATCHING_UP, State.MERGED), Cancel(1)]
+    assert r.handle(HeadSeen(3, "A"), 5.1) == [StateChanged(State.CATCHING_UP, State.MERGED), Cancel(1)]
 
 
 def test_catching_up_overflow_drops_held_live_but_keeps_replaying() -> None:
@@ -851,15 +852,15 @@ def test_catching_up_does_not_hold_live_while_far_behind() -> None:
 def test_catching_up_trimmed_reports_loss_at_next_seq() -> None:
     r = Reconciler(Start.after_seq(4))
     r.handle(Tick(), 0.0)
-    assert r.handle(Trimmed(1, 20), 0.1) == [Loss(5, 19, "trimmed")]
+    assert r.handle(ReplayTrimmed(1, 20), 0.1) == [Loss(5, 19, "trimmed")]
     assert r.next_seq == 20 and r.stats.records_lost == 15
 
 
 def test_merged_drops_duplicates_and_trims_overlaps() -> None:
     r = merged_at(10)
-    assert r.handle(Live(B(10, 12), "A"), 0.0) == [Deliver(B(10, 12), 10, 12, "live:A")]
+    assert r.handle(Live(B(10, 12), "A"), 0.0) == [Emit(B(10, 12), 10, 12, "live:A")]
     assert r.handle(Live(B(10, 12), "B"), 0.0) == []
-    assert r.handle(Live(B(11, 14), "B"), 0.0) == [Deliver(B(11, 14), 13, 14, "live:B")]
+    assert r.handle(Live(B(11, 14), "B"), 0.0) == [Emit(B(11, 14), 13, 14, "live:B")]
     assert r.stats.duplicates_dropped == 1 and r.stats.records_from_live == 5
 
 
@@ -868,8 +869,8 @@ def test_merged_single_sequence_gap_is_requested() -> None:
     out = r.handle(Live(B(6, 8), "A"), 0.0)
     assert out == [StateChanged(State.MERGED, State.RECOVERING), Request(1, 5, 5)]
     assert r.handle(Replay(B(5, 5), 1), 0.1) == [
-        Deliver(B(5, 5), 5, 5, "replay"),
-        Deliver(B(6, 8), 6, 8, "live:A"),
+        Emit(B(5, 5), 5, 5, "replay"),
+        Emit(B(6, 8), 6, 8, "live:A"),
         StateChanged(State.RECOVERING, State.MERGED),
     ]
     assert r.handle(ReplayEnd(1), 0.1) == []
@@ -890,10 +891,10 @@ def test_repeated_and_overlapping_gap_evidence_coalesces_into_one_request() -> N
     r = merged_at(1, tail_grace=0.05)
     out = r.handle(Live(B(5, 5), "A"), 0.0)
     out += r.handle(Live(B(5, 5), "B"), 0.0)
-    out += r.handle(Heartbeat(5, "A"), 0.01)
+    out += r.handle(HeadSeen(5, "A"), 0.01)
     out += r.handle(Tick(), 0.1)
-    out += r.handle(Heartbeat(9, "B"), 0.11)
-    out += r.handle(Heartbeat(9, "A"), 0.12)
+    out += r.handle(HeadSeen(9, "B"), 0.11)
+    out += r.handle(HeadSeen(9, "A"), 0.12)
     out += r.handle(Tick(), 0.2)
     assert requests(out) == [Request(1, 1, 4), Request(2, 6, 9)]
     assert r.stats.gaps_detected == 2
@@ -901,14 +902,27 @@ def test_repeated_and_overlapping_gap_evidence_coalesces_into_one_request() -> N
 
 def test_tail_evidence_extends_a_waiting_hole() -> None:
     r = merged_at(1, max_outstanding_requests=1, tail_grace=0.0)
-    assert requests(r.handle(Heartbeat(4, "A"), 0.0)) == [Request(1, 1, 4)]
-    assert requests(r.handle(Heartbeat(9, "A"), 0.1)) == []  # 5..9 waits for the slot
-    assert requests(r.handle(Heartbeat(12, "A"), 0.2)) == []  # and grows to 5..12
+    assert requests(r.handle(HeadSeen(4, "A"), 0.0)) == [Request(1, 1, 4)]
+    assert requests(r.handle(HeadSeen(9, "A"), 0.1)) == []  # 5..9 waits for the slot
+    assert requests(r.handle(HeadSeen(12, "A"), 0.2)) == []  # and grows to 5..12
     assert requests(r.handle(Replay(B(1, 4), 1), 0.3)) == [Request(2, 5, 12)]
     r.handle(Replay(B(5, 10), 2), 0.4)
     assert (r.stats.gaps_detected, r.stats.gaps_filled) == (2, 1)
     r.handle(Replay(B(11, 12), 2), 0.5)
     assert r.stats.gaps_filled == 2 and r.state is State.MERGED
+
+
+def test_tail_evidence_right_after_n_passed_a_waiting_hole_is_requested() -> None:
+    """The other feed fills a hole still waiting for a request slot, and in the same event the tail grace
+    of a newer head expires: the tail beyond it is requested (this used to raise IndexError)."""
+    r = merged_at(1, max_outstanding_requests=1, tail_grace=0.1)
+    r.handle(Live(B(3, 3), "A"), 0.0)  # 1..2 requested: the one slot is taken
+    r.handle(HeadSeen(10, "A"), 0.01)
+    r.handle(Tick(), 0.2)  # tail hole 4..10 waits for the slot
+    r.handle(HeadSeen(20, "A"), 0.21)
+    actions = r.handle(Live(B(1, 10), "B"), 0.4)
+    assert actions == [Emit(B(1, 10), 1, 10, "live:B"), Cancel(1), Request(2, 11, 20)]
+    assert r.stats.gaps_filled == 2
 
 
 def test_gap_filled_by_other_feed_within_grace_is_never_requested() -> None:
@@ -922,15 +936,15 @@ def test_gap_filled_by_other_feed_within_grace_is_never_requested() -> None:
 
 def test_tail_loss_waits_for_the_grace_then_requests() -> None:
     r = merged_at(1, tail_grace=0.1)
-    assert r.handle(Heartbeat(3, "A"), 0.0) == []
+    assert r.handle(HeadSeen(3, "A"), 0.0) == []
     assert r.handle(Tick(), 0.05) == []
     assert r.handle(Tick(), 0.1) == [StateChanged(State.MERGED, State.RECOVERING), Request(1, 1, 3)]
 
 
 def test_tail_batch_arriving_within_the_grace_is_not_requested() -> None:
     r = merged_at(1, tail_grace=0.1)
-    r.handle(Heartbeat(3, "A"), 0.0)
-    assert r.handle(Live(B(1, 3), "A"), 0.05) == [Deliver(B(1, 3), 1, 3, "live:A")]
+    r.handle(HeadSeen(3, "A"), 0.0)
+    assert r.handle(Live(B(1, 3), "A"), 0.05) == [Emit(B(1, 3), 1, 3, "live:A")]
     assert r.handle(Tick(), 0.5) == [] and r.stats.requests == 0
 
 
@@ -945,17 +959,17 @@ def test_merged_overflow_falls_back_to_catching_up() -> None:
 
 def test_too_slow_with_replay_policy_shifts_to_replay() -> None:
     r = merged_at(1, max_lag=5)
-    out = r.handle(Heartbeat(8, "A"), 0.0)
+    out = r.handle(HeadSeen(8, "A"), 0.0)
     assert out == [StateChanged(State.MERGED, State.CATCHING_UP), Request(1, 1, None)]
 
 
 def test_too_slow_with_raise_policy_reports_once_per_excursion() -> None:
     r = merged_at(1, max_lag=5, lag_policy="raise", tail_grace=10.0)
-    assert r.handle(Heartbeat(8, "A"), 0.0) == [TooSlow(8)]
-    assert r.handle(Heartbeat(9, "A"), 0.1) == []
+    assert r.handle(HeadSeen(8, "A"), 0.0) == [LagExceeded(8)]
+    assert r.handle(HeadSeen(9, "A"), 0.1) == []
     r.handle(Live(B(1, 9), "A"), 0.2)
     assert r.lag == 0
-    assert r.handle(Heartbeat(20, "A"), 0.3) == [TooSlow(11)]
+    assert r.handle(HeadSeen(20, "A"), 0.3) == [LagExceeded(11)]
     assert r.state is State.MERGED
 
 
@@ -968,7 +982,7 @@ def test_live_silence_falls_back_to_replay() -> None:
 def test_timeouts_retry_with_exponential_backoff_then_stall_and_keep_retrying() -> None:
     r = merged_at(1, progress_timeout=1.0, retry_backoff=(0.5, 2.0), max_retries=2, tail_grace=0.0)
     r.handle(Live(B(5, 5), "A"), 0.0)
-    timeline = {t / 10: r.handle(Heartbeat(5, "A"), t / 10) for t in range(1, 120)}
+    timeline = {t / 10: r.handle(HeadSeen(5, "A"), t / 10) for t in range(1, 120)}
     got = [(t, a) for t, actions in timeline.items() for a in actions if not isinstance(a, StateChanged)]
     assert got[:7] == [
         (1.0, Cancel(1)),  # deadline 1.0, no progress
@@ -984,9 +998,9 @@ def test_timeouts_retry_with_exponential_backoff_then_stall_and_keep_retrying() 
     assert r.stats.retries == 5 and r.stats.stalls == 1
     # progress resets the deadline and the attempts: the next backoff is the initial one again
     r.handle(Replay(B(1, 2), 6), 12.6)
-    assert r.handle(Heartbeat(5, "A"), 13.5) == []
-    assert r.handle(Heartbeat(5, "A"), 13.6) == [Cancel(6)]
-    assert r.handle(Heartbeat(5, "A"), 14.1) == [Request(7, 3, 4)]
+    assert r.handle(HeadSeen(5, "A"), 13.5) == []
+    assert r.handle(HeadSeen(5, "A"), 13.6) == [Cancel(6)]
+    assert r.handle(HeadSeen(5, "A"), 14.1) == [Request(7, 3, 4)]
 
 
 def test_open_ended_request_times_out_only_when_owed_data() -> None:
@@ -1011,12 +1025,12 @@ def test_trimmed_later_piece_is_reported_in_its_place() -> None:
     r = merged_at(1, max_request_span=5)
     r.handle(Live(B(11, 11), "A"), 0.0)
     assert r.outstanding == (Request(1, 1, 5), Request(2, 6, 10))
-    assert r.handle(Trimmed(2, 8), 0.1) == []  # 6..7 gone, but 1..5 must come first
+    assert r.handle(ReplayTrimmed(2, 8), 0.1) == []  # 6..7 gone, but 1..5 must come first
     assert r.handle(Replay(B(8, 10), 2), 0.1) == []
     assert r.handle(Replay(B(1, 5), 1), 0.2)[:3] == [
-        Deliver(B(1, 5), 1, 5, "replay"),
+        Emit(B(1, 5), 1, 5, "replay"),
         Loss(6, 7, "trimmed"),
-        Deliver(B(8, 10), 8, 10, "replay"),
+        Emit(B(8, 10), 8, 10, "replay"),
     ]
     assert r.next_seq == 12
 
@@ -1025,8 +1039,8 @@ def test_trimmed_range_already_delivered_reports_nothing() -> None:
     r = merged_at(1)
     r.handle(Live(B(6, 6), "A"), 0.0)  # request 1 for 1..5
     r.handle(Live(B(1, 3), "B"), 0.0)
-    assert r.handle(Trimmed(1, 3), 0.1) == []  # 1..2 are gone from the journal, but were delivered live
-    assert r.handle(Replay(B(3, 5), 1), 0.2)[:2] == [Deliver(B(3, 5), 4, 5, "replay"), Deliver(B(6, 6), 6, 6, "live:A")]
+    assert r.handle(ReplayTrimmed(1, 3), 0.1) == []  # 1..2 are gone from the journal, but were delivered live
+    assert r.handle(Replay(B(3, 5), 1), 0.2)[:2] == [Emit(B(3, 5), 4, 5, "replay"), Emit(B(6, 6), 6, 6, "live:A")]
     assert r.stats.losses == 0
 
 
@@ -1035,21 +1049,21 @@ def test_stale_answers_are_used_only_at_next_seq() -> None:
     r.handle(Live(B(6, 6), "A"), 0.0)  # request 1 for 1..5
     r.handle(Live(B(1, 2), "B"), 0.0)
     assert r.handle(Replay(B(4, 5), 77), 0.1) == []  # unknown id, not at N
-    assert r.handle(Replay(B(2, 4), 77), 0.1) == [Deliver(B(2, 4), 3, 4, "replay")]
+    assert r.handle(Replay(B(2, 4), 77), 0.1) == [Emit(B(2, 4), 3, 4, "replay")]
     assert r.stats.replay_dropped == 1
 
 
 def test_answer_skipping_ahead_reports_the_range_skipped() -> None:
     r = Reconciler(Start.at_seq(1))  # the IO layer subscribes "from the first retained": no TRIMMED
     assert r.handle(Tick(), 0.0) == [Request(1, 1, None)]
-    assert r.handle(Replay(B(50, 52), 1), 0.1) == [Loss(1, 49, "skipped"), Deliver(B(50, 52), 50, 52, "replay")]
+    assert r.handle(Replay(B(50, 52), 1), 0.1) == [Loss(1, 49, "skipped"), Emit(B(50, 52), 50, 52, "replay")]
     r = merged_at(1, max_request_span=4)
     r.handle(Live(B(9, 9), "A"), 0.0)  # requests 1..4 and 5..8
     assert r.handle(Replay(B(7, 8), 2), 0.1) == []
     assert r.handle(Replay(B(1, 4), 1), 0.2)[:3] == [
-        Deliver(B(1, 4), 1, 4, "replay"),
+        Emit(B(1, 4), 1, 4, "replay"),
         Loss(5, 6, "skipped"),
-        Deliver(B(7, 8), 7, 8, "replay"),
+        Emit(B(7, 8), 7, 8, "replay"),
     ]
 
 
@@ -1059,7 +1073,7 @@ def test_replay_lost_voids_requests_and_restored_reissues_the_remainder() -> Non
     r.handle(Replay(B(1, 3), 1), 0.1)
     assert r.handle(ReplayLost(), 0.2) == []  # no Cancel: the connection is gone
     assert r.outstanding == () and r.handle(Tick(), 10.0) == []
-    assert r.handle(Replay(B(4, 4), 1), 10.1) == [Deliver(B(4, 4), 4, 4, "replay")]  # in flight: at N
+    assert r.handle(Replay(B(4, 4), 1), 10.1) == [Emit(B(4, 4), 4, 4, "replay")]  # in flight: at N
     assert r.handle(ReplayRestored(), 10.2) == [Request(2, 5, None)]
     assert r.stats.retries == 1
 
