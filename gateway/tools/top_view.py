@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 KINDS = ("gateway", "replay", "subscriber")
+_NAMES = {"gateway": "gateway", "replay": "sidecar", "subscriber": "subscriber"}
 _STATE_STYLE = {"MERGED": "green", "CATCHING_UP": "yellow", "RECOVERING": "yellow", "CLOSED": "red"}
 
 
@@ -30,7 +31,9 @@ def short(n: float | None, unit: str = "") -> str:
 
 
 def _table(title: str, columns: tuple[str, ...], left: int) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, expand=True)
+    table = Table(
+        title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False, expand=True
+    )
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i < left else "right", no_wrap=True)
     return table
@@ -39,11 +42,12 @@ def _table(title: str, columns: tuple[str, ...], left: int) -> Table:
 class _Section:
     """One table over the targets of one kind: with one target its address goes in the title, else in a column."""
 
-    def __init__(self, title: str, entries: list[dict[str, Any]], who: str, *columns: str) -> None:
+    def __init__(self, title: str, entries: list[dict[str, Any]], who: str, *columns: str, left: int = 1) -> None:
+        """`left`: how many of `columns` hold names (left-aligned); the rest hold numbers."""
         self.many = len(entries) > 1
         if entries and not self.many:
             title += f"  ·  {who} {entries[0]['address']}"
-        self.table = _table(title, ((who,) if self.many else ()) + columns, 1 + self.many)
+        self.table = _table(title, ((who,) if self.many else ()) + columns, left + self.many)
 
     def row(self, entry: dict[str, Any], *cells: str | Text) -> None:
         self.table.add_row(*((entry["address"],) if self.many else ()), *cells)
@@ -139,6 +143,7 @@ def _subscribers(view: dict[str, Any]) -> Table:
         view["subscriber"],
         "subscriber",
         *("stream", "state", "head", "lag", "rec/s", "live/replay", "gaps filled", "lost", "reconnects"),
+        left=2,
     )
     for sub in view["subscriber"]:
         if not sub["up"]:
@@ -174,18 +179,19 @@ def _problems(view: dict[str, Any]) -> Text:
 
 
 def render(view: dict[str, Any], interval: float) -> RenderableType:
-    counts = "  ".join(f"{len(view[k])} {k}" for k in KINDS if view[k])
+    counts = ", ".join(f"{len(view[k])} {_NAMES[k]}{'s' if len(view[k]) != 1 else ''}" for k in KINDS if view[k])
     clock = time.strftime("%H:%M:%S", time.localtime(view["time"]))
-    header = Text.assemble(("zeps top", "bold"), f"   {counts}   {clock}   every {interval:g} s   Ctrl-C quits")
-    parts: list[RenderableType] = [header]
+    header = Text.assemble(("zeps top", "bold"), f" · {counts} · {clock} · every {interval:g} s · Ctrl-C quits")
+    parts: list[RenderableType | None] = [header]
     if view["gateway"]:
-        parts.append(_streams(view))
-        multicast = _multicast(view)
-        if multicast is not None:
-            parts.append(multicast)
+        parts += [_streams(view), _multicast(view)]
     if view["replay"]:
         parts.append(_replay(view))
     if view["subscriber"]:
         parts.append(_subscribers(view))
     parts.append(_problems(view))
-    return Group(*parts)
+    spaced: list[RenderableType] = []
+    for part in parts:
+        if part is not None:
+            spaced += [part, Text("")]
+    return Group(*spaced[:-1])
