@@ -28,15 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-from prometheus_client import Counter, Gauge
 
 from gateway.errors import JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
+from gateway.server.replay_metrics import ReplayMetrics
 from gateway.server.session import Session
 from gateway.server.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
-from gateway.transport.metrics import Metrics
 from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
@@ -82,24 +81,6 @@ class ReplayConfig:
             raise ValueError("max_command_bytes must be at least 1024: clients' ATTACH and FETCH must fit")
 
 
-class ReplayMetrics(Metrics):
-    def __init__(self) -> None:
-        super().__init__()
-        r = self.registry
-        self.sessions = Gauge("zeps_replay_sessions", "Attached replay clients", registry=r)
-        self.served_bytes = Counter("zeps_replay_served_bytes", "Bytes of DELIVER and DELIVER-BATCH sent", registry=r)
-        self.served_records = Counter("zeps_replay_served_records", "Records sent to clients", registry=r)
-        self.credit_stalls = Counter(
-            "zeps_replay_credit_stalls", "Times a client ran out of credit with more to send", registry=r
-        )
-        self.send_stalls = Counter("zeps_replay_send_stalls", "Sends refused by a full pipe (slow client)", registry=r)
-        self.invalid = Counter("zeps_replay_invalid_frames", "Frames refused or dropped", ["kind"], registry=r)
-        self.ended = Counter("zeps_replay_sessions_ended", "Sessions ended, by reason", ["reason"], registry=r)
-        self.snapshot_keys = Gauge(
-            "zeps_replay_snapshot_keys", "Keys in a stream's snapshot index", ["stream"], registry=r
-        )
-
-
 class _TailWatch:
     """Whether a stream may have grown since the last look, for the price of two stats.
 
@@ -133,7 +114,7 @@ class ReplayServer:
 
     def __init__(self, config: ReplayConfig, *, ctx: zmq.Context | None = None) -> None:
         self.config = config
-        self.metrics = ReplayMetrics()
+        self.metrics = ReplayMetrics(config.journal)
         self.sessions: dict[bytes, Session] = {}
         ctx = ctx or zmq.Context.instance()
         self.router = ctx.socket(zmq.ROUTER)
@@ -141,7 +122,7 @@ class ReplayServer:
         self.router.setsockopt(zmq.SNDHWM, config.sndhwm)
         self.router.setsockopt(zmq.MAXMSGSIZE, config.max_command_bytes)
         self.router.setsockopt(zmq.LINGER, 500)
-        self.guard = TcpGuard(ctx, config.curve, self.metrics.invalid.labels("auth").inc)
+        self.guard = TcpGuard(ctx, config.curve, self.metrics.rejected.labels("auth").inc)
         self.guard.secure(self.router, f"replay {config.bind}")
         self.router.bind(config.bind)
         self.endpoint: str = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -189,12 +170,13 @@ class ReplayServer:
             self._next_index = now + self.config.snapshot_poll_s
             self._indexes_current = self.snapshots.follow(self.config.snapshot_budget_s)
             for stream, index in self.snapshots.indexes.items():
-                self.metrics.snapshot_keys.labels(stream).set(len(index))
+                self.metrics.stream(stream).snapshot_keys.set(len(index))
         if now >= self._next_tail:
             self._next_tail = now + self.config.tail_poll_ms / 1000
             self._wake_tails(now)
         if now >= self._next_idle:
             self._next_idle = now + min(1.0, self._ping_after / 2)
+            self.metrics.update_sessions(self.sessions.values())
             for s in list(self.sessions.values()):
                 silent = now - s.last_heard
                 if silent > self.config.client_timeout:
@@ -239,7 +221,7 @@ class ReplayServer:
                 return
             identity, body = frames[0], frames[1:]
             if not body or not P.is_zeps(body[0]):
-                self.metrics.invalid.labels("no-signature").inc()
+                self.metrics.rejected.labels("no-signature").inc()
                 continue
             if len(body) != 1:
                 self._invalid(identity, f"expected one command per message, got {len(body)} frames", "frames")
@@ -270,7 +252,9 @@ class ReplayServer:
                     self._fail(session, exc)
                     return
                 if not accepted:
-                    self.metrics.invalid.labels("command").inc()
+                    self.metrics.rejected.labels("command").inc()
+                elif isinstance(cmd, P.Fetch):
+                    self.metrics.stream(session.stream).fetches.inc()
                 self._answer(session)
 
     def _attach(self, identity: bytes, version: int, stream: str, now: float) -> None:
@@ -289,7 +273,7 @@ class ReplayServer:
         snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
         session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
         self.sessions[identity] = session
-        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.update_sessions(self.sessions.values())
         log.debug("replay: %s attached", session)
 
     def _reader(self, identity: bytes, stream: str) -> JournalReader | None:
@@ -335,9 +319,10 @@ class ReplayServer:
             records += sent.records
             stalls += sent.credit_stall
         if nbytes:  # once per turn, not per record: a metric update costs as much as a send
-            self.metrics.served_bytes.inc(nbytes)
-            self.metrics.served_records.inc(records)
-            self.metrics.credit_stalls.inc(stalls)
+            series = self.metrics.stream(s.stream)
+            series.served_bytes.inc(nbytes)
+            series.served_records.inc(records)
+            series.credit_stalls.inc(stalls)
 
     def _send(self, s: Session, frame: bytes) -> bool:
         """Send without blocking; False if the client's pipe is full (slow client) or the client is gone."""
@@ -347,7 +332,7 @@ class ReplayServer:
             self.router.send(frame, _NOBLOCK)
             return True
         except zmq.Again:
-            self.metrics.send_stalls.inc()
+            self.metrics.stream(s.stream).send_stalls.inc()
             self._blocked.add(s.identity)
         except zmq.ZMQError as exc:
             if exc.errno != errno.EHOSTUNREACH:
@@ -373,7 +358,7 @@ class ReplayServer:
         self._send_now(s.identity, P.invalid(f"replay failed: {exc}"))
 
     def _invalid(self, identity: bytes, reason: str, kind: str) -> None:
-        self.metrics.invalid.labels(kind).inc()
+        self.metrics.rejected.labels(kind).inc()
         session = self.sessions.get(identity)
         if session is None:
             self._send_now(identity, P.invalid(reason))
@@ -391,7 +376,7 @@ class ReplayServer:
             return
         s.close()
         self.metrics.ended.labels(reason).inc()
-        self.metrics.sessions.set(len(self.sessions))
+        self.metrics.update_sessions(self.sessions.values())
         if notify:
             self._send_now(s.identity, P.encode(P.Detach()))
 

@@ -45,8 +45,8 @@ fi
 # --- the project -------------------------------------------------------------------------------------
 stamp="$VENV/.installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log "installing zeps-gateway (editable) with the dev, lab and spark extras"
-  "$PY" -m pip install -q -e '.[dev,lab,spark]'
+  log "installing zeps-gateway (editable) with the dev, lab, spark and top extras"
+  "$PY" -m pip install -q -e '.[dev,lab,spark,top]'
   has_multicast || die "installing the project replaced pyzmq with a build without pgm/norm"
   touch "$stamp"
 fi

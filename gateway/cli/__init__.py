@@ -17,4 +17,5 @@ MODULES = (
     "replay",
     "snapshot",
     "subscribe",
+    "top",
 )

@@ -1,4 +1,8 @@
-"""A subscriber's Prometheus metrics, read from it when scraped: nothing on the hot path."""
+"""A subscriber's Prometheus metrics (`zeps_subscriber_*`; conventions in gateway.transport.metrics).
+
+Read from the subscriber when scraped, from the HTTP server's thread: nothing on the hot path. Every value is
+an int the subscriber's own thread writes, so a scrape sees each one whole (not all of them at one instant).
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class SubscriberMetrics(Metrics):
-    """A subscriber's summary counters, lag and state, read from it when scraped: nothing on the hot path."""
+    """A subscriber's counters, lag, head and state, for one stream."""
 
     def __init__(self, subscriber: Subscriber) -> None:
         super().__init__()
@@ -28,16 +32,56 @@ class _SubscriberCollector(Collector):
         self.sub = subscriber
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["stream"]
-        for name, value in self.sub.summary().items():
-            family = CounterMetricFamily(f"zeps_subscriber_{name}", f"Subscriber summary: {name}", labels=labels)
-            family.add_metric([self.sub.stream], value)
-            yield family
-        lag = GaugeMetricFamily(
-            "zeps_subscriber_lag_records", "Records known to exist, not yet delivered", labels=labels
+        sub, stream = self.sub, [self.sub.stream]
+        stats, rec = sub.stats, sub.reconciler.stats
+        delivered = CounterMetricFamily(
+            "zeps_subscriber_delivered_records",
+            "Records handed to the application, per stream and source (live, replay, snapshot)",
+            labels=["stream", "source"],
         )
-        lag.add_metric([self.sub.stream], self.sub.lag)
-        yield lag
-        state = StateSetMetricFamily("zeps_subscriber_state", "The reconciler's state", labels=labels)
-        state.add_metric([self.sub.stream], {s.name: s.name == self.sub.state for s in State})
+        for source, n in (("live", stats.from_live), ("replay", stats.from_replay), ("snapshot", stats.from_snapshot)):
+            delivered.add_metric([sub.stream, source], n)
+        yield delivered
+        rejected = CounterMetricFamily(
+            "zeps_subscriber_rejected_messages",
+            "Multicast messages dropped, per stream and reason (malformed, unauthenticated: failed the stream key)",
+            labels=["stream", "reason"],
+        )
+        rejected.add_metric([sub.stream, "malformed"], stats.rejected_packets - stats.unauthenticated)
+        rejected.add_metric([sub.stream, "unauthenticated"], stats.unauthenticated)
+        yield rejected
+        for name, help_text, value in (
+            ("gaps_detected", "Gaps seen in the live feed, per stream", rec.gaps_detected),
+            ("gaps_filled", "Gaps repaired with records from replay, per stream", rec.gaps_filled),
+            ("lost_records", "Records reported lost (DataLoss: no longer in the journal), per stream", stats.losses),
+            (
+                "duplicate_batches",
+                "Batches dropped as already delivered (A/B feeds, replay overlap)",
+                rec.duplicates_dropped,
+            ),
+            ("replay_requests", "Replay requests sent (catch-up and gap fills), per stream", rec.requests),
+            ("replay_retries", "Replay requests sent again (timeout, short answer, lost connection)", rec.retries),
+            (
+                "replay_reconnects",
+                "Replay connections re-established after a loss, per stream",
+                stats.replay_reconnects,
+            ),
+        ):
+            family = CounterMetricFamily(f"zeps_subscriber_{name}", help_text, labels=["stream"])
+            family.add_metric(stream, value)
+            yield family
+        for name, help_text, value in (
+            ("lag_records", "Records known to exist and not yet delivered, per stream", sub.lag),
+            ("head_sequence", "The highest sequence known to exist, per stream (0: none known)", sub.reconciler.head),
+            (
+                "buffered_bytes",
+                "Bytes held out of order, waiting for a gap to fill, per stream",
+                sub.reconciler.buffered_bytes,
+            ),
+        ):
+            gauge = GaugeMetricFamily(f"zeps_subscriber_{name}", help_text, labels=["stream"])
+            gauge.add_metric(stream, value)
+            yield gauge
+        state = StateSetMetricFamily("zeps_subscriber_state", "The reconciler's state, per stream", labels=["stream"])
+        state.add_metric(stream, {s.name: s.name == sub.state for s in State})
         yield state

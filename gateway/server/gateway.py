@@ -29,7 +29,7 @@ import zmq
 from gateway.errors import ConfigError
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Tuning, open_pub
-from gateway.server.metrics import GatewayMetrics
+from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.udp import UdpSender, batch_room
@@ -136,12 +136,15 @@ class _Out:
         endpoint: Endpoint,
         heads: dict[str, int],
         rooms: dict[str, int],
+        series: OutputSeries,
     ) -> None:
         self.sock = sock
         self.endpoint = endpoint
         self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
         self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
         self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
+        self.series = series  # its metrics
+        series.queued.set_function(self.queue.__len__)
 
     def pump(self) -> float:
         """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
@@ -166,7 +169,7 @@ class Gateway:
         self.config = config
         self.ctx = ctx or zmq.Context.instance()
         self.id = random.getrandbits(32)
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(config.streams)
         self.lanes = {
             name: _Lane(
                 name,
@@ -180,6 +183,8 @@ class Gateway:
             )
             for name in config.streams
         }
+        for lane in self.lanes.values():
+            self.metrics.follow_head(lane.stream, lane.writer)
         self.sessions: dict[bytes, _Session] = {}
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
@@ -204,7 +209,8 @@ class Gateway:
             endpoint = Endpoint.parse(text)
             heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
             sock = open_pub(self.ctx, endpoint, config.tuning)
-            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock)))
+            series = self.metrics.add_output(str(endpoint), heads)
+            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock), series))
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -271,7 +277,7 @@ class Gateway:
                 deadline = min(deadline, now + wait)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
-                self.metrics.fsync_seconds.observe(lane.writer.last_sync_latency_s)
+                self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)
             self._send_confirms(lane)
             sync_due = lane.writer.sync_deadline
             if sync_due is not None:
@@ -287,9 +293,11 @@ class Gateway:
         for out in self.outs:
             for stream, head in out.sent_head.items():
                 hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
-                with contextlib.suppress(zmq.Again):  # a full transport skips a beat; the next one comes
+                try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
-                self.metrics.heartbeats.inc()
+                except zmq.Again:  # a full transport skips a beat; the next one comes
+                    continue
+                out.series.heartbeats[stream].inc()
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------
 
@@ -337,7 +345,11 @@ class Gateway:
                 self._reply(identity, P.ExtendOk(tuple(sorted(session.features))))
             case P.Detach():
                 del self.sessions[identity]
-                self._reply(identity, P.DetachOk())
+                self.metrics.streams[session.stream].publishers.dec()
+                # Best effort: the session is over and nothing is owed; a client that closes right after
+                # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
+                with contextlib.suppress(zmq.ZMQError):
+                    self.router.send_multipart((identity, P.encode(P.DetachOk())), zmq.NOBLOCK)
             case P.Subscribe() | P.SubscribeTime() | P.Fetch() | P.Credit():
                 where = f" at {self.config.replay_endpoint}" if self.config.replay_endpoint else ""
                 self._reject(identity, f"{cmd.NAME} is served by the replay sidecar{where}, not the ingest")
@@ -352,7 +364,11 @@ class Gateway:
         if identity not in self.sessions and len(self.sessions) >= self.config.max_clients and not self._evict_idle():
             self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later", kind="clients")
             return
+        old = self.sessions.get(identity)
+        if old is not None:  # a second ATTACH starts over, perhaps on another stream
+            self.metrics.streams[old.stream].publishers.dec()
         self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
+        self.metrics.streams[stream].publishers.inc()
         self._reply(identity, P.AttachOk())
 
     def _evict_idle(self) -> bool:
@@ -361,7 +377,7 @@ class Gateway:
         cutoff = time.monotonic() - self.config.client_timeout
         idle = [identity for identity, s in self.sessions.items() if s.last_seen < cutoff]
         for identity in idle:
-            del self.sessions[identity]
+            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
         if idle:
             log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
         return bool(idle)
@@ -377,7 +393,6 @@ class Gateway:
         lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
         if identity is not None and session is not None:
             _owe(lane.unsequenced, identity, 1, P.FEATURE_CONFIRM in session.features)
-        self.metrics.published.inc()
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
 
@@ -398,13 +413,14 @@ class Gateway:
         lane = self.lanes[session.stream]
         self._flush(lane)
         _owe(lane.unsequenced, identity, batch.count, P.FEATURE_CONFIRM in session.features)
-        self.metrics.published.inc(batch.count)
+        self.metrics.streams[lane.stream].published.inc(batch.count)
         self._journal(lane, batch)
 
     def _flush(self, lane: _Lane) -> None:
         if not lane.pending:
             return
         raw = B.encode(0, lane.pending)
+        self.metrics.streams[lane.stream].published.inc(len(lane.pending))  # here: once per batch, not per record
         lane.pending = []
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
@@ -431,7 +447,7 @@ class Gateway:
                 time.monotonic() - lane.full_since,
             )
             lane.full_since = None
-            self.metrics.journal_full.labels(lane.stream).set(0)
+            self.metrics.streams[lane.stream].journal_full.set(0)
         last = lane.writer.last_seq
         first = last - batch.count + 1
         for identity, n, confirm in lane.unsequenced:
@@ -439,15 +455,19 @@ class Gateway:
                 lane.confirms.append((identity, first, n))
             first += n
         lane.unsequenced.clear()
-        self.metrics.journaled.inc(batch.count)
-        self.metrics.batch_records.observe(batch.count)
+        series = self.metrics.streams[lane.stream]
+        series.journaled.inc(batch.count)
+        series.journaled_bytes.inc(len(sealed))
+        series.batch_records.observe(batch.count)
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
         for out in self.outs:
             room = out.rooms.get(lane.stream)
+            out.series.bytes[lane.stream].inc(len(sealed))
             if room is None or len(sealed) <= room:
                 out.queue.append((frames, last))
+                out.series.messages[lane.stream].inc()
                 continue
             if room not in cut:
                 # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
@@ -455,7 +475,7 @@ class Gateway:
                 whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
                 cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
             out.queue.extend(cut[room])
-        self.metrics.multicast.inc(len(self.outs))
+            out.series.messages[lane.stream].inc(len(cut[room]))
 
     def _disk_full(self, lane: _Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
@@ -481,12 +501,12 @@ class Gateway:
                 lane.writer.directory,
                 retry_s,
             )
-            self.metrics.journal_full.labels(lane.stream).set(1)
+            self.metrics.streams[lane.stream].journal_full.set(1)
         return lane.full_reason
 
     def _refuse_unjournaled(self, lane: _Lane, count: int, reason: str, kind: str) -> None:
         """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
-        self.metrics.rejected.labels(kind).inc(count)
+        self.metrics.streams[lane.stream].refused[kind].inc(count)
         for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
             self._send_to(identity, P.invalid(reason))
         lane.unsequenced.clear()

@@ -265,9 +265,10 @@ def test_a_full_journal_refuses_publishes_with_a_reason_and_serves_on(make_lab, 
     assert len(beats) >= (freed_at - full_at) / 0.05 / 2 and set(beats) == {BEFORE}, beats[:20]
     assert max(last for _, kind, last in seen if kind == "batch") == len(expected)
     # The state is visible in metrics and in the log, which names the cause and the fix.
-    assert full_metrics[f'zeps_journal_full{{stream="{STREAM}"}}'] == 1
-    assert full_metrics['zeps_rejected_input_total{kind="journal-full"}'] >= len(refused) * DURING
-    assert after_metrics[f'zeps_journal_full{{stream="{STREAM}"}}'] == 0
+    assert full_metrics[f'zeps_gateway_journal_full{{stream="{STREAM}"}}'] == 1
+    refused_metric = f'zeps_gateway_refused_records_total{{reason="journal-full",stream="{STREAM}"}}'
+    assert full_metrics[refused_metric] >= len(refused) * DURING
+    assert after_metrics[f'zeps_gateway_journal_full{{stream="{STREAM}"}}'] == 0
     assert "journal disk full (No space left on device)" in gateway_log and "Fix: free space" in gateway_log
     assert "takes writes again" in gateway_log
 

@@ -150,7 +150,7 @@ def test_curve_ingest(secured: Secured) -> None:
     bare = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert bare.returncode == 1 and "give --curve-key and --curve-server" in bare.stderr
 
-    assert gw.metric('zeps_rejected_input_total{kind="auth"}') >= 5
+    assert gw.metric('zeps_gateway_rejected_messages_total{kind="auth"}') >= 5
     err = gw.stop()
     assert "refused" in err and "plain TCP" not in err
     assert JournalReader(secured.journal, STREAM).last_seq == COUNT + 10
@@ -188,7 +188,7 @@ def test_curve_replay(secured: Secured) -> None:
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert sub.returncode == 0 and f"delivered={COUNT}," in sub.stderr and "unauthenticated=0" in sub.stderr
 
-    assert rp.metric('zeps_replay_invalid_frames_total{kind="auth"}') >= 4
+    assert rp.metric('zeps_replay_rejected_messages_total{kind="auth"}') >= 4
 
 
 def test_plain_tcp_says_so_once(tmp_path: Path) -> None:

@@ -178,7 +178,7 @@ def test_metrics_endpoint_counts_published_and_rejected(tmp_path: Path) -> None:
     values = {
         line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line and not line.startswith("#")
     }
-    assert values["zeps_published_records_total"] == 300
-    assert values["zeps_journaled_records_total"] == 300
-    assert values['zeps_rejected_input_total{kind="invalid"}'] == 1
-    assert values["zeps_journal_fsync_seconds_count"] >= 1
+    assert values[f'zeps_gateway_published_records_total{{stream="{STREAM}"}}'] == 300
+    assert values[f'zeps_gateway_journaled_records_total{{stream="{STREAM}"}}'] == 300
+    assert values['zeps_gateway_rejected_messages_total{kind="invalid"}'] == 1
+    assert values[f'zeps_gateway_fsync_seconds_count{{stream="{STREAM}"}}'] >= 1

@@ -401,7 +401,7 @@ def test_a_client_without_credit_costs_no_memory_as_the_journal_grows(sidecar: S
 def _metric(side: Sidecar, name: str) -> float:
     assert side.metrics
     text = urllib.request.urlopen(side.metrics, timeout=5).read().decode()
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
 
 
@@ -413,13 +413,13 @@ def _cpu_s(pid: int) -> float:
 def test_a_slow_client_neither_slows_others_nor_spins_the_server(sidecar: Sidecar, root: Path, raw) -> None:
     s = Stream(root, "slow")
     s.write(600, per_batch=5, size=10_000)  # 30 MB: more than the slow client's pipes can hold
-    stalls = _metric(sidecar, "zeps_replay_send_stalls_total")
+    stalls = _metric(sidecar, 'zeps_replay_send_stalls_total{stream="slow"}')
     slow = raw()
     slow.sock.setsockopt(zmq.RCVHWM, 1)
     slow.attach("slow", (P.FEATURE_BATCH,))
     slow.subscribe(window=1 << 40)  # and never reads again
     deadline = time.monotonic() + 10
-    while _metric(sidecar, "zeps_replay_send_stalls_total") == stalls:
+    while _metric(sidecar, 'zeps_replay_send_stalls_total{stream="slow"}') == stalls:
         assert time.monotonic() < deadline, "the slow client's pipe never filled"
         time.sleep(0.05)  # polling a metric: there is no event to wait on
     cpu = _cpu_s(sidecar.proc.pid)
@@ -529,10 +529,11 @@ def test_metrics(sidecar: Sidecar, root: Path, raw) -> None:
     assert sidecar.metrics
     text = urllib.request.urlopen(sidecar.metrics, timeout=5).read().decode()
     values = dict(re.findall(r"^(zeps_replay_\w+(?:\{[^}]*\})?) (\S+)$", text, re.M))
-    assert float(values["zeps_replay_served_records_total"]) >= 50
-    assert float(values["zeps_replay_served_bytes_total"]) > 50 * 100
-    assert float(values["zeps_replay_sessions"]) >= 1
-    assert "zeps_replay_credit_stalls_total" in values
+    metered = '{stream="metered"}'
+    assert float(values["zeps_replay_served_records_total" + metered]) >= 50
+    assert float(values["zeps_replay_served_bytes_total" + metered]) > 50 * 100
+    assert float(values["zeps_replay_sessions" + metered]) >= 1
+    assert "zeps_replay_credit_stalls_total" + metered in values
     s.writer.close()
 
 

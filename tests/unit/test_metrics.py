@@ -1,0 +1,63 @@
+"""The metrics registries (series at 0 from the start, no `_created`) and `zeps top`'s view of them."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.server.metrics import GatewayMetrics
+from gateway.tools.top import Samples, _gateway, _Scrape
+
+ENDPOINT = "udp://10.0.0.1;239.192.0.1:5000"
+
+
+def samples(metrics: GatewayMetrics) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+class Writer:
+    last_seq = 0
+
+
+def test_multicast_series_exist_per_endpoint_and_stream_from_the_start() -> None:
+    m = GatewayMetrics(["a", "b"])
+    sent = {"a": 7, "b": 0}
+    m.add_output(ENDPOINT, sent)
+    got = samples(m)
+    for stream in ("a", "b"):
+        for name in ("zeps_gateway_multicast_messages_total", "zeps_gateway_multicast_bytes_total"):
+            assert ({"endpoint": ENDPOINT, "stream": stream}, 0.0) in got[name]
+        assert ({"endpoint": ENDPOINT, "stream": stream}, 0.0) in got["zeps_gateway_heartbeats_total"]
+    assert ({"endpoint": ENDPOINT, "stream": "a"}, 7.0) in got["zeps_gateway_multicast_head_sequence"]
+    sent["a"] = 9  # read when scraped
+    assert ({"endpoint": ENDPOINT, "stream": "a"}, 9.0) in samples(m)["zeps_gateway_multicast_head_sequence"]
+    assert not [name for name in got if name.endswith("_created")]
+
+
+def test_top_computes_rates_and_lists_moved_error_counters() -> None:
+    m = GatewayMetrics(["a", "b"])
+    writer = Writer()
+    m.follow_head("a", writer)
+    m.follow_head("b", Writer())
+    m.add_output(ENDPOINT, {"a": 0, "b": 0})
+    before = samples(m)
+    writer.last_seq = 500
+    m.streams["a"].journaled.inc(500)
+    m.streams["a"].journaled_bytes.inc(50_000)
+    m.outputs[ENDPOINT].messages["a"].inc(5)
+    m.rejected.labels("invalid").inc()
+    s = _Scrape(samples(m), before, 2.0)
+    view = _gateway(s)
+    a = view["streams"]["a"]
+    assert (a["head"], a["records_per_s"], a["bytes_per_s"]) == (500, 250.0, 25_000.0)
+    assert view["streams"]["b"]["records_per_s"] == 0.0
+    [out] = view["multicast"]
+    assert out["streams"]["a"]["behind_records"] == 500 and out["streams"]["a"]["messages_per_s"] == 2.5
+    assert s.problems("gateway") == ["gateway_rejected_messages_total{kind=invalid} 1"]
+    # Without a previous scrape, or across a restart (a counter went down), there is no rate.
+    assert _Scrape(samples(m), None, 0.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
+    assert _Scrape(before, samples(m), 1.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
