@@ -1,0 +1,91 @@
+"""The `zeps` data source on a Spark standalone cluster: master, two workers and the driver on hosts of their own
+in a namespace lab, the replay sidecar on another. Executors are separate JVMs and Python workers that unpickle
+the readers and reach the sidecar over the lab network, as on a real cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.servers import Stream
+from support.spark_cluster import Cluster, batch_read, stream_read
+
+from netlab import Lab
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
+
+REPLAY_PORT = 5571
+PER_BATCH = 100  # records per journal batch
+RECORDS = PER_BATCH * 200
+
+
+@pytest.fixture
+def cluster(make_lab: Callable[..., Lab], tmp_path: Path) -> Iterator[tuple[Lab, Cluster, str]]:
+    """The lab, the cluster, and the sidecar's endpoint (journal at tmp_path / "journal")."""
+    lab = make_lab(["gw", "master", "w1", "w2", "drv"])
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    endpoint = f"tcp://{lab.host('gw').ip}:{REPLAY_PORT}"
+    replay_log = open(tmp_path / "replay.log", "wb")  # noqa: SIM115
+    argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(journal), "--bind", endpoint]
+    sidecar = lab.popen("gw", argv, stdout=replay_log, stderr=subprocess.STDOUT)
+    spark = Cluster(lab, tmp_path / "spark")
+    try:
+        yield lab, spark, endpoint
+    finally:
+        spark.stop()
+        sidecar.terminate()
+        sidecar.wait(10)
+        replay_log.close()
+
+
+def test_batch_and_streaming_reads_on_the_cluster_survive_a_killed_executor_and_a_restart(
+    cluster: tuple[Lab, Cluster, str], tmp_path: Path
+) -> None:
+    lab, spark, replay = cluster
+    stream = Stream(tmp_path / "journal", "ticks")
+    stream.write(RECORDS // PER_BATCH, PER_BATCH)
+    driver_ip, work = lab.host("drv").ip, str(tmp_path / "driver")
+    Path(work).mkdir()
+
+    # Batch over the journal files: every record once, read by executors on both workers.
+    batch = lab.run("drv", batch_read, spark.url, driver_ip, work, str(tmp_path / "journal"), "ticks", timeout=300)
+    assert (batch["rows"], batch["distinct"], batch["first"], batch["last"]) == (RECORDS, RECORDS, 1, RECORDS)
+    executors = batch["executors"]
+    assert isinstance(executors, list) and {lab.host("w1").ip, lab.host("w2").ip} <= set(executors)
+
+    # Streaming from the sidecar, with an executor killed -9 mid-query: Spark retries its tasks elsewhere and
+    # the parquet sink holds every record exactly once.
+    job = lab.start("drv", stream_read, spark.url, driver_ip, work, replay, "ticks", 2_000)
+    killed = spark.kill_executor("w1")
+    assert job.join(300), "the streaming query did not finish"
+    first = job.result()
+    assert killed and first == {
+        "rows": RECORDS,
+        "distinct": RECORDS,
+        "first": 1,
+        "last": RECORDS,
+        "body_bytes": RECORDS * 100,
+    }
+
+    # More records, then the query restarted from its checkpoint (a new driver): it goes on where it stopped.
+    stream.write(50, PER_BATCH)
+    total = RECORDS + 50 * PER_BATCH
+    again = lab.run("drv", stream_read, spark.url, driver_ip, work, replay, "ticks", 2_000, timeout=300)
+    assert (again["rows"], again["distinct"], again["first"], again["last"]) == (total, total, 1, total)
+    stream.writer.close()
+
+
+def test_cluster_processes_are_ours_and_stop(cluster: tuple[Lab, Cluster, str]) -> None:
+    """The fixture's JVMs run in their lab hosts and end when stopped (nothing is left behind)."""
+    _, spark, _ = cluster
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(p.poll() is not None for p in spark.procs.values()):
+        time.sleep(0.2)
+    assert all(p.poll() is None for p in spark.procs.values()), "a master or worker JVM exited early"
+    spark.stop()
+    assert all(p.poll() is not None for p in spark.procs.values())
