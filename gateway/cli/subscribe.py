@@ -124,7 +124,8 @@ def _run(args: argparse.Namespace) -> int:
                 continue
             idle_since = time.monotonic()
             n += 1
-            sources[rec.source.partition(":")[0]] += 1
+            source = rec.source.partition(":")[0]
+            sources[source] = sources.get(source, 0) + 1
             if not args.summary_only:
                 write_records((rec,), out, args.format)
                 if idle_since - flushed > _FLUSH_S:
