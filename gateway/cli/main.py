@@ -55,13 +55,19 @@ def _prepare(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: argparse has said it; the status is returned
+        return exc.code if isinstance(exc.code, int) else 2
     args.verbosity = args.verbose + getattr(args, "sub_verbose", 0) - args.quiet - getattr(args, "sub_quiet", 0)
     level = (
         logging.ERROR if args.verbosity < 0 else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbosity, 2)]
     )
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    args.parser.finish(args)
+    try:
+        args.parser.finish(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
     name = f"zeps {args.command}"
     try:
         code = args.handler(args)
