@@ -131,6 +131,8 @@ def check_tails(cfg: GatewayConfig) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import zmq
+
     from gateway.server.gateway import Gateway
 
     cfg = configure(args)
@@ -143,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     extra = f", plain PUB at {cfg.ingest_pub}" if cfg.ingest_pub else ""
     say(
         args,
-        f"zeps gateway: listening on {cfg.ingest}{extra}; streams {', '.join(cfg.streams)}; journal {cfg.journal}; "
+        f"zeps gateway: listening on {gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)}{extra}; streams {', '.join(cfg.streams)}; journal {cfg.journal}; "
         f"multicast {outputs}" + (f"; metrics http://{cfg.metrics}/metrics" if cfg.metrics else ""),
     )
     gateway.run()
