@@ -141,12 +141,14 @@ def _run(args: argparse.Namespace) -> int:
     gateway = Gateway(cfg)
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
     signal.signal(signal.SIGINT, lambda *_: gateway.stop())
-    outputs = ", ".join(cfg.multicast) or "none (journal only)"
-    extra = f", plain PUB at {cfg.ingest_pub}" if cfg.ingest_pub else ""
-    say(
-        args,
-        f"zeps gateway: listening on {gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)}{extra}; streams {', '.join(cfg.streams)}; journal {cfg.journal}; "
-        f"multicast {outputs}" + (f"; metrics http://{cfg.metrics}/metrics" if cfg.metrics else ""),
-    )
+    ingest = gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the port bound, if it was 0
+    parts = [
+        f"listening on {ingest}" + (f", plain PUB at {cfg.ingest_pub}" if cfg.ingest_pub else ""),
+        f"streams {', '.join(cfg.streams)}",
+        f"journal {cfg.journal}",
+        f"multicast {', '.join(cfg.multicast) or 'none (journal only)'}",
+        *([f"metrics http://{cfg.metrics}/metrics"] if cfg.metrics else []),
+    ]
+    say(args, "zeps gateway: " + "; ".join(parts))
     gateway.run()
     return 0
