@@ -203,6 +203,20 @@ def test_env_vars_fill_options_and_explicit_options_win(servers) -> None:
     assert sub.returncode == 0 and len(sub.stdout.splitlines()) == 3, sub.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "argv", "named"),
+    [
+        ({"ZEPS_MULTICAST": "epgm://eth0;239.1.1.1:5555,239.1.1.2:5555"}, ("subscribe", "--stream", "s"),
+         ["ZEPS_MULTICAST", "'239.1.1.2:5555' has no transport"]),
+        ({"ZEPS_INGEST": "127.0.0.1:5570"}, ("publish", "--stream", "s", "--body", "x"), ["ZEPS_INGEST", "tcp://"]),
+        ({"ZEPS_STREAM": "a b"}, ("history", "--replay", DEAD), ["ZEPS_STREAM", "'a b'"]),
+        ({"ZEPS_CURVE_KEY": "/nonexistent/c.key_secret"}, (*HIST, "--timeout", "1s"), ["--curve-server"]),
+    ],
+)  # fmt: skip
+def test_env_var_errors_name_the_variable(env: dict[str, str], argv: tuple[str, ...], named: list[str]) -> None:
+    one_line_error(zeps(*argv, env=env), 2, *named)
+
+
 def test_verbose_and_quiet_anywhere_on_the_line(servers) -> None:
     gw, side = servers
     publish = ("publish", "--ingest", gw.ingest, "--stream", STREAM, "--body", "x")
