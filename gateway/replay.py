@@ -29,7 +29,7 @@ from pathlib import Path
 
 import zmq
 
-from gateway.errors import JournalError, NotAJournal
+from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
 from gateway.server.replay_metrics import ReplayMetrics
@@ -355,7 +355,12 @@ class ReplayServer:
         else:
             log.exception("replay: %s failed", s)
         self._end(s, "error")
-        self._send_now(s.identity, P.invalid(f"replay failed: {exc}"))
+        # The whole message (a repair hint included) is in our log; a ZEPS reason holds 255 bytes, so the
+        # client gets a short one that points there rather than a sentence cut mid-word.
+        reason = f"{exc.path.name} byte {exc.offset}: {exc.reason}" if isinstance(exc, JournalCorrupt) else str(exc)
+        what = "journal corrupt" if isinstance(exc, JournalCorrupt) else "replay failed"
+        tail = "; the sidecar's log says more and how to repair it"
+        self._send_now(s.identity, P.invalid(f"{what}: {reason[: P.MAX_STRING - len(what) - len(tail) - 2]}{tail}"))
 
     def _invalid(self, identity: bytes, reason: str, kind: str) -> None:
         self.metrics.rejected.labels(kind).inc()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gateway.cli.export import add_source_arguments, source_options
+from gateway.cli.options import positive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession  # imported lazily: Spark is optional
@@ -23,20 +26,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         "publish-to-journal time (batch journal time minus record publish time). Needs the spark extra.",
     )
     add_source_arguments(p)
-    p.add_argument("--top", type=int, default=20, help="keys in the table, most records first (default 20)")
+    p.add_argument("--top", type=positive, default=20, help="keys in the table, most records first (default 20)")
     p.add_argument("--plot", type=Path, help="draw records/s over time for the top keys into this PNG")
-    p.add_argument("--plot-keys", type=int, default=5, help="keys in the plot (default 5)")
+    p.add_argument("--plot-keys", type=positive, default=5, help="keys in the plot (default 5)")
+    p.add_argument("--json", action="store_true", help="print the whole report as one JSON object")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from gateway.spark import run_command
 
-    try:
-        options = source_options(args)
-    except ValueError as exc:
-        print(f"zeps analyze: {exc}", file=sys.stderr)
-        return 2
+    options = source_options(args)
 
     def job(spark: SparkSession) -> int:
         from gateway.spark.analyze import analyze, plot_rates, summary
@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
             if args.plot:
                 plot_rates(slim, report, args.plot, top=args.plot_keys)
-        print(report.describe(args.top))
+        print(json.dumps(dataclasses.asdict(report)) if args.json else report.describe(args.top))
         if args.plot:
             print(f"plot: {args.plot}", file=sys.stderr)
         return 0

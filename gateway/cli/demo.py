@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from gateway.cli.options import number, positive
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -14,9 +16,19 @@ def register(commands: argparse._SubParsersAction) -> None:
         "'early' behind packet loss, 'late' joining a third of the way in. Removes the LAN afterwards. "
         "Exit status 0 only when both received the whole feed in order, exactly once.",
     )
-    p.add_argument("--records", type=int, default=60_000, help="records to publish (default 60000)")
-    p.add_argument("--rate", type=float, default=5_000.0, help="records per second (default 5000)")
-    p.add_argument("--loss", type=float, default=5.0, help="inbound packet loss at 'early', percent (default 5)")
+    p.add_argument("--records", type=positive, default=60_000, help="records to publish (default 60000)")
+    p.add_argument(
+        "--rate",
+        type=number(0, what="records/s", above=True),
+        default=5_000.0,
+        help="records per second (default 5000)",
+    )
+    p.add_argument(
+        "--loss",
+        type=number(0, 100, "percent"),
+        default=5.0,
+        help="inbound packet loss at 'early', percent (default 5)",
+    )
     p.set_defaults(handler=_run)
 
 

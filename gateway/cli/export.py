@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gateway.cli.options import position, stream_name
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession  # imported lazily: Spark is optional
 
@@ -28,47 +30,45 @@ def register(commands: argparse._SubParsersAction) -> None:
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
     """The journal, stream, range and Spark options `zeps export` and `zeps analyze` share."""
     p.add_argument("--journal", type=Path, required=True, help="the gateway's journal root (one directory per stream)")
-    p.add_argument("--stream", required=True)
+    p.add_argument("--stream", type=stream_name, required=True)
     p.add_argument(
-        "--from", dest="start", help="first sequence, or an ISO-8601 journal time (UTC unless it has a zone)"
+        "--from", dest="start", type=position(), help="first sequence, or an ISO-8601 journal time with a zone"
     )
-    p.add_argument("--until", help="last sequence, or an ISO-8601 journal time (inclusive)")
+    p.add_argument("--until", type=position(), help="last sequence, or an ISO-8601 journal time (inclusive)")
     p.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
 
 
 def source_options(args: argparse.Namespace) -> dict[str, str]:
-    """--from/--until as options of the zeps data source. ValueError (exit 2) for a malformed value.
+    """--from/--until as options of the zeps data source. ConfigError (exit 2) for a range it cannot read.
 
     Checks that the journal holds the stream first, so a wrong path fails at once, before Spark starts.
     """
-    from gateway.client.position import parse_position
+    from gateway.errors import ConfigError
     from gateway.journal import JournalReader
 
     JournalReader(args.journal, args.stream)
     options = {}
-    for flag, value, (seq_option, time_option) in (
+    for flag, pos, (seq_option, time_option) in (
         ("--from", args.start, ("fromSeq", "fromTime")),
         ("--until", args.until, ("toSeq", "toTime")),
     ):
-        if value is not None:
-            try:
-                seq, ns = parse_position(value)
-            except ValueError as exc:
-                raise ValueError(str(exc).replace("--from", flag)) from None
-            options[time_option if ns is not None else seq_option] = str(ns if ns is not None else seq)
+        if pos is None:
+            continue
+        if pos.back is not None:
+            raise ConfigError(f"{flag} -{pos.back}: the last N records is for history and subscribe; give a sequence")
+        options[time_option if pos.time_ns is not None else seq_option] = str(
+            pos.time_ns if pos.time_ns is not None else pos.seq
+        )
     return options
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.errors import ConfigError
     from gateway.spark import run_command
 
-    try:
-        options = source_options(args)
-        if "://" not in args.out and Path(args.out).exists() and not args.overwrite:
-            raise ValueError(f"{args.out} exists: pass --overwrite to replace it, or another --to")
-    except ValueError as exc:
-        print(f"zeps export: {exc}", file=sys.stderr)
-        return 2
+    options = source_options(args)
+    if "://" not in args.out and Path(args.out).exists() and not args.overwrite:
+        raise ConfigError(f"{args.out} exists: pass --overwrite to replace it, or another --to")
 
     def job(spark: SparkSession) -> int:
         from gateway.spark.export import export

@@ -4,109 +4,151 @@ from __future__ import annotations
 
 import argparse
 import signal
-import tomllib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gateway.cli import keyopts
+from gateway.cli import config, keyopts
+from gateway.cli.options import (
+    Parser,
+    byte_size,
+    duration,
+    host_port,
+    mcast_endpoint,
+    nonnegative,
+    positive,
+    say,
+    stream_name,
+    tcp_endpoint,
+)
+
+if TYPE_CHECKING:
+    from gateway.server.gateway import GatewayConfig
+
+_MAX_BATCH = 64 << 20  # gateway.wire.batch.MAX_BATCH (not imported: `zeps --help` stays light)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+    p: Parser = commands.add_parser(
         "gateway",
         help="run the gateway: ingest, sequence, journal, multicast",
         description="Publishers attach over ZEPS (--ingest) or plain ZeroMQ PUB (--ingest-pub); every record is "
         "journaled before it is multicast. With no --multicast the gateway journals only (TCP-only deployments "
-        "are served by the replay sidecar's live tail). Options may also come from a TOML file (--config); "
-        "command-line options win.",
+        "are served by the replay sidecar's live tail). Options may also come from a TOML file (--config; keys "
+        "as the long options, e.g. max_message_bytes = '4MiB'); command-line options win. Sizes take units "
+        "(64KiB, 1MiB), times too (250ms, 30s, 7d).",
     )
     p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
-    p.add_argument("--stream", action="append", help="stream to serve (repeatable)")
+    p.add_argument("--stream", action="append", type=stream_name, help="stream to serve (repeatable)")
     p.add_argument("--journal", type=Path, help="journal root directory")
-    p.add_argument("--ingest", help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
-    p.add_argument("--ingest-pub", help="XSUB endpoint for plain ZeroMQ PUB publishers (frames: key, body)")
-    p.add_argument("--multicast", action="append", help="epgm://, norm:// or udp:// endpoint (repeatable: A/B feeds)")
-    p.add_argument("--replay-endpoint", help="replay sidecar endpoint advertised in heartbeats")
-    p.add_argument("--rate-kbps", type=int, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (default 100000)")
-    p.add_argument("--recovery-ivl-ms", type=int, help="PGM recovery interval (default 2000)")
-    p.add_argument("--datagram-bytes", type=int, help="udp:// datagram size at most (default 1472: one MTU)")
-    p.add_argument("--heartbeat-ms", type=int, help="heartbeat interval (default 100)")
-    p.add_argument("--linger-ms", type=int, help="longest wait to fill a batch (default 2)")
-    p.add_argument("--batch-records", type=int, help="records per batch at most (default 1024)")
-    p.add_argument("--batch-bytes", type=int, help="bytes per batch at most (default 60000)")
-    p.add_argument("--max-message-bytes", type=int, help="largest record body accepted (default 1 MiB)")
-    p.add_argument("--max-clients", type=int, help="ZEPS publisher sessions at most (default 1024)")
-    p.add_argument("--client-timeout", type=float, help="at the client limit, end sessions silent this long (60 s)")
-    p.add_argument("--journal-retry-ms", type=int, help="disk full: refuse publishes this long between tries (1000)")
+    p.add_argument("--ingest", type=tcp_endpoint, help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
+    p.add_argument("--ingest-pub", type=tcp_endpoint, help="XSUB endpoint for plain ZeroMQ PUB publishers")
+    p.add_argument(
+        "--multicast", action="append", type=mcast_endpoint, help="epgm://, norm:// or udp:// endpoint (repeat: A/B)"
+    )
+    p.add_argument("--replay-endpoint", type=tcp_endpoint, help="replay sidecar endpoint advertised in heartbeats")
+    p.add_argument("--rate-kbps", type=positive, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (100000)")
+    p.add_argument("--recovery-ivl-ms", type=positive, help="PGM recovery interval in ms (default 2000)")
+    p.add_argument("--datagram-bytes", type=byte_size(256, 65507), help="udp:// datagram size at most (1472: one MTU)")
+    p.add_argument("--heartbeat-ms", type=positive, help="heartbeat interval in ms (default 100)")
+    p.add_argument("--linger-ms", type=nonnegative, help="longest wait to fill a batch, in ms (default 2)")
+    p.add_argument("--batch-records", type=positive, help="records per batch at most (default 1024)")
+    p.add_argument("--batch-bytes", type=byte_size(1024, _MAX_BATCH), help="bytes per batch at most (default 60000)")
+    p.add_argument(
+        "--max-message-bytes", type=byte_size(1, _MAX_BATCH // 2), help="largest record body accepted (default 1MiB)"
+    )
+    p.add_argument("--max-clients", type=positive, help="ZEPS publisher sessions at most (default 1024)")
+    p.add_argument("--client-timeout", type=duration, help="at the client limit, end sessions silent this long (60s)")
+    p.add_argument("--journal-retry-ms", type=positive, help="disk full: refuse publishes this long between tries")
     p.add_argument("--fsync", choices=("always", "group", "never"), help="journal durability (default group)")
-    p.add_argument("--fsync-ms", type=int, help="group commit: fsync at least this often")
-    p.add_argument("--retention-bytes", type=int, help="delete old segments beyond this many bytes per stream")
-    p.add_argument("--retention-s", type=float, help="delete segments older than this many seconds")
-    p.add_argument("--metrics", help="serve Prometheus metrics at HOST:PORT")
+    p.add_argument("--fsync-ms", type=positive, help="group commit: fsync at least this often, in ms")
+    p.add_argument("--retention-bytes", type=byte_size(1), help="delete old segments beyond this size per stream")
+    p.add_argument("--retention-s", type=duration, help="delete segments older than this, e.g. 86400, 7d")
+    p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics at HOST:PORT")
     p.add_argument("--stream-key", metavar="FILE", help="sign every multicast message with this key (zeps keygen)")
+    p.add_argument(
+        "--accept-corrupt-tail",
+        action="store_true",
+        default=None,
+        help="start even if a stream's last batch is corrupt, discarding it (default: refuse, see zeps journal repair)",
+    )
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
 
-def _settings(args: argparse.Namespace) -> dict:
-    """Merge the TOML file and the command line (the command line wins) into one flat dict."""
-    merged = tomllib.loads(args.config.read_text()) if args.config else {}
-    merged = {k.replace("-", "_"): v for k, v in merged.items()}
-    for key, value in vars(args).items():
-        if value is not None and key not in ("config", "handler", "command", "verbose"):
-            merged[key] = value
-    return merged
+def configure(args: argparse.Namespace) -> GatewayConfig:
+    """The command line, completed by the --config file, as a GatewayConfig. ConfigError for anything wrong."""
+    from gateway.errors import ConfigError
+
+    if args.config is not None:
+        config.merge(args, config.load(args.config, args.parser))
+    missing = [f"--{k}" for k in ("stream", "journal", "ingest") if not getattr(args, k)]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}: give it on the command line or in the --config file")
+    return _gateway_config(args)
 
 
-def config_from(settings: dict):
+def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
     from gateway.server.gateway import GatewayConfig
-    from gateway.transport.curve import server_keys
     from gateway.wire.streamkey import StreamKey
 
-    missing = [k for k in ("stream", "journal", "ingest") if not settings.get(k)]
-    if missing:
-        raise SystemExit(f"zeps gateway: missing {', '.join('--' + m for m in missing)}")
-    tuning = {k: settings[k] for k in ("rate_kbps", "recovery_ivl_ms", "datagram_bytes") if k in settings}
-    durability = {"mode": settings["fsync"]} if "fsync" in settings else {}
-    if "fsync_ms" in settings:
-        durability["group_ms"] = settings["fsync_ms"]
-    streams = settings["stream"]
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    tuning = {k: given[k] for k in ("rate_kbps", "recovery_ivl_ms", "datagram_bytes") if k in given}
+    durability = {"mode": given["fsync"]} if "fsync" in given else {}
+    if "fsync_ms" in given:
+        durability["group_ms"] = given["fsync_ms"]
+    limits = ("heartbeat_ms", "linger_ms", "batch_records", "batch_bytes", "max_message_bytes", "max_clients")
     return GatewayConfig(
-        streams=[streams] if isinstance(streams, str) else list(streams),
-        journal=Path(settings["journal"]),
-        ingest=settings["ingest"],
-        ingest_pub=settings.get("ingest_pub"),
-        multicast=list(settings.get("multicast", [])),
-        replay_endpoint=settings.get("replay_endpoint", ""),
+        streams=list(args.stream),
+        journal=Path(args.journal),
+        ingest=args.ingest,
+        ingest_pub=args.ingest_pub,
+        multicast=list(args.multicast or []),
+        replay_endpoint=args.replay_endpoint or "",
         tuning=Tuning(**tuning),
         durability=Durability(**durability),
-        retention=Retention(max_bytes=settings.get("retention_bytes"), max_age_s=settings.get("retention_s")),
-        metrics=settings.get("metrics"),
-        stream_key=StreamKey.load(settings["stream_key"]) if settings.get("stream_key") else None,
-        curve=server_keys(settings.get("curve_secret"), settings.get("curve_allow")),
-        **{
-            k: settings[k]
-            for k in (
-                "heartbeat_ms",
-                "linger_ms",
-                "batch_records",
-                "batch_bytes",
-                "max_message_bytes",
-                "max_clients",
-                "client_timeout",
-                "journal_retry_ms",
-            )
-            if k in settings
-        },
+        retention=Retention(max_bytes=args.retention_bytes, max_age_s=args.retention_s),
+        metrics=args.metrics,
+        stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
+        curve=keyopts.server_curve(args),
+        **{k: given[k] for k in (*limits, "client_timeout", "journal_retry_ms") if k in given},
     )
 
 
+def check_tails(cfg: GatewayConfig) -> None:
+    """Refuse a stream whose last segment ends in a corrupt batch (not a torn write, which recovery cuts)."""
+    from gateway.errors import JournalError
+    from gateway.journal import tail_fault
+
+    for stream in cfg.streams:
+        fault = tail_fault(cfg.journal, stream)
+        if fault is not None:
+            raise JournalError(
+                f"stream {stream!r}: {fault.describe()}; starting would discard it. See and cut it with "
+                f"`zeps journal repair {cfg.journal}`, or start with --accept-corrupt-tail"
+            )
+
+
 def _run(args: argparse.Namespace) -> int:
+    import zmq
+
     from gateway.server.gateway import Gateway
 
-    gateway = Gateway(config_from(_settings(args)))
+    cfg = configure(args)
+    if not args.accept_corrupt_tail:
+        check_tails(cfg)
+    gateway = Gateway(cfg)
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
     signal.signal(signal.SIGINT, lambda *_: gateway.stop())
+    ingest = gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the port bound, if it was 0
+    parts = [
+        f"listening on {ingest}" + (f", plain PUB at {cfg.ingest_pub}" if cfg.ingest_pub else ""),
+        f"streams {', '.join(cfg.streams)}",
+        f"journal {cfg.journal}",
+        f"multicast {', '.join(cfg.multicast) or 'none (journal only)'}",
+        *([f"metrics http://{cfg.metrics}/metrics"] if cfg.metrics else []),
+    ]
+    say(args, "zeps gateway: " + "; ".join(parts))
     gateway.run()
     return 0

@@ -1,86 +1,83 @@
-"""`zeps history`: print a stream's journaled records as JSON lines, from the replay sidecar."""
+"""`zeps history`: print a stream's journaled records, from the replay sidecar."""
 
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import sys
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, TextIO
-
-if TYPE_CHECKING:
-    from gateway.client.subscriber import Received
-    from gateway.wire.batch import Record
 
 from gateway.cli import keyopts
+from gateway.cli.options import Parser, Position, duration, position, positive, say, since
+from gateway.cli.output import add_format, write_records
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+    p: Parser = commands.add_parser(
         "history",
-        help="print journaled records as JSON lines (from the replay sidecar)",
-        description='Prints {"seq", "ts_ns", "key", "body_b64"} per record (and "ttl_ms" if it has one), one JSON '
-        "object a line, and exits at --to or at the journal's head as it was when the request was served (the "
-        "server ends the request there), whichever comes first. ts_ns is the record's publish time.",
+        help="print journaled records (from the replay sidecar)",
+        description="Prints the records of a range, one a line (--format), and exits at --to or at the journal's "
+        "head as it was when the request was served (the server ends the request there), whichever comes "
+        "first. Times are journal times; ts_ns is the record's publish time.",
     )
     replay_arguments(p)
-    p.add_argument(
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
         "--from",
         dest="start",
-        default="0",
-        help="first sequence, or an ISO-8601 time (journal time; UTC unless it has a zone) (default: the first "
-        "retained record)",
+        type=position(),
+        help="first sequence; -N: the last N sequences; or an ISO-8601 time with a zone, e.g. 2026-05-01T09:30Z "
+        "(default: the first retained record)",
     )
-    p.add_argument("--to", type=int, help="last sequence (default: the head)")
-    p.add_argument("--topic", default="", help="only keys starting with this prefix")
+    start.add_argument("--since", type=duration, help="records journaled in the last DURATION, e.g. 5m, 2h, 1d")
+    p.add_argument("--to", type=positive, help="last sequence (default: the head)")
+    p.add_argument("--topic", default="", help="only keys starting with this prefix (one prefix)")
+    add_format(p)
+    p.check(_range_in_order)
     p.set_defaults(handler=_run)
 
 
-def replay_arguments(p: argparse.ArgumentParser) -> None:
+def replay_arguments(p: Parser) -> None:
     """--replay, --stream, --timeout and the CURVE keys: what every command reading from the sidecar takes."""
-    p.add_argument("--replay", required=True, help="replay sidecar endpoint, e.g. tcp://127.0.0.1:5571")
-    p.add_argument("--stream", required=True)
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the server (default 10)")
+    keyopts.add_replay(p, required=True)
+    keyopts.add_stream(p)
+    p.add_argument("--timeout", type=duration, default=10.0, help="how long to wait for the server (default 10s)")
     keyopts.add_client_options(p)
 
 
-def write_records(records: Iterable[Record | Received], out: TextIO) -> None:
-    """One JSON object a line per record: seq, ts_ns (publish time), key, body_b64, and ttl_ms when set."""
-    for rec in records:
-        line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": base64.b64encode(rec.body).decode()}
-        if rec.ttl_ms:
-            line["ttl_ms"] = rec.ttl_ms
-        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+def _range_in_order(args: argparse.Namespace) -> str | None:
+    if args.start is not None and args.start.seq is not None and args.to is not None and args.start.seq > args.to:
+        return f"--from {args.start.seq} is after --to {args.to}: the range would be empty; swap them"
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gateway.client.position import parse_position
     from gateway.client.replay_client import history
-    from gateway.errors import ReplayError
     from gateway.wire.batch import MAX_SEQ
 
-    try:
-        first, since_ns = parse_position(args.start)
-    except ValueError as exc:
-        print(f"zeps history: {exc}", file=sys.stderr)
-        return 2
+    start: Position = since(args.since) if args.since is not None else (args.start or Position(seq=0))
+    first = start.seq or 0
+    if start.back is not None:
+        first = max(1, head(args, args.timeout) - start.back + 1)
     records = history(
         args.replay,
         args.stream,
         first=first,
-        since_ns=since_ns,
+        since_ns=start.time_ns,
         last=MAX_SEQ if args.to is None else args.to,
         pattern=args.topic,
         timeout=args.timeout,
         curve=keyopts.client_curve(args),
     )
-    try:
-        write_records(records, sys.stdout)
-    except ReplayError as exc:
-        print(f"zeps history: {exc.reason}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        return 0
+    n = write_records(records, sys.stdout.buffer, args.format)
     sys.stdout.flush()
+    if args.verbosity > 0:
+        say(args, f"zeps history: {n} records")
     return 0
+
+
+def head(args: argparse.Namespace, timeout: float) -> int:
+    """The last sequence of the stream, asked of the sidecar at --replay (for --from -N)."""
+    from gateway.client.replay_client import ReplayClient, probe
+    from gateway.wire.batch import MAX_SEQ
+
+    with ReplayClient(args.replay, args.stream, timeout=timeout, curve=keyopts.client_curve(args)) as client:
+        return probe(client, MAX_SEQ)[0].last

@@ -1,67 +1,119 @@
-"""`zeps`: the command line. Each subcommand lives in `gateway.cli` as a thin shell over the library."""
+"""`zeps`: the command line. Each subcommand lives in `gateway.cli` as a thin shell over the library.
+
+Exit status, everywhere: 0 success, 1 a failure at run time (a peer gone, a port taken, a corrupt journal),
+2 a usage or configuration error (found before anything starts), 130 Ctrl-C. Every error is one line on
+stderr naming the cause and the fix; no traceback reaches the user (-vv logs one, for bug reports). A closed
+stdout (`zeps subscribe | head -1`) ends the command quietly with status 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from gateway import __version__
 from gateway.cli import MODULES
+from gateway.cli.options import Parser
+
+log = logging.getLogger("gateway.cli")
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    from gateway.errors import (
-        AuthError,
-        BatchError,
-        ConfigError,
-        JournalError,
-        McastError,
-        ProtocolError,
-        PublishError,
-        ReplayError,
-    )
-
-    return (
-        AuthError,
-        BatchError,
-        ConfigError,
-        JournalError,
-        McastError,
-        ProtocolError,
-        PublishError,
-        ReplayError,
-        OSError,
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="zeps",
-        description="Reliable multicast pub-sub: gateway, replay sidecar, reconciling subscriber, tools.",
+        description="Reliable multicast pub-sub: gateway, replay sidecar, reconciling subscriber, tools. "
+        "-v and -q go anywhere on the line. Exit status: 0 success, 1 failure, 2 usage or config error.",
     )
     parser.add_argument("--version", action="version", version=f"zeps {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    _verbosity(parser, "verbose", "quiet", 0)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in MODULES:
         importlib.import_module(f"gateway.cli.{name}").register(commands)
+    _prepare(commands)
     return parser
 
 
+def _verbosity(p: argparse.ArgumentParser, verbose: str, quiet: str, default: object) -> None:
+    p.add_argument("-v", "--verbose", dest=verbose, action="count", default=default, help="more log (-vv: debug)")
+    p.add_argument("-q", "--quiet", dest=quiet, action="count", default=default, help="errors only")
+
+
+def _prepare(commands: argparse._SubParsersAction) -> None:
+    """-v/-q on every subcommand too (after it on the line), and each subcommand's parser in its namespace, so
+    that main() can run its after-parse checks. Nested subcommands (journal ACTION) set theirs last."""
+    for sub in commands.choices.values():
+        _verbosity(sub, "sub_verbose", "sub_quiet", argparse.SUPPRESS)
+        sub.set_defaults(parser=sub)
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _prepare(action)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, a usage error: argparse has said it; the status is returned
+        return exc.code if isinstance(exc.code, int) else 2
+    args.verbosity = args.verbose + getattr(args, "sub_verbose", 0) - args.quiet - getattr(args, "sub_quiet", 0)
+    level = (
+        logging.ERROR if args.verbosity < 0 else (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbosity, 2)]
+    )
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     try:
-        return args.handler(args)
+        args.parser.finish(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    name = f"zeps {args.command}"
+    try:
+        code = args.handler(args)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         return 130
-    except _user_errors() as exc:
-        # Bad input, a bad journal, an unreachable peer: the message names the cause and the fix.
-        print(f"zeps {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except BrokenPipeError:
+        _stdout_gone()
+        return 0
+    except Exception as exc:
+        code, message = _explain(exc)
+        log.debug("%s failed", name, exc_info=True)
+        print(f"{name}: {message}", file=sys.stderr)
+        return code
+
+
+def _explain(exc: Exception) -> tuple[int, str]:
+    """(exit status, one line) for an error that ended a command."""
+    import zmq
+
+    from gateway.errors import NotAJournal, ZepsError
+
+    if isinstance(exc, zmq.ZMQError):
+        return 1, _zmq_message(exc)
+    if isinstance(exc, ValueError | NotAJournal):
+        return 2, str(exc)  # bad input the parser could not see (a key file's content, a journal path)
+    if isinstance(exc, ZepsError | OSError):
+        return 1, str(exc)
+    return 1, f"unexpected {type(exc).__name__}: {exc} (a bug: please report it with the output of -vv)"
+
+
+def _zmq_message(exc: Exception) -> str:
+    text = str(exc)
+    if getattr(exc, "errno", None) == errno.EADDRINUSE:
+        return f"{text}: another process listens there; stop it, or choose another port"
+    if getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
+        return f"{text}: that address is not one of this host's; bind to one of its addresses, or 0.0.0.0"
+    return text
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout went away: point stdout at /dev/null so the interpreter's last flush stays quiet."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

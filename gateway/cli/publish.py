@@ -4,33 +4,62 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 
 from gateway.cli import keyopts
+from gateway.cli.options import Parser, byte_size, duration, number, positive, say, tcp_endpoint
+
+_LOAD_ONLY = ("size", "keys", "rate")  # options that shape a generated load (--count)
+_MiB = 1 << 20
+MAX_SIZE = 64 * _MiB - 2 * 65536  # a record must fit one batch (gateway.wire.batch.MAX_BATCH) with its key
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+    p: Parser = commands.add_parser(
         "publish",
         help="publish one message, stdin lines, or a generated load",
         description="With --body: one record. With --count: a generated load of --size-byte bodies over --keys "
-        "keys at --rate records/s (0: as fast as the gateway takes them). Otherwise: one record per stdin line.",
+        "keys at --rate records/s (default: as fast as the gateway takes them). Otherwise: one record per stdin "
+        "line.",
     )
-    p.add_argument("--ingest", required=True, help="gateway ZEPS endpoint, e.g. tcp://127.0.0.1:5570")
-    p.add_argument("--stream", required=True)
-    p.add_argument("--key", default="", help="routing key (single message and stdin modes)")
-    p.add_argument("--body", help="publish this one message")
-    p.add_argument("--count", type=int, help="generate this many records")
-    p.add_argument("--size", type=int, default=100, help="generated body size in bytes (default 100)")
-    p.add_argument("--rate", type=float, default=0.0, help="generated records per second (default: unpaced)")
-    p.add_argument("--keys", type=int, default=1, help="generated keys key000.. (default 1)")
-    p.add_argument("--confirm", action="store_true", help="wait until the gateway confirms all is journaled")
+    p.from_env(
+        p.add_argument("--ingest", type=tcp_endpoint, help="gateway endpoint, e.g. tcp://127.0.0.1:5570"), "ZEPS_INGEST"
+    )
+    p.require("ingest")
+    keyopts.add_stream(p)
+    p.add_argument("--key", help="routing key (single message and stdin modes; default empty)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--body", help="publish this one message")
+    what.add_argument("--count", type=positive, help="generate this many records")
+    p.add_argument("--size", type=byte_size(1, MAX_SIZE), help="generated body size, e.g. 100, 4KiB (default 100)")
+    p.add_argument("--rate", type=number(0, what="records/s", above=True), help="generated records per second")
+    p.add_argument("--keys", type=positive, help="generated keys key000.. (default 1)")
+    p.add_argument(
+        "--confirm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wait until the gateway confirms all is journaled, so that a refusal is reported (default); "
+        "--no-confirm: exit once sent",
+    )
     keyopts.add_client_options(p)
     p.add_argument(
         "--ttl",
-        type=float,
-        help="seconds each record stays in snapshots (default: until replaced); an empty --body deletes the key",
+        type=duration,
+        help="how long each record stays in snapshots, e.g. 30s, 5m (default: until replaced); an empty --body "
+        "deletes the key",
     )
+    p.check(_modes)
     p.set_defaults(handler=_run)
+
+
+def _modes(args: argparse.Namespace) -> str | None:
+    if args.count is None:
+        given = [f"--{name}" for name in _LOAD_ONLY if getattr(args, name) is not None]
+        if given:
+            return f"{', '.join(given)} shape a generated load: add --count N, or leave them out"
+    elif args.key is not None:
+        return "--key is for --body and stdin; a generated load (--count) uses --keys N keys key000.."
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -38,21 +67,28 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.errors import PublishError
     from gateway.tools.load import generated
 
+    records: Iterator[tuple[str, bytes]]
     if args.body is not None:
-        records = iter([(args.key, args.body.encode())])
+        records = iter([(args.key or "", args.body.encode())])
     elif args.count is not None:
-        records = generated(args.count, args.size, args.keys, args.rate)
+        records = generated(args.count, args.size or 100, args.keys or 1, args.rate or 0.0)
     else:
-        records = ((args.key, line.rstrip(b"\n")) for line in sys.stdin.buffer)
+        records = ((args.key or "", line.rstrip(b"\n")) for line in sys.stdin.buffer)
+    n = biggest = 0
+    pub: Publisher | None = None
     try:
         with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args)) as pub:
-            n = 0
             for key, body in records:
+                biggest = max(biggest, len(body))
                 pub.publish(key, body, ttl=args.ttl)
                 n += 1
             last = pub.flush()
-    except PublishError as exc:
-        print(f"zeps publish: {exc.reason}", file=sys.stderr)
-        return 1
-    print(f"published {n} records" + (f", last sequence {last}" if last is not None else ""), file=sys.stderr)
+    except PublishError:
+        if pub is not None and pub.lost is not None and biggest > _MiB:
+            raise PublishError(
+                f"the gateway closed the connection after a record of {biggest} bytes, more than its "
+                "--max-message-bytes (1 MiB unless set): publish smaller records, or raise that limit"
+            ) from None
+        raise
+    say(args, f"zeps publish: published {n} records" + (f", last sequence {last}" if last is not None else ""))
     return 0

@@ -3,69 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
-import sys
 from pathlib import Path
 
-from gateway.cli import keyopts
+from gateway.cli import config, keyopts
+from gateway.cli.options import Parser, byte_size, duration, host_port, number, positive, tcp_endpoint
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+    p: Parser = commands.add_parser(
         "replay",
         help="serve the journal over ZEPS/TCP: history, gap fills, and the live tail for clients without multicast",
         description="Reads the journal files the gateway writes (it never writes them) and serves every stream "
         "under --journal to ZEPS clients: SUBSCRIBE from any sequence or time, then the live tail; FETCH ranges "
-        "for gap fills; whole batches to clients that ask for them. Prints the bound endpoint on stdout.",
+        "for gap fills; whole batches to clients that ask for them. Prints the bound endpoint on stdout. Options "
+        "may also come from a TOML file (--config; keys as the long options); command-line options win.",
     )
-    p.add_argument("--journal", type=Path, required=True, help="the gateway's journal root (one directory per stream)")
-    p.add_argument("--bind", required=True, help="ZEPS endpoint, e.g. tcp://127.0.0.1:5571 (port * or 0: any free one)")
-    p.add_argument("--metrics", help="serve Prometheus metrics at HOST:PORT")
+    p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
+    p.add_argument("--journal", type=Path, help="the gateway's journal root (one directory per stream)")
+    p.add_argument("--bind", type=tcp_endpoint, help="ZEPS endpoint, e.g. tcp://127.0.0.1:5571 (port 0: any free one)")
+    p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics at HOST:PORT")
+    p.add_argument("--client-timeout", type=duration, help="drop clients silent this long (default 30s)")
+    p.add_argument("--tail-poll-ms", type=number(0, 10_000, "ms", above=True), help="live-tail poll interval (5)")
+    p.add_argument("--sndhwm", type=positive, help="frames queued per client before it counts as slow (256)")
+    p.add_argument("--max-clients", type=positive, help="sessions at most (default 256)")
+    p.add_argument("--max-fetches", type=positive, help="outstanding FETCHes per client (default 16)")
     p.add_argument(
-        "--client-timeout", type=float, default=30.0, help="drop clients silent this many seconds (default 30)"
-    )
-    p.add_argument("--tail-poll-ms", type=float, default=5.0, help="live-tail poll interval (default 5)")
-    p.add_argument("--sndhwm", type=int, default=256, help="frames queued per client before it counts as slow (256)")
-    p.add_argument("--max-clients", type=int, default=256, help="sessions at most (default 256)")
-    p.add_argument("--max-fetches", type=int, default=16, help="outstanding FETCHes per client (default 16)")
-    p.add_argument(
-        "--max-command-bytes", type=int, default=65_536, help="larger frames close the connection (default 65536)"
+        "--max-command-bytes", type=byte_size(1024), help="larger frames close the connection (default 64KiB)"
     )
     keyopts.add_server_options(p)
     p.add_argument(
         "--no-snapshots",
         dest="snapshots",
         action="store_false",
+        default=None,
         help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
     )
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    import zmq
-
+    from gateway.errors import ConfigError
     from gateway.replay import ReplayConfig, ReplayServer
 
-    try:
-        config = ReplayConfig(
-            journal=args.journal,
-            bind=args.bind,
-            metrics=args.metrics,
-            client_timeout=args.client_timeout,
-            tail_poll_ms=args.tail_poll_ms,
-            sndhwm=args.sndhwm,
-            max_clients=args.max_clients,
-            max_fetches=args.max_fetches,
-            max_command_bytes=args.max_command_bytes,
-            curve=keyopts.server_curve(args),
-            snapshots=args.snapshots,
-        )
-        server = ReplayServer(config)
-    except (ValueError, OSError, zmq.ZMQError) as exc:
-        print(f"zeps replay: {exc}", file=sys.stderr)
-        return 2
+    if args.config is not None:
+        config.merge(args, config.load(args.config, args.parser))
+    missing = [f"--{k}" for k in ("journal", "bind") if not getattr(args, k)]
+    if missing:
+        raise ConfigError(f"missing {', '.join(missing)}: give it on the command line or in the --config file")
+    fields = {f.name for f in dataclasses.fields(ReplayConfig)}
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k != "curve"}
+    server = ReplayServer(ReplayConfig(**given, curve=keyopts.server_curve(args)))
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
-    print(f"zeps replay: serving {config.journal} at {server.endpoint}", flush=True)
+    print(f"zeps replay: serving {server.config.journal} at {server.endpoint}", flush=True)
     server.run()
     return 0

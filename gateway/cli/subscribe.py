@@ -1,4 +1,4 @@
-"""`zeps subscribe`: the reconciling subscriber, printing records as JSON lines."""
+"""`zeps subscribe`: the reconciling subscriber, printing records as they come."""
 
 from __future__ import annotations
 
@@ -8,42 +8,81 @@ import sys
 import time
 
 from gateway.cli import keyopts
-from gateway.cli.history import write_records
+from gateway.cli.options import Parser, Position, duration, host_port, mcast_endpoint, position, positive, say, since
+from gateway.cli.output import add_format, write_records
+
+_FLUSH_S = 0.1  # a busy stream's output reaches a pipe at least this often
+_COUNTERS = ("gaps_detected", "gaps_filled", "duplicates_dropped", "losses", "rejected_packets", "unauthenticated")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+    p: Parser = commands.add_parser(
         "subscribe",
-        help="receive a stream gap-free: multicast merged with replay, as JSON lines",
+        help="receive a stream gap-free: multicast merged with replay",
         description="Merges the multicast feed(s) with the replay sidecar by sequence number: late joiners catch "
-        "up, lost packets are filled, duplicates dropped. Prints one JSON object per record and, on exit, a "
+        "up, lost packets are filled, duplicates dropped. Prints one record a line (--format) and, on exit, a "
         "summary on stderr. Records the journal no longer holds are reported on stderr, never skipped silently.",
     )
-    p.add_argument("--multicast", action="append", default=[], help="epgm:// or norm:// endpoint (repeat: A/B)")
-    p.add_argument("--replay", help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: learnt from heartbeats)")
-    p.add_argument("--stream", required=True)
+    multicast = p.add_argument(
+        "--multicast",
+        action="append",
+        default=[],
+        type=mcast_endpoint,
+        help="multicast endpoint (repeat: A/B)",
+    )
+    p.from_env(multicast, "ZEPS_MULTICAST")
+    keyopts.add_replay(p, required=False, help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: from heartbeats)")
+    keyopts.add_stream(p)
     p.add_argument("--topic", action="append", default=[], help="key prefix to deliver (repeatable; default all)")
-    p.add_argument(
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
         "--from",
         dest="start",
-        default="latest",
-        help="earliest | latest | snapshot (the last record of every key, then what follows) | SEQ | ISO-8601 time",
+        type=position(("earliest", "latest", "snapshot")),
+        default=Position(word="latest"),
+        help="earliest | latest (default) | snapshot (the last record of every key, then what follows) | SEQ | "
+        "-N (the last N records; needs --replay) | ISO-8601 time with a zone",
     )
-    p.add_argument("--count", type=int, help="exit after this many records")
-    p.add_argument("--timeout", type=float, help="exit after this many seconds without a record")
+    start.add_argument("--since", type=duration, help="start with the records of the last DURATION, e.g. 5m, 1h")
+    p.add_argument("--count", type=positive, help="exit after this many records")
+    p.add_argument("--timeout", type=duration, help="exit after this long without a record, e.g. 10s")
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
-    p.add_argument("--max-lag", type=int, help="records behind the live feed before switching to replay")
-    p.add_argument("--quiet", action="store_true", help="print no records, only the summary")
-    p.add_argument("--metrics", metavar="HOST:PORT", help="serve Prometheus metrics (counters, lag, state) here")
-    p.add_argument(
+    p.add_argument("--max-lag", type=positive, help="records behind the live feed before switching to replay")
+    p.add_argument("--summary-only", action="store_true", help="print no records, only the summary")
+    add_format(p)
+    p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics (counters, lag, state) at HOST:PORT")
+    stream_key = p.add_argument(
         "--stream-key",
         action="append",
         default=[],
         metavar="FILE",
         help="accept only multicast signed with this key (repeat while a key is rotated)",
     )
+    p.from_env(stream_key, "ZEPS_STREAM_KEY")
     keyopts.add_client_options(p)
+    p.check(_sources)
     p.set_defaults(handler=_run)
+
+
+def _sources(args: argparse.Namespace) -> str | None:
+    if not args.multicast and not args.replay:
+        return "give --multicast, --replay or both (or set ZEPS_MULTICAST / ZEPS_REPLAY)"
+    if args.start is not None and args.start.back is not None and not args.replay:
+        return f"--from -{args.start.back} asks the sidecar for the stream's head: give --replay"
+    return None
+
+
+def _start(args: argparse.Namespace) -> object:
+    from gateway.cli.history import head
+
+    if args.since is not None:
+        return since(args.since).when()
+    pos: Position = args.start
+    if pos.back is not None:
+        return max(1, head(args, 10.0) - pos.back + 1)
+    if pos.time_ns is not None:
+        return pos.when()
+    return pos.word if pos.word is not None else pos.seq
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -54,15 +93,15 @@ def _run(args: argparse.Namespace) -> int:
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    out = sys.stdout
+    out = sys.stdout.buffer
     n = 0
-    lost = 0
+    sources = {"live": 0, "replay": 0, "snapshot": 0}  # what this command handed on, by where it came from
     with Subscriber(
         args.stream,
         multicast=args.multicast,
         replay=args.replay,
         topics=args.topic,
-        start=args.start,
+        start=_start(args),  # type: ignore[arg-type]
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
         stream_key=[StreamKey.load(path) for path in args.stream_key],
@@ -71,25 +110,32 @@ def _run(args: argparse.Namespace) -> int:
         metrics = SubscriberMetrics(sub) if args.metrics else None
         if metrics:
             metrics.serve(args.metrics)
-        idle_since = time.monotonic()
+        idle_since = flushed = time.monotonic()
         while not stop and (args.count is None or n < args.count):
             try:
                 rec = sub.next(timeout=0.2)
             except DataLoss as exc:
-                lost += exc.hi - exc.lo + 1
                 print(f"zeps subscribe: {exc}", file=sys.stderr)
                 continue
             if rec is None:
+                out.flush()  # idle: whatever was printed reaches a pipe now
                 if args.timeout is not None and time.monotonic() - idle_since > args.timeout:
                     break
                 continue
             idle_since = time.monotonic()
             n += 1
-            if not args.quiet:
-                write_records((rec,), out)
+            source = rec.source.partition(":")[0]
+            sources[source] = sources.get(source, 0) + 1
+            if not args.summary_only:
+                write_records((rec,), out, args.format)
+                if idle_since - flushed > _FLUSH_S:
+                    out.flush()
+                    flushed = idle_since
         out.flush()
         summary = sub.summary()
         if metrics:
             metrics.close()
-    print("zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in summary.items()), file=sys.stderr)
+    # Counted here: the library's delivered/from_* count whole batches taken in, more than --count printed.
+    counts = {"records": n, **{f"from_{k}": v for k, v in sources.items()}} | {k: summary[k] for k in _COUNTERS}
+    say(args, "zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
     return 0

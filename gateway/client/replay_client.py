@@ -31,6 +31,9 @@ _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
 
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
 
+# Why a `zeps replay` would not grant an extension, where that has a reason of its own.
+_NOT_GRANTED_FIX = {P.FEATURE_SNAPSHOT: "that sidecar runs with --no-snapshots; restart it without that option"}
+
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
 
 
@@ -176,9 +179,10 @@ class ReplayClient:
     def require(self, feature: str) -> None:
         """NotGranted (a ReplayError saying what to do) unless the server granted `feature`."""
         if feature not in self.features:
+            fix = _NOT_GRANTED_FIX.get(feature, "use a server that speaks it (zeps replay)")
             raise NotGranted(
                 f"the replay server at {self.endpoint} did not grant the '{feature}' extension "
-                f"(granted: {', '.join(sorted(self.features)) or 'none'}): use a server that speaks it (zeps replay)"
+                f"(granted: {', '.join(sorted(self.features)) or 'none'}): {fix}"
             )
 
     def _send(self, cmd: P.Command) -> None:

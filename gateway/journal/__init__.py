@@ -15,6 +15,7 @@ from gateway.journal.tools import (
     inspect_root,
     iso_utc,
     journal_streams,
+    tail_fault,
     truncate_at,
     verify_root,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "inspect_root",
     "iso_utc",
     "journal_streams",
+    "tail_fault",
     "truncate_at",
     "verify_root",
 ]

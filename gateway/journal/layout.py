@@ -38,13 +38,12 @@ _RETRIES = 3
 T = TypeVar("T")
 
 
-def repair_hint(root: Path, stream: str, segment: Path, offset: int) -> str:
+def repair_hint(root: Path, stream: str) -> str:
     """The fix every JournalCorrupt offers: look at everything first, then cut explicitly (never implicitly)."""
-    call = f"truncate_at('{root}', '{stream}', '{segment.name}', {offset})"
     return (
-        f"Nothing was changed. Run `zeps journal verify {root}` to list every fault. To discard everything "
-        "from this byte on (later records are lost; their sequences are never reused), stop the gateway and "
-        f'run: python -c "from gateway.journal import truncate_at; {call}"'
+        f"Nothing was changed. Stop the gateway and run `zeps journal repair {root} --stream {stream}`: it lists "
+        "every fault, then (once confirmed) discards this stream from the first corrupt batch on; the records "
+        "there are lost, their sequences are never reused"
     )
 
 

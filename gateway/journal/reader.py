@@ -153,7 +153,7 @@ class JournalReader:
 
 def _corrupt(reader: JournalReader, seq: int, offset: int, reason: str) -> JournalCorrupt:
     path = seg_path(reader.directory, seq)
-    return JournalCorrupt(path, offset, reason, repair_hint(reader.root, reader.stream, path, offset))
+    return JournalCorrupt(path, offset, reason, repair_hint(reader.root, reader.stream))
 
 
 class Cursor:

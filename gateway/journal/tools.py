@@ -1,4 +1,5 @@
-"""Whole-journal tools: inspect (what is there), verify (is every byte right), truncate_at (explicit repair).
+"""Whole-journal tools: inspect (what is there), verify (is every byte right), tail_fault (a damaged end),
+truncate_at (explicit repair).
 
 inspect and verify only read, so they are safe next to a running gateway; truncate_at takes the writer lock.
 """
@@ -162,8 +163,8 @@ class VerifyReport:
         else:
             lines.append(
                 f"NOT CLEAN: {len(self.problems)} problem(s). A bad index: delete the file, the writer rebuilds "
-                "it when it opens the stream. A bad segment: the writer refuses to open past it; discard from "
-                "the fault on with gateway.journal.truncate_at(root, stream, segment, offset)."
+                "it when it opens the stream. A bad segment: the writer refuses to open past it. "
+                f"`zeps journal repair {self.root}` fixes both (it asks before it discards anything)."
             )
         return "\n".join(lines)
 
@@ -257,7 +258,7 @@ class _StreamCheck:
                 message = f"{fault} at the end: a write in progress, or a crash (the writer truncates it on open)"
                 self.report.notes.append(Finding(path, offset, message))
             elif last:
-                self.problem(path, offset, f"{fault}, at the tail: the writer truncates it when it opens the stream")
+                self.problem(path, offset, f"{fault}, at the tail: zeps gateway refuses to start on it until repaired")
             else:
                 self.problem(path, offset, f"{fault}, at the end of a sealed segment")
             return None, offset
@@ -296,6 +297,43 @@ class _StreamCheck:
             self.problem(path, min(bad) * INDEX_ENTRY.size, f"{message}(first: seq {s}, ts {t}, offset {o}); {fix}")
         elif boundaries and (not entries or entries[0][2] != 0):
             self.problem(path, 0, f"no entry for the segment's first batch; {fix}")
+
+
+def tail_fault(root: str | os.PathLike[str], stream: str) -> Finding | None:
+    """The corrupt end of a stream that opening its writer would cut off in silence, or None.
+
+    The writer truncates whatever fails its checks at the end of the last segment when nothing valid follows
+    (docs/journal.md, "Recovery"). That is right for a torn write (an incomplete last batch: a crash mid-write)
+    and for zeros to the end (a power loss after the file grew), and those give None here. A *complete* batch
+    that fails its checks, or bytes that are no batch at all, mean damage: this names it, so that a gateway
+    can refuse to start until someone looks (`zeps journal repair`). Read-only; a fault with valid data after
+    it is left to the writer, which refuses it with JournalCorrupt.
+    """
+    directory = Path(root) / stream
+    segments = list_segments(directory) if directory.is_dir() else []
+    if not segments:
+        return None
+    path = seg_path(directory, segments[-1])
+    with open(path, "rb") as f:
+        scanner, expected = FrameScanner(f.fileno()), segments[-1]
+        while True:
+            offset = scanner.offset
+            try:
+                frame = scanner.next_frame()
+                if frame is None:
+                    return None  # the end, or an incomplete last batch (torn)
+                batch = Batch.parse(frame)
+            except BatchError as e:
+                reason = e.reason
+            else:
+                if batch.first_seq == expected:
+                    expected = batch.last_seq + 1
+                    continue
+                reason = f"batch holds sequences from {batch.first_seq}, {expected} was expected"
+            rest = read_from(f.fileno(), offset)
+            if not rest.strip(b"\0") or next_valid_batch(rest, 1) is not None:
+                return None  # zeros (power loss), or valid data follows (the writer refuses that itself)
+            return Finding(path, offset, f"{reason}: {len(rest)} bytes at the end that are not a torn write")
 
 
 def truncate_at(root: str | os.PathLike[str], stream: str, segment: str | int, offset: int) -> RecoveryReport:

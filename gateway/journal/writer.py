@@ -598,7 +598,7 @@ class JournalWriter:
                 path,
                 offset,
                 f"{reason}; a valid batch follows at byte {search_from + found}, so this is not a torn tail",
-                repair_hint(self.root, self.stream, path, offset),
+                repair_hint(self.root, self.stream),
             )
         size = os.fstat(self._fd).st_size
         os.ftruncate(self._fd, offset)

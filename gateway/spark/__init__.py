@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -105,7 +106,7 @@ def session(app: str, *, master: str | None = None, verbose: int = 0) -> Iterato
     from pyspark.sql import SparkSession
 
     started = SparkSession.getActiveSession() is None
-    spark = get_session(app, master=master, log_level=("ERROR", "WARN", "INFO")[min(verbose, 2)])
+    spark = get_session(app, master=master, log_level=("FATAL", "WARN", "INFO")[min(verbose, 2)])
     try:
         yield spark
     finally:
@@ -116,11 +117,32 @@ def session(app: str, *, master: str | None = None, verbose: int = 0) -> Iterato
 def run_command(name: str, args: argparse.Namespace, job: Callable[[SparkSession], int]) -> int:
     """Run a `zeps` Spark command (`args` carries master and verbose) in a session of its own.
 
-    Spark missing, or Java: exit status 2 and the fix, like every other user error of the CLI.
+    Spark missing, or Java: exit status 2 and the fix, like every other user error of the CLI. A job that
+    fails (a corrupt journal, say): status 1 and one line, the error our code raised inside Spark; the JVM's
+    stack traces only with -v (`verbosity`, else `verbose`, sets Spark's log level).
     """
+    verbose = max(0, getattr(args, "verbosity", args.verbose))
     try:
-        with session(name, master=args.master, verbose=args.verbose) as spark:
+        with session(name, master=args.master, verbose=verbose) as spark:
             return job(spark)
     except SparkUnavailable as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if not type(exc).__module__.startswith(("py4j", "pyspark")):
+            raise
+        log.debug("%s: Spark job failed", name, exc_info=True)
+        print(f"{name}: {job_failure(str(exc))}", file=sys.stderr)
+        return 1
+
+
+_RAISED = re.compile(r"^(?:gateway\.errors\.)?(\w+(?:Error|Corrupt|Trimmed|Locked|Journal)): (.+)$", re.M)
+
+
+def job_failure(text: str) -> str:
+    """The one line worth showing of a failed Spark job: the last exception raised in our Python code (Spark
+    wraps it in a Java exception and pages of JVM frames), else the first line of what Spark said."""
+    found = [m for m in _RAISED.finditer(text) if not m.group(1).startswith(("Py4J", "Spark", "java"))]
+    if found:
+        return found[-1].group(2).strip()
+    return next((line.strip() for line in text.splitlines() if line.strip()), "the Spark job failed (run with -v)")

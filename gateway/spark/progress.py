@@ -26,14 +26,14 @@ class Progress:
         spark: SparkSession,
         what: str,
         *,
-        out: TextIO = sys.stderr,
+        out: TextIO | None = None,  # default: sys.stderr as it is when the job runs
         interval: float = 0.5,
         log_every: float = 10.0,
     ) -> None:
         self.tracker = spark.sparkContext.statusTracker()
         self.what = what
-        self.out = out
-        self.tty = out.isatty()
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
         self.interval = interval
         self.log_every = log_every
         self._stop = threading.Event()

@@ -614,7 +614,7 @@ def test_zeps_history_errors_name_the_cause(sidecar: Sidecar, root: Path) -> Non
     done = _history_cli(sidecar.endpoint, "no-such")
     assert done.returncode == 1 and b"unknown stream 'no-such'" in done.stderr
     done = _history_cli(sidecar.endpoint, "hist-err", "--from", "yesterday")
-    assert done.returncode == 2 and b"neither a sequence number nor an ISO-8601 time" in done.stderr
+    assert done.returncode == 2 and b"'yesterday' is not SEQ" in done.stderr
     done = _history_cli(f"tcp://127.0.0.1:{free_port()}", "hist-err", "--timeout", "0.3")
     assert done.returncode == 1 and b"is `zeps replay` running there?" in done.stderr
     with (

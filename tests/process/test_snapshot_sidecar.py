@@ -208,7 +208,7 @@ def test_no_snapshots_refuses_them_and_says_why(root: Path) -> None:
                 c.snapshot()
         out = zeps("snapshot", "--replay", side.endpoint, "--stream", "s")
     assert out.returncode == 1 and out.stdout == ""
-    assert "did not grant the 'snapshot' extension" in out.stderr
+    assert "did not grant the 'snapshot' extension" in out.stderr and "restart it without" in out.stderr
 
 
 def test_a_second_snapshot_replaces_the_first(root: Path, raw: list[Raw]) -> None:

@@ -276,7 +276,7 @@ def test_zeps_export_and_analyze_commands(spark, journal: Journal, tmp_path: Pat
     assert main([*args, "--overwrite", "--from", "2099-01-01T00:00:00Z"]) == 0
     assert "exported no records" in capsys.readouterr().err
     assert main([*args, "--from", "yesterday"]) == 2
-    assert "--from 'yesterday' is neither" in capsys.readouterr().err
+    assert "--from: 'yesterday' is not SEQ" in capsys.readouterr().err
 
     png = tmp_path / "rates.png"
     analyze_args = ["analyze", "--journal", str(journal.root), "--stream", journal.stream, "--plot", str(png)]
@@ -358,3 +358,23 @@ def test_stream_to_parquet_exactly_once_across_a_stop_mid_way(
         assert collect(rows) == live.rows()
     finally:
         live.writer.close()
+
+
+def test_analyze_json_and_a_corrupt_journal_in_one_line(spark, tmp_path: Path, capsys) -> None:
+    for stream in ("good", "bad"):
+        with JournalWriter.open(tmp_path, stream) as w:
+            for i in range(6):
+                w.append(B.Batch.parse(B.encode(0, [(1_700_000_000 * 10**9 + i * 10**9, b"k%d" % i, b"v" * 50)] * 10)))
+    assert main(["analyze", "--journal", str(tmp_path), "--stream", "good", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total"]["records"] == 60 and report["continuity"]["gap_count"] == 0
+    assert sorted(k["key"] for k in report["keys"]) == [f"k{i}" for i in range(6)]
+
+    seg = seg_path(tmp_path / "bad", 1)
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 6 * 3 + B.HEADER_SIZE + 5] ^= 0x40  # in the 4th of 6 batches: readers refuse to go past it
+    seg.write_bytes(bytes(data))
+    assert main(["analyze", "--journal", str(tmp_path), "--stream", "bad"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("zeps analyze: journal corrupt: "), err
+    assert f"zeps journal repair {tmp_path} --stream bad" in err[0]

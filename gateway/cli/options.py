@@ -1,0 +1,311 @@
+"""How input enters `zeps`: the argument types, the parser rules, and environment variables, in one place.
+
+Every value is checked where it enters, so a mistake ends at parse time in one line naming the value, the
+rule and the fix, with exit status 2 (argparse's own for usage errors), before any socket or file is opened:
+
+- `type=` functions below turn text into checked values (endpoints, counts, byte sizes, durations, positions)
+  and raise argparse.ArgumentTypeError with the reason; argparse adds the option's name.
+- `Parser` refuses a single-valued option given twice (argparse would keep the last one in silence), runs the
+  checks a command registers on combinations of options, and fills options from environment variables:
+  an option given on the command line always wins over its variable.
+- The TOML config files of the servers go through the same types (gateway.cli.config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
+
+Check = Callable[[argparse.Namespace], str | None]  # a rule over several options: the error, or None
+
+# --- types -------------------------------------------------------------------------------------------------
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "mb": 10**6, "mib": 1 << 20}
+_SIZE_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*):(\d+|\*)$")
+
+
+def integer(low: int | None = None, high: int | None = None, what: str = "") -> Callable[[str], int]:
+    """An int within low..high (either bound optional); `what` names the unit in the message."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number{_unit(what)}") from None
+        _check_range(text, value, low, high, what)
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in "invalid <name> value" messages
+    return parse
+
+
+def number(low: float | None = None, high: float | None = None, what: str = "", *, above: bool = False):
+    """A float within low..high; `above` makes low exclusive (a rate or a time that must be > 0)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{_unit(what)}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if above and low is not None and value <= low:
+            raise argparse.ArgumentTypeError(f"{text} must be more than {low:g}{_unit(what)}")
+        _check_range(text, value, None if above else low, high, what)
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def _unit(what: str) -> str:
+    return f" ({what})" if what else ""
+
+
+def _check_range(text: str, value: float, low: float | None, high: float | None, what: str) -> None:
+    if low is not None and value < low:
+        raise argparse.ArgumentTypeError(f"{text} is below the minimum {_show(low)}{_unit(what)}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"{text} is above the maximum {_show(high)}{_unit(what)}")
+
+
+def _show(bound: float) -> str:
+    return str(int(bound)) if bound == int(bound) else f"{bound:g}"
+
+
+positive = integer(1)
+nonnegative = integer(0)
+
+
+def byte_size(low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """Bytes, as a number with an optional unit: 1500, 64k, 64KiB, 1.5MiB, 2G (k/M/G are powers of 1000)."""
+
+    def parse(text: str) -> int:
+        match = _NUMBER_UNIT.match(text)
+        unit = match.group(2).lower() if match else ""
+        if not match or unit not in _SIZE_UNITS:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a byte size (e.g. 1500, 64KiB, 1MiB, 2GB)")
+        value = int(float(match.group(1)) * _SIZE_UNITS[unit])
+        _check_range(text, value, low, high, "bytes")
+        return value
+
+    parse.__name__ = "byte size"
+    return parse
+
+
+def duration(text: str) -> float:
+    """Seconds, from a number with an optional unit: 30, 1.5s, 250ms, 5m, 2h, 1d (no unit: seconds)."""
+    match = _NUMBER_UNIT.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or (unit and unit not in _DURATION_UNITS):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 30s, 250ms, 5m, 2h, 1d)")
+    value = float(match.group(1)) * _DURATION_UNITS.get(unit, 1.0)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration")
+    return value
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT for an HTTP listener (metrics): a port alone is refused, since it would bind every interface."""
+    match = _HOST_PORT.match(text)
+    if not match or not 0 < int(match.group(1)) < 65536:
+        hint = f"127.0.0.1:{text}" if text.isdigit() else "127.0.0.1:9108"
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT: e.g. {hint}")
+    return text
+
+
+def tcp_endpoint(text: str) -> str:
+    """A ZeroMQ TCP endpoint, tcp://HOST:PORT (port * or 0 where a server binds to any free port)."""
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} has no transport: write tcp://{text}")
+    scheme, _, rest = text.partition("://")
+    if scheme != "tcp":
+        raise argparse.ArgumentTypeError(f"{text!r}: only tcp:// is served here (e.g. tcp://127.0.0.1:5570)")
+    _tcp_address(text, rest)
+    return text
+
+
+def _tcp_address(text: str, rest: str) -> None:
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not (port == "*" or (port.isdigit() and 0 <= int(port) < 65536)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://127.0.0.1:5570)")
+
+
+def mcast_endpoint(text: str) -> str:
+    """A multicast endpoint: epgm://IFACE;GROUP:PORT, norm://..., udp://... (gateway.mcast parses the rest)."""
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r} has no transport: write epgm://IFACE;{text}, norm:// or udp://")
+    from gateway.errors import McastError
+    from gateway.mcast import Endpoint
+
+    try:
+        Endpoint.parse(text)
+    except (McastError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def stream_name(text: str) -> str:
+    from gateway.errors import ProtocolError
+    from gateway.wire.protocol import validate_stream_name
+
+    try:
+        validate_stream_name(text)
+    except (ProtocolError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where to start reading: a sequence, the last `back` records, a time, or a word (earliest/latest/snapshot)."""
+
+    seq: int | None = None
+    back: int | None = None  # the last N records: --from -N
+    time_ns: int | None = None
+    word: str | None = None
+
+    def when(self) -> datetime:
+        assert self.time_ns is not None
+        return datetime.fromtimestamp(self.time_ns / 1e9, UTC)
+
+
+def position(words: Sequence[str] = ()) -> Callable[[str], Position]:
+    """A start position: SEQ, -N (the last N records), an ISO-8601 time with a zone, or one of `words`."""
+    allowed = " | ".join((*words, "SEQ", "-N (the last N)", "an ISO-8601 time with a zone"))
+
+    def parse(text: str) -> Position:
+        if text in words:
+            return Position(word=text)
+        if text.isdigit():
+            return Position(seq=int(text))
+        if text.startswith("-") and text[1:].isdigit():
+            if int(text[1:]) < 1:
+                raise argparse.ArgumentTypeError(f"{text!r}: the last N records needs N >= 1, e.g. -10")
+            return Position(back=int(text[1:]))
+        return Position(time_ns=time_ns(text, allowed))
+
+    parse.__name__ = "position"
+    return parse
+
+
+def time_ns(text: str, allowed: str = "an ISO-8601 time with a zone") -> int:
+    """Nanoseconds since the epoch of an ISO-8601 time that names its zone (Z or an offset)."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {allowed} (e.g. 2026-05-01T09:30:00Z; for a relative time use --since 5m)"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} names no time zone: add Z for UTC, or an offset such as +02:00")
+    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
+
+
+def since(seconds: float) -> Position:
+    """The position `seconds` ago, for --since."""
+    when = datetime.now(UTC) - timedelta(seconds=seconds)
+    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
+    return Position(time_ns=(delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000)
+
+
+# --- the parser --------------------------------------------------------------------------------------------
+
+
+class _StoreOnce(argparse._StoreAction):
+    """A single-valued option given twice is a mistake (argparse would keep the last one in silence)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen = namespace.__dict__.setdefault("_given", set())
+        if self.dest in seen:
+            raise argparse.ArgumentError(self, f"given twice ({values!r} the second time): {self.dest} takes one value")
+        seen.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    dest: str
+    var: str
+    required: bool
+    many: bool  # an append option: the variable holds a comma-separated list
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the rules of every `zeps` command (module docstring). Subcommands get this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        self.env_options: list[EnvOption] = []
+        self.checks: list[Check] = []
+        self.required_options: list[str] = []  # dests to name when missing (not argparse-required: env may fill)
+
+    def error(self, message: str) -> NoReturn:
+        """One line (argparse prints the whole usage first): the error and where to read more."""
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def from_env(self, action: argparse.Action, var: str, *, required: bool = False) -> None:
+        """Fill `action` from environment variable `var` when the option is not given."""
+        many = isinstance(action, argparse._AppendAction)
+        self.env_options.append(EnvOption(action.dest, var, required, many))
+        action.help = f"{action.help or ''} [env {var}]".strip()
+
+    def require(self, *dests: str) -> None:
+        self.required_options.extend(dests)
+
+    def check(self, rule: Check) -> None:
+        self.checks.append(rule)
+
+    def finish(self, args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> None:
+        """After parsing: environment variables for options not given, required options, then the checks."""
+        actions = {a.dest: a for a in self._actions}
+        for opt in self.env_options:
+            action = actions[opt.dest]
+            if getattr(args, opt.dest) not in (None, []) or not environ.get(opt.var):
+                continue
+            texts = [t.strip() for t in environ[opt.var].split(",") if t.strip()] if opt.many else [environ[opt.var]]
+            values = []
+            for text in texts:
+                try:
+                    values.append(action.type(text) if callable(action.type) else text)
+                except argparse.ArgumentTypeError as exc:
+                    self.error(f"environment variable {opt.var}: {exc}")
+            setattr(args, opt.dest, values if opt.many else values[0])
+        env_of = {o.dest: o.var for o in self.env_options}
+        for dest in self.required_options:
+            if getattr(args, dest) in (None, []):
+                flag = "--" + dest.replace("_", "-")
+                also = f" (or set {env_of[dest]})" if dest in env_of else ""
+                self.error(f"the following arguments are required: {flag}{also}")
+        for rule in self.checks:
+            if (message := rule(args)) is not None:
+                self.error(message)
+
+
+def option(p: argparse.ArgumentParser, dest: str) -> argparse.Action:
+    """The action of `p` that stores into `dest`."""
+    return next(a for a in p._actions if a.dest == dest)
+
+
+def say(args: argparse.Namespace, text: str) -> None:
+    """An informational line on stderr (summaries, "listening on"), unless -q."""
+    if getattr(args, "verbosity", 0) >= 0:
+        print(text, file=sys.stderr, flush=True)
