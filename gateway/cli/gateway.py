@@ -24,7 +24,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--journal", type=Path, help="journal root directory")
     p.add_argument("--ingest", help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", help="XSUB endpoint for plain ZeroMQ PUB publishers (frames: key, body)")
-    p.add_argument("--multicast", action="append", help="epgm://, norm:// or udp:// endpoint (repeatable: A/B feeds)")
+    p.add_argument(
+        "--multicast",
+        action="append",
+        metavar="[STREAM=]ENDPOINT",
+        help="epgm://, norm:// or udp:// endpoint carrying every stream, or STREAM=ENDPOINT carrying that stream "
+        "only (repeatable: A/B feeds, a channel per stream)",
+    )
     p.add_argument("--replay-endpoint", help="replay sidecar endpoint advertised in heartbeats")
     p.add_argument("--rate-kbps", type=int, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (default 100000)")
     p.add_argument("--recovery-ivl-ms", type=int, help="PGM recovery interval (default 2000)")

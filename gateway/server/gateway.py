@@ -29,6 +29,7 @@ import zmq
 from gateway.errors import ConfigError
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Tuning, open_pub
+from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
@@ -54,7 +55,7 @@ class GatewayConfig:
     journal: Path
     ingest: str
     ingest_pub: str | None = None
-    multicast: list[str] = field(default_factory=list)
+    multicast: list[str] = field(default_factory=list)  # ENDPOINT (every stream) or STREAM=ENDPOINT (server.channels)
     replay_endpoint: str = ""
     tuning: Tuning = field(default_factory=Tuning)
     heartbeat_ms: int = 100
@@ -200,11 +201,10 @@ class Gateway:
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
         self.outs: list[_Out] = []
-        for text in config.multicast:
-            endpoint = Endpoint.parse(text)
-            heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-            sock = open_pub(self.ctx, endpoint, config.tuning)
-            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock)))
+        for channel in plan(config.multicast, config.streams):  # an output sends (and heartbeats) its streams only
+            heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
+            sock = open_pub(self.ctx, channel.endpoint, config.tuning)
+            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock)))
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -444,7 +444,8 @@ class Gateway:
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
-        for out in self.outs:
+        outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
+        for out in outs:
             room = out.rooms.get(lane.stream)
             if room is None or len(sealed) <= room:
                 out.queue.append((frames, last))
@@ -455,7 +456,7 @@ class Gateway:
                 whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
                 cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
             out.queue.extend(cut[room])
-        self.metrics.multicast.inc(len(self.outs))
+        self.metrics.multicast.inc(len(outs))
 
     def _disk_full(self, lane: _Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
