@@ -16,5 +16,6 @@ MODULES = (
     "publish",
     "replay",
     "snapshot",
+    "streams",
     "subscribe",
 )

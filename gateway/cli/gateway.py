@@ -7,7 +7,7 @@ import signal
 import tomllib
 from pathlib import Path
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -50,6 +50,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics", help="serve Prometheus metrics at HOST:PORT")
     p.add_argument("--stream-key", metavar="FILE", help="sign every multicast message with this key (zeps keygen)")
     keyopts.add_server_options(p)
+    discovery_opts.add_server_options(p, "default: the interfaces of the --multicast channels")
     p.set_defaults(handler=_run)
 
 
@@ -91,6 +92,7 @@ def config_from(settings: dict):
         metrics=settings.get("metrics"),
         stream_key=StreamKey.load(settings["stream_key"]) if settings.get("stream_key") else None,
         curve=server_keys(settings.get("curve_secret"), settings.get("curve_allow")),
+        discovery=discovery_opts.server_discovery(settings),
         **{
             k: settings[k]
             for k in (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="With --body: one record. With --count: a generated load of --size-byte bodies over --keys "
         "keys at --rate records/s (0: as fast as the gateway takes them). Otherwise: one record per stdin line.",
     )
-    p.add_argument("--ingest", required=True, help="gateway ZEPS endpoint, e.g. tcp://127.0.0.1:5570")
+    p.add_argument("--ingest", help="gateway ZEPS endpoint, e.g. tcp://127.0.0.1:5570 (default: found on --interface)")
     p.add_argument("--stream", required=True)
     p.add_argument("--key", default="", help="routing key (single message and stdin modes)")
     p.add_argument("--body", help="publish this one message")
@@ -25,6 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--keys", type=int, default=1, help="generated keys key000.. (default 1)")
     p.add_argument("--confirm", action="store_true", help="wait until the gateway confirms all is journaled")
     keyopts.add_client_options(p)
+    discovery_opts.add_client_options(p)
+    p.add_argument("--stream-key", metavar="FILE", help="accept only announcements signed with this key")
     p.add_argument(
         "--ttl",
         type=float,
@@ -37,6 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.client.publisher import Publisher
     from gateway.errors import PublishError
     from gateway.tools.load import generated
+    from gateway.wire.streamkey import StreamKey
 
     if args.body is not None:
         records = iter([(args.key, args.body.encode())])
@@ -44,8 +47,14 @@ def _run(args: argparse.Namespace) -> int:
         records = generated(args.count, args.size, args.keys, args.rate)
     else:
         records = ((args.key, line.rstrip(b"\n")) for line in sys.stdin.buffer)
+    if args.ingest is None and args.interface is None:
+        print("zeps publish: give --ingest ENDPOINT, or --interface IF to find the stream's gateway", file=sys.stderr)
+        return 2
+    keys = [StreamKey.load(args.stream_key)] if args.stream_key else []
+    directory = discovery_opts.client_directory(args, keys) if args.ingest is None else None
     try:
-        with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args)) as pub:
+        with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args),
+                       directory=directory, discovery_timeout=args.discovery_timeout) as pub:  # fmt: skip
             n = 0
             for key, body in records:
                 pub.publish(key, body, ttl=args.ttl)
@@ -54,5 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     except PublishError as exc:
         print(f"zeps publish: {exc.reason}", file=sys.stderr)
         return 1
+    finally:
+        if directory is not None:
+            directory.close()
     print(f"published {n} records" + (f", last sequence {last}" if last is not None else ""), file=sys.stderr)
     return 0

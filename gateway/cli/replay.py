@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -38,6 +38,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_false",
         help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
     )
+    discovery_opts.add_server_options(p, "default: none, do not announce")
+    p.add_argument("--stream-key", metavar="FILE", help="sign the announcements with this key (zeps keygen)")
     p.set_defaults(handler=_run)
 
 
@@ -45,6 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     import zmq
 
     from gateway.replay import ReplayConfig, ReplayServer
+    from gateway.wire.streamkey import StreamKey
 
     try:
         config = ReplayConfig(
@@ -59,6 +62,8 @@ def _run(args: argparse.Namespace) -> int:
             max_command_bytes=args.max_command_bytes,
             curve=keyopts.server_curve(args),
             snapshots=args.snapshots,
+            announce=discovery_opts.server_discovery(vars(args)) if args.announce_interface else None,
+            stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         )
         server = ReplayServer(config)
     except (ValueError, OSError, zmq.ZMQError) as exc:

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 from gateway.cli.history import write_records
 
 
@@ -19,7 +19,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         "up, lost packets are filled, duplicates dropped. Prints one JSON object per record and, on exit, a "
         "summary on stderr. Records the journal no longer holds are reported on stderr, never skipped silently.",
     )
-    p.add_argument("--multicast", action="append", default=[], help="epgm:// or norm:// endpoint (repeat: A/B)")
+    p.add_argument(
+        "--multicast",
+        action="append",
+        default=[],
+        help="epgm://, norm:// or udp:// endpoint (repeat: A/B; default: found on --interface by the stream's name)",
+    )
     p.add_argument("--replay", help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: learnt from heartbeats)")
     p.add_argument("--stream", required=True)
     p.add_argument("--topic", action="append", default=[], help="key prefix to deliver (repeatable; default all)")
@@ -43,6 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="accept only multicast signed with this key (repeat while a key is rotated)",
     )
     keyopts.add_client_options(p)
+    discovery_opts.add_client_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -57,6 +63,8 @@ def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     n = 0
     lost = 0
+    keys = [StreamKey.load(path) for path in args.stream_key]
+    directory = discovery_opts.client_directory(args, keys) if not (args.multicast or args.replay) else None
     with Subscriber(
         args.stream,
         multicast=args.multicast,
@@ -65,8 +73,11 @@ def _run(args: argparse.Namespace) -> int:
         start=args.start,
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
-        stream_key=[StreamKey.load(path) for path in args.stream_key],
+        stream_key=keys,
         curve=keyopts.client_curve(args),
+        interface=args.interface,
+        directory=directory,
+        discovery_timeout=args.discovery_timeout,
     ) as sub:
         metrics = SubscriberMetrics(sub) if args.metrics else None
         if metrics:
@@ -91,5 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         summary = sub.summary()
         if metrics:
             metrics.close()
+    if directory is not None:
+        directory.close()
     print("zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in summary.items()), file=sys.stderr)
     return 0

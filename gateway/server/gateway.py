@@ -29,6 +29,7 @@ import zmq
 from gateway.errors import ConfigError
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Tuning, open_pub
+from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics
 from gateway.transport.curve import CurveServerKeys, TcpGuard
@@ -73,6 +74,7 @@ class GatewayConfig:
     metrics: str | None = None
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
+    discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -205,6 +207,8 @@ class Gateway:
             heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
             sock = open_pub(self.ctx, channel.endpoint, config.tuning)
             self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock)))
+        self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
+                                           sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -279,6 +283,11 @@ class Gateway:
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         deadline = min(deadline, self._next_heartbeat)
+        if self.announcer is not None:
+            if now >= self.announcer.due:
+                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+                self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
+            deadline = min(deadline, self.announcer.due)
         return max(0.0, deadline - time.monotonic())
 
     def _heartbeat(self, now: float) -> None:
@@ -564,6 +573,8 @@ class Gateway:
             self.xsub.close()
         for out in self.outs:
             out.sock.close()
+        if self.announcer is not None:
+            self.announcer.close()
         self.metrics.close()
 
 
