@@ -22,6 +22,7 @@ from support.discoverylab import (
     rogue,
     start_gateway,
     start_sidecar,
+    streams_on,
     subscribe_by_name,
     zeps,
 )
@@ -56,10 +57,13 @@ def test_a_subscriber_names_one_stream_and_joins_only_its_group(make_lab, tmp_pa
     try:
         ready = MP.Queue()
         sub = lab.start("sub", subscribe_by_name, "px", COUNT, key, ready)
+        raw = lab.start("pub", streams_on, px, 8.0, ready)  # every message on px's channel, whatever its stream
+        ready.get(timeout=WAIT_S)
         ready.get(timeout=WAIT_S)
         assert lab.run("pub", publish_by_name, "px", 1, COUNT, key, timeout=WAIT_S) == COUNT
         assert lab.run("pub", publish_by_name, "tr", 1, 500, key, timeout=WAIT_S) == 500
         got = sub.result(WAIT_S + 30)
+        on_px = raw.result(WAIT_S)
         listing = zeps(lab, "sub", "streams", "--interface", IF, "--json", "--stream-key", str(tmp_path / "stream.key"))
         out, err = listing.communicate(timeout=30)
     finally:
@@ -67,6 +71,7 @@ def test_a_subscriber_names_one_stream_and_joins_only_its_group(make_lab, tmp_pa
     assert got["records"] == bodies("px", 1, COUNT), got["summary"]
     assert not got["losses"]
     assert got["replay"] == replay
+    assert set(on_px) == {"px"} and on_px["px"] > 0, on_px  # the gateway sends tr only on tr's channel
     joined = got["maddr"]
     assert lab.group(11) in joined and A.DISCOVERY_GROUP in joined
     assert lab.group(12) not in joined, joined  # tr's group: never joined, so IGMP snooping can keep it away

@@ -4,6 +4,7 @@ a stream and an interface and nothing else. Functions run in lab hosts are modul
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from gateway.client.directory import LanDirectory
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
+from gateway.mcast import address_of
 from gateway.tools.deployment import wait_ping
 from gateway.wire import announce as A
 from gateway.wire.streamkey import StreamKey
@@ -83,6 +85,22 @@ def subscribe_by_name(stream: str, until: int, key: StreamKey, ready: Any) -> di
                 "summary": sub.summary(), "reconnects": sub.stats.replay_reconnects}  # fmt: skip
 
 
+def streams_on(where: str, seconds: float, ready: Any) -> dict[str, int]:
+    """Messages per stream name on the udp channel `where` (GROUP:PORT) for `seconds`, whatever the stream."""
+    from gateway.transport.udp import UdpReceiver
+
+    group, port = where.rsplit(":", 1)
+    seen: dict[str, int] = {}
+    with UdpReceiver(address_of(IF), group, int(port), rcvbuf=1 << 22) as sock:
+        ready.put("up")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if sock.poll(100):
+                name = bytes(sock.recv_multipart()[0]).decode()
+                seen[name] = seen.get(name, 0) + 1
+    return seen
+
+
 def listen(key: StreamKey | None, seconds: float) -> dict[str, Any]:
     """What a LAN directory (with or without the key) makes of `seconds` of announcements."""
     with LanDirectory(IF, keys=[key] if key else []) as directory:
@@ -96,10 +114,6 @@ def listen(key: StreamKey | None, seconds: float) -> dict[str, Any]:
 def rogue(sidecar: str, group: str, forger: StreamKey, seconds: float) -> int:
     """Announce stream "px" with a rogue sidecar and channel: unsigned, and signed with a key of the rogue's own,
     plus junk on the discovery port; returns the datagrams sent."""
-    import socket
-
-    from gateway.mcast import address_of
-
     fake = A.Announcement(A.GATEWAY, 0x0BAD, "rogue", (A.StreamAd("px", 10**9, 0, (A.Channel("udp", group, 6000),)),),
                           ingest=sidecar, sidecar=sidecar, sent_ns=time.time_ns())  # fmt: skip
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
