@@ -163,7 +163,7 @@ class _Out:
 
 
 class Gateway:
-    """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe) with real-time output over PGM, NORM or UDP multicast."""
+    """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe), with real-time output over PGM, NORM or UDP."""
 
     def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
         self.config = config

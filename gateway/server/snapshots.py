@@ -1,4 +1,4 @@
-"""Last-value snapshots (the ZeroMQ Guide's Clone pattern): the last record of every key of a stream, as of one sequence.
+"""Last-value snapshots (the ZeroMQ Guide's Clone pattern): the last record of every key, as of one sequence.
 
 A late joiner that wants the current state, not a day of history, asks the replay sidecar for a snapshot:
 the last record of every key (under some key prefixes) as of a sequence N, then everything after N as usual.

@@ -1,10 +1,10 @@
 """ZEPS wire codec, sans-IO: one command <-> the bytes of one ZeroMQ frame.
 
-Grammar (seed "Protocol Specification", plus extensions 13-23)::
+Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23)::
 
     frame    = %xAA %xA5 command-id fields     ; exactly one command per frame, nothing after it
     number-N = N octets, unsigned, network byte order (N = 1, 2, 4, 8)
-    string   = number-1 length, then that many octets of UTF-8 text (the seed's VCHAR, widened to UTF-8)
+    string   = number-1 length, then that many octets of UTF-8 text (ZEPS says VCHAR; widened to UTF-8)
     strings  = number-1 count, then that many strings          ; extension type
     chunk    = number-4 length, then that many octets
 

@@ -12,7 +12,7 @@ They are compiled from gateway/_record_loops.c when the package was built with a
 the extension is optional, so an install without one still works) and are the Python below otherwise, as
 the standard library does with heapq and _heapq. `IMPLEMENTATION` says which. ZEPS_PURE_PYTHON=1 in the
 environment at import forces the Python ones, to compare (docs/benchmarks.md has both). Both give the same
-results and the same error messages: tests/test_record_loops.py checks that on generated and corrupted
+results and the same error messages: tests/unit/test_record_loops.py checks that on generated and corrupted
 batches.
 """
 

@@ -11,7 +11,6 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,11 +21,6 @@ from netlab.packets import Probe, probe, start_probe
 pytestmark = pytest.mark.lab
 
 NETLAB_CLI = Path(sys.executable).parent / "netlab"
-
-
-@pytest.fixture
-def lab(make_lab: Callable[..., Lab]) -> Lab:
-    return make_lab(["pub", "sub"])
 
 
 def loss_pct(result: Probe) -> float:

@@ -480,7 +480,7 @@ def test_cli_up_status_exec_down() -> None:
 
 
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-ONE_LAB_TEST = "tests/test_netlab.py::test_ping_between_hosts"
+ONE_LAB_TEST = "tests/lab/test_netlab.py::test_ping_between_hosts"
 
 
 def test_fixture_fails_without_root() -> None:
