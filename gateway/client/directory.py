@@ -10,10 +10,10 @@ another class with the same methods.
   stream a node has said nothing of for EXPIRE_INTERVALS of that node's intervals is forgotten, so a node that
   stops (or moves) drops out within about three seconds.
 - An announcement older than the newest one heard from the same node is dropped (a stale or replayed one).
-- A stream's sidecars are listed newest node first (the one heard of last: a sidecar restarted elsewhere is
-  preferred at once over the old address, still remembered until it expires); sidecar announcements come before
-  the sidecar a gateway names (the gateway's --replay-endpoint, a static setting), so a moved sidecar is
-  followed without restarting the gateway.
+- A stream's sidecars are those announcing themselves, newest node first (the one heard of last: a sidecar
+  restarted elsewhere is preferred at once over the old address, still remembered until it expires). The
+  sidecar a gateway names (its --replay-endpoint, a static setting) is the fallback when none announces, so a
+  moved sidecar is followed without restarting the gateway.
 - Channels, ingest, head and rate come from gateway announcements.
 
 `LanDirectory` is the IO shell, driven by its user's thread: `drain()` reads what has arrived without waiting
@@ -33,6 +33,7 @@ from typing import Protocol
 
 from gateway.errors import DiscoveryError, McastError, Unauthenticated
 from gateway.mcast import address_of
+from gateway.transport.pollable import PolledByFd
 from gateway.transport.udp import join
 from gateway.wire import announce as A
 from gateway.wire.streamkey import StreamKey
@@ -49,7 +50,8 @@ class StreamInfo:
 
     name: str
     channels: tuple[A.Channel, ...] = ()
-    sidecars: tuple[str, ...] = ()  # the preferred one first
+    sidecars: tuple[str, ...] = ()  # announced by the sidecars themselves, the preferred one first
+    named: tuple[str, ...] = ()  # the sidecars gateways name (their --replay-endpoint): the fallback
     ingests: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()  # "role name" of each node announcing it
     head: int = 0
@@ -58,7 +60,8 @@ class StreamInfo:
 
     @property
     def sidecar(self) -> str | None:
-        return self.sidecars[0] if self.sidecars else None
+        """The sidecar to ask for replay: the preferred one announcing itself, else one a gateway names."""
+        return next(iter(self.sidecars or self.named), None)
 
     @property
     def ingest(self) -> str | None:
@@ -81,7 +84,8 @@ class Directory(Protocol):
         """Take in what has arrived, without waiting."""
 
     def fileno(self) -> int:
-        """Readable when `drain` has something to take in (for the caller's poller)."""
+        """Readable when `drain` has something to take in (for the caller's poller; the object compares equal to
+        it, as zmq.Poller reports it by its fd: gateway.transport.pollable)."""
 
     def close(self) -> None: ...
 
@@ -126,13 +130,13 @@ class Table:
         said = [s for (_, _, name), s in self.said.items() if name == stream]
         if not said:
             return None
-        # Newest node first; sidecars' own announcements before the endpoint a gateway was configured with.
-        said.sort(key=lambda s: (s.ann.role == A.SIDECAR, self.first_heard[(s.ann.node_id, s.ann.role)]), reverse=True)
+        said.sort(key=lambda s: self.first_heard[(s.ann.node_id, s.ann.role)], reverse=True)  # newest node first
         gateways = [s for s in said if s.ann.role == A.GATEWAY]
         return StreamInfo(
             stream,
             channels=tuple(dict.fromkeys(ch for s in gateways for ch in s.ad.channels)),
-            sidecars=tuple(dict.fromkeys(s.ann.sidecar for s in said if s.ann.sidecar)),
+            sidecars=tuple(dict.fromkeys(s.ann.sidecar for s in said if s.ann.role == A.SIDECAR and s.ann.sidecar)),
+            named=tuple(dict.fromkeys(s.ann.sidecar for s in gateways if s.ann.sidecar)),
             ingests=tuple(dict.fromkeys(s.ann.ingest for s in gateways if s.ann.ingest)),
             nodes=tuple(dict.fromkeys(f"{A.ROLES[s.ann.role]} {s.ann.node}" for s in said)),
             head=max((s.ad.head for s in gateways), default=0),
@@ -146,7 +150,7 @@ class Table:
         return [info for name in names if (info := self.lookup(name, now)) is not None]
 
 
-class LanDirectory:
+class LanDirectory(PolledByFd):
     """The directory kept from the announcements on `interface`'s LAN; see the module docstring."""
 
     def __init__(

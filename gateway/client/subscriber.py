@@ -406,6 +406,7 @@ class Subscriber:
                 self._drain_feed(sock, feed, now)
         if self.directory is not None and self.directory in ready:
             self.directory.drain()
+            self._follow_sidecar(now)
         if self.catchup is not None and self.catchup.sock in ready:
             self._drain_replay(self.catchup, now)
         if self.fill is not None and self.fill.sock in ready:
@@ -556,6 +557,15 @@ class Subscriber:
             curve=self.curve,
             ctx=self.ctx,
         )
+
+    def _follow_sidecar(self, now: float) -> None:
+        """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a
+        dead one may never fail by itself."""
+        assert self.directory is not None
+        info = self.directory.lookup(self.stream)
+        connected = self.catchup is not None or self.fill is not None
+        if connected and info is not None and info.sidecars and self.replay_endpoint not in info.sidecars:
+            self._replay_lost(now, f"{self.replay_endpoint} is no longer announced; {info.sidecar} is")
 
     def _replay_lost(self, now: float, reason: str) -> None:
         log.warning("replay connection lost (%s); reconnecting", reason)

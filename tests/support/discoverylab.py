@@ -4,6 +4,7 @@ a stream and an interface and nothing else. Functions run in lab hosts are modul
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.client.directory import LanDirectory
+from gateway.client.directory import LanDirectory, StreamInfo
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
@@ -64,11 +65,17 @@ def publish_by_name(stream: str, first: int, last: int, key: StreamKey) -> int |
         return pub.flush()
 
 
-def subscribe_by_name(stream: str, until: int, key: StreamKey, ready: Any) -> dict[str, Any]:
+def subscribe_by_name(stream: str, until: int, key: StreamKey, ready: Any, milestone: int = 0) -> dict[str, Any]:
     """A Subscriber given only the stream and the interface, from the earliest record until `until`: what it
-    delivered, the groups its host had joined meanwhile (`ip maddr`), and the replay endpoint it ended with."""
+    delivered, the groups its host had joined meanwhile (`ip maddr`), and the replay endpoint it ended with.
+    It says "up" on `ready` once running, and the state it is in once it has delivered `milestone`."""
     got: list[tuple[int, bytes]] = []
     losses: list[tuple[int, int]] = []
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("gateway").addHandler(handler)
+    logging.getLogger("gateway").setLevel(logging.INFO)
     with Subscriber(stream, interface=IF, stream_key=key, start="earliest", progress_timeout=1.0) as sub:
         maddr = subprocess.run(["ip", "maddr", "show", "dev", IF], capture_output=True, text=True, check=True).stdout
         ready.put("up")
@@ -81,8 +88,10 @@ def subscribe_by_name(stream: str, until: int, key: StreamKey, ready: Any) -> di
                 continue
             if rec is not None:
                 got.append((rec.seq, rec.body))
+                if rec.seq == milestone:
+                    ready.put(sub.state)
         return {"records": got, "losses": losses, "maddr": maddr, "replay": sub.replay_endpoint,
-                "summary": sub.summary(), "reconnects": sub.stats.replay_reconnects}  # fmt: skip
+                "summary": sub.summary(), "reconnects": sub.stats.replay_reconnects, "log": said}  # fmt: skip
 
 
 def streams_on(where: str, seconds: float, ready: Any) -> dict[str, int]:
@@ -106,9 +115,13 @@ def listen(key: StreamKey | None, seconds: float) -> dict[str, Any]:
     with LanDirectory(IF, keys=[key] if key else []) as directory:
         infos = directory.listen(seconds)
         return {
-            "streams": {i.name: {"sidecars": i.sidecars, "channels": [str(c) for c in i.channels]} for i in infos},
+            "streams": {i.name: _view(i) for i in infos},
             "dropped": dict(directory.dropped),
         }
+
+
+def _view(info: StreamInfo) -> dict[str, Any]:
+    return {"sidecars": info.sidecars, "named": info.named, "channels": [str(c) for c in info.channels]}
 
 
 def rogue(sidecar: str, group: str, forger: StreamKey, seconds: float) -> int:

@@ -26,8 +26,9 @@ def test_a_stream_merges_what_its_nodes_say() -> None:
     assert info is not None
     assert info.channels == (PX,) and info.ingest == "tcp://10.0.0.1:5570" and (info.head, info.rate) == (5, 100)
     # The sidecar's own announcement before the endpoint the gateway was configured with.
-    assert info.sidecars == ("tcp://10.0.0.2:5580", "tcp://10.0.0.1:5580")
-    assert info.nodes == ("sidecar replay", "gateway gw")
+    assert info.sidecars == ("tcp://10.0.0.2:5580",) and info.named == ("tcp://10.0.0.1:5580",)
+    assert info.sidecar == "tcp://10.0.0.2:5580"
+    assert set(info.nodes) == {"sidecar replay", "gateway gw"}
     assert [i.name for i in table.streams(0.5)] == ["px", "tr"]
     assert table.lookup("fx", 0.5) is None
 
@@ -35,8 +36,18 @@ def test_a_stream_merges_what_its_nodes_say() -> None:
 def test_a_silent_node_is_forgotten_after_three_intervals() -> None:
     table = Table()
     table.heard(gateway(), 0.0)
-    assert table.lookup("px", EXPIRE_INTERVALS - 0.01) is not None
-    assert table.lookup("px", EXPIRE_INTERVALS + 0.01) is None
+    table.heard(sidecar(2, "tcp://10.0.0.2:5580"), 1.0)
+    info = table.lookup("px", EXPIRE_INTERVALS + 0.01)
+    assert info is not None and info.channels == () and info.sidecar == "tcp://10.0.0.2:5580"
+    info = table.lookup("px", EXPIRE_INTERVALS + 1.01)
+    assert info is None
+
+
+def test_the_sidecar_a_gateway_names_is_the_fallback() -> None:
+    table = Table()
+    table.heard(gateway(), 0.0)
+    info = table.lookup("px", 0.1)
+    assert info is not None and info.sidecars == () and info.sidecar == "tcp://10.0.0.1:5580"
 
 
 def test_a_sidecar_heard_of_later_is_preferred_and_the_old_one_expires() -> None:
