@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gateway.client.directory import EXPIRE_INTERVALS, Table
-from gateway.server.announcer import advertised
+from gateway.errors import McastError
+from gateway.server.announcer import Discovery, advertised
 from gateway.wire import announce as A
 
 PX = A.Channel("udp", "239.192.1.1", 5001)
@@ -75,3 +78,13 @@ def test_wildcard_endpoints_are_announced_with_the_interface_address() -> None:
     assert advertised("tcp://0.0.0.0:5570", "10.0.0.1") == "tcp://10.0.0.1:5570"
     assert advertised("tcp://10.9.9.9:5570", "10.0.0.1") == "tcp://10.9.9.9:5570"
     assert advertised("", "10.0.0.1") == ""
+
+
+def test_server_discovery_settings_from_the_command_line_or_toml() -> None:
+    from gateway.cli.discovery_opts import server_discovery
+
+    assert server_discovery({}) == Discovery(node=Discovery().node)
+    given = server_discovery({"announce_interface": "eth1", "discovery": "239.192.9.9:6000", "announce_ms": 0})
+    assert (given.interfaces, given.group, given.port, given.interval_ms) == (("eth1",), "239.192.9.9", 6000, 0)
+    with pytest.raises(McastError):
+        server_discovery({"discovery": "10.0.0.1:6000"})  # not a multicast group
