@@ -163,7 +163,7 @@ class ReplayServer:
         self.snapshots = SnapshotIndexes(config.journal) if config.snapshots else None
         self._next_index = 0.0
         self._indexes_current = True
-        self.announcer = None
+        self.announcer: Announcer | None = None
         if config.announce is not None and config.announce.interval_ms:
             self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
         log.info("replay: serving %s at %s", config.journal, self.endpoint)

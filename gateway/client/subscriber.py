@@ -205,8 +205,8 @@ class Subscriber:
         """`view`: keep `self.view`, the last value of every key (default: with start="snapshot").
 
         With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
-        announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; the replay
-        sidecar then follows the directory (a sidecar that moves is followed on the next reconnect).
+        announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
+        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
         """
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self.directory: Directory | None = None
