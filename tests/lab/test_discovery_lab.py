@@ -48,17 +48,20 @@ def _stop(*procs) -> list[str]:
     return problems
 
 
-def test_a_subscriber_names_one_stream_and_joins_only_its_group(make_lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["udp", "epgm"])
+def test_a_subscriber_names_one_stream_and_joins_only_its_group(make_lab, tmp_path: Path, transport: str) -> None:
     lab = make_lab(["gw", "pub", "sub"])
     key = StreamKey.generate()
     key.save(tmp_path / "stream.key")
     px, tr = f"{lab.group(11)}:5011", f"{lab.group(12)}:5012"
-    gateway = start_gateway(lab, tmp_path / "journal", tmp_path / "stream.key", {"px": px, "tr": tr})
+    gateway = start_gateway(lab, tmp_path / "journal", tmp_path / "stream.key", {"px": px, "tr": tr}, transport)
     sidecar, replay = start_sidecar(lab, "gw", tmp_path / "journal", tmp_path / "stream.key", 5580)
     try:
         ready = MP.Queue()
         sub = lab.start("sub", subscribe_by_name, "px", COUNT, key, ready)
-        raw = lab.start("pub", streams_on, px, 8.0, ready)  # every message on px's channel, whatever its stream
+        raw = lab.start(
+            "pub", streams_on, f"{transport}://{px}", 8.0, ready
+        )  # every message on px's channel, whatever its stream
         ready.get(timeout=WAIT_S)
         ready.get(timeout=WAIT_S)
         assert lab.run("pub", publish_by_name, "px", 1, COUNT, key, timeout=WAIT_S) == COUNT
@@ -79,7 +82,7 @@ def test_a_subscriber_names_one_stream_and_joins_only_its_group(make_lab, tmp_pa
     rows = {row["stream"]: row for row in map(json.loads, out.splitlines())}
     assert listing.returncode == 0, err
     assert sorted(rows) == ["px", "tr"]
-    assert rows["px"]["channels"] == [f"udp://{px}"] and rows["tr"]["channels"] == [f"udp://{tr}"]
+    assert rows["px"]["channels"] == [f"{transport}://{px}"] and rows["tr"]["channels"] == [f"{transport}://{tr}"]
     assert rows["px"]["sidecar"] == replay
     assert rows["px"]["ingest"] == f"tcp://{lab.host('gw').ip}:5570"
     assert rows["px"]["head"] == COUNT and rows["tr"]["head"] == 500

@@ -32,13 +32,15 @@ def zeps(lab: Lab, host: str, *args: str) -> subprocess.Popen:
     return lab.popen(host, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def start_gateway(lab: Lab, journal: Path, key: Path, channels: dict[str, str]) -> subprocess.Popen:
-    """`zeps gateway` on "gw" serving the streams of `channels` (stream -> udp GROUP:PORT), each on its own."""
+def start_gateway(
+    lab: Lab, journal: Path, key: Path, channels: dict[str, str], transport: str = "udp"
+) -> subprocess.Popen:
+    """`zeps gateway` on "gw" serving the streams of `channels` (stream -> GROUP:PORT), each on its own."""
     gw = lab.host("gw")
     args = ["gateway", "--journal", str(journal), "--ingest", "tcp://*:5570", "--stream-key", str(key),
             "--replay-endpoint", f"tcp://{gw.ip}:5580", "--heartbeat-ms", "50", "--node", "gw"]  # fmt: skip
     for stream, where in channels.items():
-        args += ["--stream", stream, "--multicast", f"{stream}=udp://{IF};{where}"]
+        args += ["--stream", stream, "--multicast", f"{stream}={transport}://{IF};{where}"]
     proc = zeps(lab, "gw", *args)
     lab.run("gw", wait_ping, f"tcp://{gw.ip}:5570", 30.0)
     return proc
@@ -94,13 +96,16 @@ def subscribe_by_name(stream: str, until: int, key: StreamKey, ready: Any, miles
                 "summary": sub.summary(), "reconnects": sub.stats.replay_reconnects, "log": said}  # fmt: skip
 
 
-def streams_on(where: str, seconds: float, ready: Any) -> dict[str, int]:
-    """Messages per stream name on the udp channel `where` (GROUP:PORT) for `seconds`, whatever the stream."""
-    from gateway.transport.udp import UdpReceiver
+def streams_on(channel: str, seconds: float, ready: Any) -> dict[str, int]:
+    """Messages per stream name on `channel` (TRANSPORT://GROUP:PORT) for `seconds`, whatever the stream."""
+    import zmq
 
-    group, port = where.rsplit(":", 1)
+    from gateway.mcast import Endpoint, Tuning, open_sub
+
+    transport, where = channel.split("://")
+    endpoint = Endpoint.parse(f"{transport}://{address_of(IF)};{where}")
     seen: dict[str, int] = {}
-    with UdpReceiver(address_of(IF), group, int(port), rcvbuf=1 << 22) as sock:
+    with zmq.Context() as ctx, open_sub(ctx, endpoint, Tuning(), [""]) as sock:  # every stream
         ready.put("up")
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
