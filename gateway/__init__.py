@@ -16,6 +16,7 @@ The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gatew
 """
 
 from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.directory import Directory, LanDirectory, StreamInfo
 from gateway.client.publisher import Publisher
 from gateway.client.replay_client import ReplayClient, history, snapshot
 from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
@@ -24,6 +25,7 @@ from gateway.errors import (
     BatchError,
     ConfigError,
     DataLoss,
+    DiscoveryError,
     JournalCorrupt,
     JournalError,
     JournalLocked,
@@ -55,11 +57,14 @@ __all__ = [
     "CurveServerKeys",
     "DataLoss",
     "Delivery",
+    "Directory",
+    "DiscoveryError",
     "Endpoint",
     "JournalCorrupt",
     "JournalError",
     "JournalLocked",
     "JournalTrimmed",
+    "LanDirectory",
     "McastError",
     "NotAJournal",
     "NotGranted",
@@ -72,6 +77,7 @@ __all__ = [
     "SlowConsumer",
     "Start",
     "State",
+    "StreamInfo",
     "StreamKey",
     "Subscriber",
     "SubscriberStats",

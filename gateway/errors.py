@@ -105,6 +105,10 @@ class DataLoss(ZepsError, RuntimeError):
         self.lo, self.hi, self.reason = lo, hi, reason
 
 
+class DiscoveryError(ZepsError, RuntimeError):
+    """Nothing announced what a client looked for within its deadline; the message says where it listened."""
+
+
 class SlowConsumer(ZepsError, RuntimeError):
     """The application fell further behind the live feed than `max_lag` allows (lag_policy="raise")."""
 

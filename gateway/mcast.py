@@ -79,6 +79,14 @@ class Endpoint:
         return f"{self.transport}://{self.interface};{self.group}:{self.port}"
 
 
+def address_of(interface: str) -> str:
+    """`interface` if it is an IPv4 address, else the address of the interface by that name."""
+    try:
+        return str(ipaddress.IPv4Address(interface))
+    except ValueError:
+        return interface_address(interface)
+
+
 def interface_address(name: str) -> str:
     """The first IPv4 address of interface `name` in the current network namespace."""
     from pyroute2 import IPRoute

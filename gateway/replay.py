@@ -32,11 +32,14 @@ import zmq
 from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
+from gateway.server.announcer import Announcer, Discovery, journal_streams
 from gateway.server.replay_metrics import ReplayMetrics
 from gateway.server.session import Session
 from gateway.server.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
+from gateway.wire import announce as A
 from gateway.wire import protocol as P
+from gateway.wire.streamkey import StreamKey
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ class ReplayConfig:
     snapshots: bool = True  # keep a last-value index per stream and grant 'snapshot' (docs/snapshots.md)
     snapshot_poll_s: float = 0.05  # how often snapshot indexes read what their journals gained
     snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
+    announce: Discovery | None = None  # announce this sidecar's streams and endpoint (server.announcer)
+    stream_key: StreamKey | None = None  # signs the announcements
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -139,6 +144,9 @@ class ReplayServer:
         self.snapshots = SnapshotIndexes(config.journal) if config.snapshots else None
         self._next_index = 0.0
         self._indexes_current = True
+        self.announcer: Announcer | None = None
+        if config.announce is not None and config.announce.interval_ms:
+            self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -185,6 +193,10 @@ class ReplayServer:
                 elif now - max(s.last_heard, s.pinged_at) > self._ping_after:
                     s.ping(now)
         deadline = min(self._next_idle, now + _MAX_WAIT_S)
+        if self.announcer is not None:
+            if now >= self.announcer.due:
+                self.announcer.announce(now, journal_streams(self.config.journal))
+            deadline = min(deadline, self.announcer.due)
         if any(s.tailing for s in self.sessions.values()):
             deadline = min(deadline, self._next_tail)
         if self.snapshots is not None:
@@ -393,4 +405,6 @@ class ReplayServer:
         if self.snapshots is not None:
             self.snapshots.close()
         self.router.close()
+        if self.announcer is not None:
+            self.announcer.close()
         self.metrics.close()

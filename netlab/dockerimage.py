@@ -182,22 +182,23 @@ def ensure_base(client: docker.DockerClient, cache: Path) -> str:
 # --- project layer: this environment's distributions + docker build --------------------------------------------
 
 
-def _requirement_closure(name: str) -> list[importlib.metadata.Distribution]:
-    """``name``'s distribution and all it requires (no extras, markers evaluated for this machine)."""
+def _requirement_closure(name: str, extra: str = "") -> list[importlib.metadata.Distribution]:
+    """``name``'s distribution with its ``extra`` and all they require (markers evaluated for this machine)."""
     from packaging.requirements import Requirement
 
     found: dict[str, importlib.metadata.Distribution] = {}
-    todo = [name]
+    todo = [(name, extra)]
     while todo:
-        dist = importlib.metadata.distribution(todo.pop())
+        wanted, wanted_extra = todo.pop()
+        dist = importlib.metadata.distribution(wanted)
         key = dist.metadata["Name"].lower().replace("_", "-")
         if key in found:
             continue
         found[key] = dist
         for text in dist.requires or []:
             req = Requirement(text)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(req.name)
+            if req.marker is None or req.marker.evaluate({"extra": wanted_extra}):
+                todo.append((req.name, ""))
     return list(found.values())
 
 
@@ -242,7 +243,7 @@ def _context_files() -> dict[str, Path | bytes]:
         )
     project = importlib.metadata.distribution(PROJECT)
     files: dict[str, Path | bytes] = {}
-    for dist in _requirement_closure(PROJECT):
+    for dist in _requirement_closure(PROJECT, "lab"):  # netlab, which lab hosts import, needs the lab extra
         if dist.metadata["Name"] != project.metadata["Name"]:
             files.update((f"site/{rel}", path) for rel, path in _distribution_files(dist))
     for package in (project.read_text("top_level.txt") or "").split():

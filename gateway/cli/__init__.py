@@ -16,6 +16,7 @@ MODULES = (
     "publish",
     "replay",
     "snapshot",
+    "streams",
     "subscribe",
     "top",
 )

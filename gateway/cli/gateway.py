@@ -7,13 +7,13 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.cli import config, keyopts
+from gateway.cli import config, discovery_opts, keyopts
 from gateway.cli.options import (
     Parser,
     byte_size,
     duration,
     host_port,
-    mcast_endpoint,
+    mcast_channel,
     nonnegative,
     positive,
     say,
@@ -43,8 +43,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--ingest", type=tcp_endpoint, help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", type=tcp_endpoint, help="XSUB endpoint for plain ZeroMQ PUB publishers")
     p.add_argument(
-        "--multicast", action="append", type=mcast_endpoint, help="epgm://, norm:// or udp:// endpoint (repeat: A/B)"
+        "--multicast",
+        action="append",
+        type=mcast_channel,
+        metavar="[STREAM=]ENDPOINT",
+        help="epgm://, norm:// or udp:// endpoint carrying every stream, or STREAM=ENDPOINT carrying that stream "
+        "only (repeatable: A/B feeds, a channel per stream)",
     )
+    discovery_opts.add_server_options(p, "default: the interfaces of the --multicast channels")
     p.add_argument("--replay-endpoint", type=tcp_endpoint, help="replay sidecar endpoint advertised in heartbeats")
     p.add_argument("--rate-kbps", type=positive, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (100000)")
     p.add_argument("--recovery-ivl-ms", type=positive, help="PGM recovery interval in ms (default 2000)")
@@ -112,6 +118,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         metrics=args.metrics,
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
+        discovery=discovery_opts.server_discovery(given),
         **{k: given[k] for k in (*limits, "client_timeout", "journal_retry_ms") if k in given},
     )
 

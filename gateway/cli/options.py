@@ -154,6 +154,17 @@ def mcast_endpoint(text: str) -> str:
     return text
 
 
+def mcast_channel(text: str) -> str:
+    """`[STREAM=]ENDPOINT`: a multicast endpoint carrying every stream, or one stream only (gateway.server.channels)."""
+    head, sep, _ = text.partition("://")
+    stream, eq, _transport = head.rpartition("=")
+    if sep and eq:
+        stream_name(stream)
+        mcast_endpoint(text[len(stream) + 1 :])
+        return text
+    return mcast_endpoint(text)
+
+
 def stream_name(text: str) -> str:
     from gateway.errors import ProtocolError
     from gateway.wire.protocol import validate_stream_name

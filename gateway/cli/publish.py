@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Iterator
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 from gateway.cli.options import Parser, byte_size, duration, number, positive, say, tcp_endpoint
 
 _LOAD_ONLY = ("size", "keys", "rate")  # options that shape a generated load (--count)
@@ -23,9 +23,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         "line.",
     )
     p.from_env(
-        p.add_argument("--ingest", type=tcp_endpoint, help="gateway endpoint, e.g. tcp://127.0.0.1:5570"), "ZEPS_INGEST"
+        p.add_argument(
+            "--ingest",
+            type=tcp_endpoint,
+            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (default: found on --interface)",
+        ),
+        "ZEPS_INGEST",
     )
-    p.require("ingest")
+    discovery_opts.add_client_options(p)
+    p.add_argument("--stream-key", metavar="FILE", help="accept only announcements signed with this key")
     keyopts.add_stream(p)
     p.add_argument("--key", help="routing key (single message and stdin modes; default empty)")
     what = p.add_mutually_exclusive_group()
@@ -53,6 +59,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _modes(args: argparse.Namespace) -> str | None:
+    if args.ingest is None and args.interface is None:
+        return "give --ingest ENDPOINT (or ZEPS_INGEST), or --interface IF to find the stream's gateway by its name"
     if args.count is None:
         given = [f"--{name}" for name in _LOAD_ONLY if getattr(args, name) is not None]
         if given:
@@ -74,10 +82,21 @@ def _run(args: argparse.Namespace) -> int:
         records = generated(args.count, args.size or 100, args.keys or 1, args.rate or 0.0)
     else:
         records = ((args.key or "", line.rstrip(b"\n")) for line in sys.stdin.buffer)
+    from gateway.wire.streamkey import StreamKey
+
+    keys = [StreamKey.load(args.stream_key)] if args.stream_key else []
+    directory = discovery_opts.client_directory(args, keys) if args.ingest is None else None
     n = biggest = 0
     pub: Publisher | None = None
     try:
-        with Publisher(args.ingest, args.stream, confirm=args.confirm, curve=keyopts.client_curve(args)) as pub:
+        with Publisher(
+            args.ingest,
+            args.stream,
+            confirm=args.confirm,
+            curve=keyopts.client_curve(args),
+            directory=directory,
+            discovery_timeout=args.discovery_timeout,
+        ) as pub:
             for key, body in records:
                 biggest = max(biggest, len(body))
                 pub.publish(key, body, ttl=args.ttl)
@@ -90,5 +109,8 @@ def _run(args: argparse.Namespace) -> int:
                 "--max-message-bytes (1 MiB unless set): publish smaller records, or raise that limit"
             ) from None
         raise
+    finally:
+        if directory is not None:
+            directory.close()
     say(args, f"zeps publish: published {n} records" + (f", last sequence {last}" if last is not None else ""))
     return 0

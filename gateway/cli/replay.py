@@ -7,7 +7,7 @@ import dataclasses
 import signal
 from pathlib import Path
 
-from gateway.cli import config, keyopts
+from gateway.cli import config, discovery_opts, keyopts
 from gateway.cli.options import Parser, byte_size, duration, host_port, number, positive, tcp_endpoint
 
 
@@ -40,12 +40,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
     )
+    discovery_opts.add_server_options(p, "default: none, do not announce")
+    p.add_argument("--stream-key", metavar="FILE", help="sign the announcements with this key (zeps keygen)")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from gateway.errors import ConfigError
     from gateway.replay import ReplayConfig, ReplayServer
+    from gateway.wire.streamkey import StreamKey
 
     if args.config is not None:
         config.merge(args, config.load(args.config, args.parser))
@@ -53,8 +56,13 @@ def _run(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"missing {', '.join(missing)}: give it on the command line or in the --config file")
     fields = {f.name for f in dataclasses.fields(ReplayConfig)}
-    given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k != "curve"}
-    server = ReplayServer(ReplayConfig(**given, curve=keyopts.server_curve(args)))
+    skip = ("curve", "announce", "stream_key")  # built below from their own options
+    given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k not in skip}
+    announce = discovery_opts.server_discovery(vars(args)) if args.announce_interface else None
+    stream_key = StreamKey.load(args.stream_key) if args.stream_key else None
+    server = ReplayServer(
+        ReplayConfig(**given, curve=keyopts.server_curve(args), announce=announce, stream_key=stream_key)
+    )
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"zeps replay: serving {server.config.journal} at {server.endpoint}", flush=True)

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from gateway.cli import keyopts
+from gateway.cli import discovery_opts, keyopts
 from gateway.cli.options import Parser, Position, duration, host_port, mcast_endpoint, position, positive, say, since
 from gateway.cli.output import add_format, write_records
 
@@ -28,7 +28,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         type=mcast_endpoint,
-        help="multicast endpoint (repeat: A/B)",
+        help="multicast endpoint (repeat: A/B; default: found on --interface by the stream's name)",
     )
     p.from_env(multicast, "ZEPS_MULTICAST")
     keyopts.add_replay(p, required=False, help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: from heartbeats)")
@@ -60,13 +60,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.from_env(stream_key, "ZEPS_STREAM_KEY")
     keyopts.add_client_options(p)
+    discovery_opts.add_client_options(p)
     p.check(_sources)
     p.set_defaults(handler=_run)
 
 
 def _sources(args: argparse.Namespace) -> str | None:
-    if not args.multicast and not args.replay:
-        return "give --multicast, --replay or both (or set ZEPS_MULTICAST / ZEPS_REPLAY)"
+    if not args.multicast and not args.replay and not args.interface:
+        return (
+            "give --multicast, --replay or both (or set ZEPS_MULTICAST / ZEPS_REPLAY), "
+            "or --interface IF to find the stream by its name"
+        )
     if args.start is not None and args.start.back is not None and not args.replay:
         return f"--from -{args.start.back} asks the sidecar for the stream's head: give --replay"
     return None
@@ -96,6 +100,8 @@ def _run(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     n = 0
     sources = {"live": 0, "replay": 0, "snapshot": 0}  # what this command handed on, by where it came from
+    keys = [StreamKey.load(path) for path in args.stream_key]
+    directory = discovery_opts.client_directory(args, keys) if not (args.multicast or args.replay) else None
     with Subscriber(
         args.stream,
         multicast=args.multicast,
@@ -104,8 +110,11 @@ def _run(args: argparse.Namespace) -> int:
         start=_start(args),  # type: ignore[arg-type]
         checkpoint=args.checkpoint,
         max_lag=args.max_lag,
-        stream_key=[StreamKey.load(path) for path in args.stream_key],
+        stream_key=keys,
         curve=keyopts.client_curve(args),
+        interface=args.interface,
+        directory=directory,
+        discovery_timeout=args.discovery_timeout,
     ) as sub:
         metrics = SubscriberMetrics(sub) if args.metrics else None
         if metrics:
@@ -135,6 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         summary = sub.summary()
         if metrics:
             metrics.close()
+    if directory is not None:
+        directory.close()
     # Counted here: the library's delivered/from_* count whole batches taken in, more than --count printed.
     counts = {"records": n, **{f"from_{k}": v for k, v in sources.items()}} | {k: summary[k] for k in _COUNTERS}
     say(args, "zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in counts.items()))

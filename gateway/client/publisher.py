@@ -16,15 +16,18 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import TypeVar
 
 import zmq
 
+from gateway.client.directory import Directory, resolve_ingest
 from gateway.errors import PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire.streamkey import StreamKey
 
 _ids = itertools.count()  # monitor addresses
 _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
@@ -33,7 +36,7 @@ _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
 class Publisher:
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | None,
         stream: str,
         *,
         confirm: bool = False,
@@ -42,9 +45,18 @@ class Publisher:
         linger_ms: float = 5.0,
         timeout: float = 10.0,
         curve: CurveClientKeys | None = None,
+        interface: str | None = None,
+        directory: Directory | None = None,
+        stream_key: StreamKey | Sequence[StreamKey] = (),
+        discovery_timeout: float = 3.0,
         ctx: zmq.Context | None = None,
     ) -> None:
+        """`endpoint` None: the stream's ingest is found by name (gateway.client.directory), on the announcements
+        heard on `interface` (or in `directory`) within `discovery_timeout` s, signed with `stream_key` if given."""
         P.validate_stream_name(stream)
+        if endpoint is None:
+            keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
+            endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
         self.stream = stream
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes

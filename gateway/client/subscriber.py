@@ -39,6 +39,7 @@ from typing import Literal, cast
 import zmq
 
 from gateway import reconcile as R
+from gateway.client.directory import Directory, resolve_feeds
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, probe
 from gateway.client.snapshot_view import LastValues
 from gateway.errors import DataLoss, McastError, NotGranted, ReplayError, SlowConsumer, UdpError, Unauthenticated
@@ -197,11 +198,22 @@ class Subscriber:
         stream_key: StreamKey | Sequence[StreamKey] = (),
         curve: CurveClientKeys | None = None,
         view: bool | None = None,
+        interface: str | None = None,
+        directory: Directory | None = None,
+        discovery_timeout: float = 3.0,
         ctx: zmq.Context | None = None,
     ) -> None:
-        """`view`: keep `self.view`, the last value of every key (default: with start="snapshot")."""
+        """`view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+
+        With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
+        announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
+        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
+        """
+        keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
+        self.directory: Directory | None = None
         if not multicast and not replay:
-            raise ValueError("give at least one --multicast endpoint or a --replay endpoint")
+            self.directory, multicast = resolve_feeds(stream, interface, directory, keys, discovery_timeout)
+        self._own_directory = directory is None
         self.stream = stream
         self.ctx = ctx or zmq.Context.instance()
         self.topics = tuple(topics)
@@ -211,7 +223,7 @@ class Subscriber:
         self.replay_timeout = replay_timeout
         self.curve = curve
         # With a key (two while one is rotated), only multicast that checks out with it is let in.
-        self.verifier = Verifier(stream, [stream_key] if isinstance(stream_key, StreamKey) else stream_key)
+        self.verifier = Verifier(stream, keys)
         self.stats = SubscriberStats()
         self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
         self.feeds: dict[McastReceiver, str] = {}
@@ -221,6 +233,8 @@ class Subscriber:
         self._poller = zmq.Poller()
         for sock in self.feeds:
             self._poller.register(sock, zmq.POLLIN)
+        if self.directory is not None:
+            self._poller.register(self.directory, zmq.POLLIN)
         self._polled_replay: tuple[zmq.Socket, ...] = ()
         self.catchup: ReplayClient | None = None
         self.catchup_id: int | None = None
@@ -359,6 +373,8 @@ class Subscriber:
         for client in (self.catchup, self.fill):
             if client is not None:
                 client.close()
+        if self.directory is not None and self._own_directory:
+            self.directory.close()
 
     def __enter__(self) -> Subscriber:
         return self
@@ -390,6 +406,9 @@ class Subscriber:
         for sock, feed in self.feeds.items():
             if sock in ready:
                 self._drain_feed(sock, feed, now)
+        if self.directory is not None and self.directory in ready:
+            self.directory.drain()
+            self._follow_sidecar(now)
         if self.catchup is not None and self.catchup.sock in ready:
             self._drain_replay(self.catchup, now)
         if self.fill is not None and self.fill.sock in ready:
@@ -525,6 +544,10 @@ class Subscriber:
         # A FETCH cannot be recalled; its answer is bounded and the reconciler ignores what it no longer needs.
 
     def _connect(self) -> ReplayClient:
+        info = self.directory.lookup(self.stream) if self.directory is not None else None
+        if info is not None and info.sidecar and info.sidecar != self.replay_endpoint:
+            log.info("%s: replay sidecar at %s (announced)", self.stream, info.sidecar)
+            self.replay_endpoint = info.sidecar
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
         features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
@@ -536,6 +559,15 @@ class Subscriber:
             curve=self.curve,
             ctx=self.ctx,
         )
+
+    def _follow_sidecar(self, now: float) -> None:
+        """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a
+        dead one may never fail by itself."""
+        assert self.directory is not None
+        info = self.directory.lookup(self.stream)
+        connected = self.catchup is not None or self.fill is not None
+        if connected and info is not None and info.sidecars and self.replay_endpoint not in info.sidecars:
+            self._replay_lost(now, f"{self.replay_endpoint} is no longer announced; {info.sidecar} is")
 
     def _replay_lost(self, now: float, reason: str) -> None:
         log.warning("replay connection lost (%s); reconnecting", reason)

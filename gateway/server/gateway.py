@@ -29,6 +29,8 @@ import zmq
 from gateway.errors import ConfigError
 from gateway.journal import Durability, JournalWriter, Retention
 from gateway.mcast import Endpoint, Tuning, open_pub
+from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
+from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
@@ -54,7 +56,7 @@ class GatewayConfig:
     journal: Path
     ingest: str
     ingest_pub: str | None = None
-    multicast: list[str] = field(default_factory=list)
+    multicast: list[str] = field(default_factory=list)  # ENDPOINT (every stream) or STREAM=ENDPOINT (server.channels)
     replay_endpoint: str = ""
     tuning: Tuning = field(default_factory=Tuning)
     heartbeat_ms: int = 100
@@ -72,6 +74,7 @@ class GatewayConfig:
     metrics: str | None = None
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
+    discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -205,12 +208,13 @@ class Gateway:
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
         self.outs: list[_Out] = []
-        for text in config.multicast:
-            endpoint = Endpoint.parse(text)
-            heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-            sock = open_pub(self.ctx, endpoint, config.tuning)
-            series = self.metrics.add_output(str(endpoint), heads)
-            self.outs.append(_Out(sock, endpoint, heads, self._rooms(sock), series))
+        for channel in plan(config.multicast, config.streams):  # an output sends (and heartbeats) its streams only
+            heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
+            sock = open_pub(self.ctx, channel.endpoint, config.tuning)
+            series = self.metrics.add_output(str(channel.endpoint), heads)
+            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series))
+        self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
+                                           sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -285,6 +289,11 @@ class Gateway:
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         deadline = min(deadline, self._next_heartbeat)
+        if self.announcer is not None:
+            if now >= self.announcer.due:
+                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+                self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
+            deadline = min(deadline, self.announcer.due)
         return max(0.0, deadline - time.monotonic())
 
     def _heartbeat(self, now: float) -> None:
@@ -462,7 +471,8 @@ class Gateway:
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
-        for out in self.outs:
+        outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
+        for out in outs:
             room = out.rooms.get(lane.stream)
             out.series.bytes[lane.stream].inc(len(sealed))
             if room is None or len(sealed) <= room:
@@ -584,6 +594,8 @@ class Gateway:
             self.xsub.close()
         for out in self.outs:
             out.sock.close()
+        if self.announcer is not None:
+            self.announcer.close()
         self.metrics.close()
 
 

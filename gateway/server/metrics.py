@@ -149,7 +149,7 @@ class GatewayMetrics(Metrics):
 
     def add_output(self, endpoint: str, sent_head: Mapping[str, int]) -> OutputSeries:
         """A multicast endpoint: its series at 0, and its per-stream sent head read from `sent_head` when scraped."""
-        streams = list(self.streams)
+        streams = [s for s in self.streams if s in sent_head]  # the streams this output carries
         series = self.outputs[endpoint] = OutputSeries(self, endpoint, streams)
         for stream in streams:
             self.multicast_head.labels(endpoint, stream).set_function(_reader(sent_head, stream))

@@ -25,6 +25,7 @@ import pytest
 from conftest import NEEDS_ROOT
 from support.feedlab import BODY, KEYS, STREAM, deploy, expected
 
+from gateway.tools.deployment import wait_ping
 from netlab import DockerLab, Impairment, LabError, dockerimage, dockerlab, firewall, impair, ns, packets, state
 
 pytestmark = pytest.mark.lab
@@ -226,3 +227,52 @@ def test_cli_up_status_exec_impair_down(engine: docker.DockerClient, image: str)
         down = netlab_cli("down", name, check=False)
     assert down.returncode == 0 and f"removed {name}" in down.stdout, down.stderr
     assert leftovers(engine, record["id"]) == set()
+
+
+def test_containers_find_streams_by_name(docker_lab: Callable[..., DockerLab]) -> None:
+    """Discovery across containers: only the gateway's and sidecar's own flags name an address; the publisher,
+    `zeps streams` and the subscriber are given a stream name and their interface (docs/discovery.md)."""
+    lab = docker_lab(["gw", "pub", "sub"])
+    gw, ifname = lab.host("gw"), lab.host("sub").ifname
+    px, tr = f"{lab.group(11)}:5011", f"{lab.group(12)}:5012"
+    count = 2000
+    gateway = lab.popen("gw", zeps("gateway", "--stream", "px", "--stream", "tr", "--journal", str(JOURNAL),
+                                   "--ingest", "tcp://*:5570", "--multicast", f"px=udp://{gw.ifname};{px}",
+                                   "--multicast", f"tr=udp://{gw.ifname};{tr}"),
+                        stderr=subprocess.PIPE, text=True)  # fmt: skip
+    lab.run("gw", wait_ping, f"tcp://{gw.ip}:5570", 30.0, timeout=40)  # the journal exists: the sidecar may start
+    sidecar = lab.popen("gw", zeps("replay", "--journal", str(JOURNAL), "--bind", f"tcp://{gw.ip}:5580",
+                                   "--announce-interface", gw.ifname),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        lab.run("gw", wait_ping, f"tcp://{gw.ip}:5580", 30.0, timeout=40)
+        sub = lab.popen(
+            "sub",
+            zeps("subscribe", "--stream", "px", "--interface", ifname, "--from", "earliest", "--count", str(count),
+                 "--timeout", "60", "--discovery-timeout", "30"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        lab.run("sub", wait_joined, lab.group(11), 40.0, timeout=50)
+        pub = lab.popen(
+            "pub",
+            zeps("publish", "--stream", "px", "--interface", ifname, "--count", str(count), "--confirm",
+                 "--discovery-timeout", "30"),
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        _, pub_err = pub.communicate(timeout=120)
+        out, sub_err = sub.communicate(timeout=120)
+        listing = lab.popen("pub", zeps("streams", "--interface", ifname, "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+        rows_out, rows_err = listing.communicate(timeout=60)
+    finally:
+        for proc in (gateway, sidecar):
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+    assert pub.returncode == 0, pub_err
+    assert sub.returncode == 0, sub_err
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(1, count + 1)), sub_err
+    rows = {row["stream"]: row for row in map(json.loads, rows_out.splitlines())}
+    assert listing.returncode == 0, rows_err
+    assert rows["px"]["channels"] == [f"udp://{px}"] and rows["tr"]["channels"] == [f"udp://{tr}"]
+    assert rows["px"]["ingest"] == f"tcp://{gw.ip}:5570" and rows["px"]["sidecar"] == f"tcp://{gw.ip}:5580"
+    assert rows["px"]["head"] == count

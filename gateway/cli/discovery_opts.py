@@ -1,0 +1,57 @@
+"""Discovery options shared by the commands (docs/discovery.md): where servers announce, where clients listen."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the library is imported when a command runs, not for `zeps --help`
+    from gateway.client.directory import LanDirectory
+    from gateway.server.announcer import Discovery
+    from gateway.wire.streamkey import StreamKey
+
+_WHERE = "discovery group and port (default 239.192.0.1:5569)"
+
+
+def add_server_options(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--announce-interface", action="append", metavar="IF", help=f"announce here (repeatable; {default})")
+    p.add_argument("--discovery", metavar="GROUP:PORT", help=_WHERE)
+    p.add_argument("--announce-ms", type=int, help="announcement interval (default 1000; 0: do not announce)")
+    p.add_argument("--node", help="node name announced (default: the host name)")
+
+
+def add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> None:
+    p.add_argument("--interface", metavar="IF", help="find the stream by its announcements heard on this interface")
+    p.add_argument("--discovery", metavar="GROUP:PORT", help=_WHERE)
+    if timeout:
+        p.add_argument("--discovery-timeout", type=float, default=3.0, help="wait this long for announcements (3 s)")
+
+
+def server_discovery(settings: dict[str, Any]) -> Discovery:
+    """The Discovery for `zeps gateway`/`zeps replay` settings (CLI and TOML keys alike)."""
+    from gateway.server.announcer import Discovery, parse_group
+
+    given: dict[str, Any] = {}
+    if settings.get("announce_interface"):
+        interfaces = settings["announce_interface"]
+        given["interfaces"] = (interfaces,) if isinstance(interfaces, str) else tuple(interfaces)
+    if settings.get("discovery"):
+        given["group"], given["port"] = parse_group(settings["discovery"])
+    if settings.get("announce_ms") is not None:
+        given["interval_ms"] = settings["announce_ms"]
+    if settings.get("node"):
+        given["node"] = settings["node"]
+    return Discovery(**given)
+
+
+def client_directory(args: argparse.Namespace, keys: Sequence[StreamKey]) -> LanDirectory | None:
+    """The LAN directory on --interface (None without one)."""
+    from gateway.client.directory import LanDirectory
+    from gateway.server.announcer import parse_group
+    from gateway.wire.announce import DISCOVERY_GROUP, DISCOVERY_PORT
+
+    if not args.interface:
+        return None
+    group, port = parse_group(args.discovery) if args.discovery else (DISCOVERY_GROUP, DISCOVERY_PORT)
+    return LanDirectory(args.interface, group=group, port=port, keys=keys)

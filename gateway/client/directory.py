@@ -1,0 +1,275 @@
+"""Where a stream is served, by its name alone: the directory clients resolve streams with.
+
+`Directory` is what a client asks: a stream's channels, sidecar and ingest (`StreamInfo`). `LanDirectory` is
+the one kept from the announcements heard on this LAN's discovery group (gateway.wire.announce); a directory
+kept in etcd for what multicast does not reach (routed networks, hosts in different Docker networks) will be
+another class with the same methods.
+
+`Table` is the LAN directory's sans-IO core. Its rules:
+- Every announcement (one datagram) refreshes what its node (node id and role) says of the streams in it; a
+  stream a node has said nothing of for EXPIRE_INTERVALS of that node's intervals is forgotten, so a node that
+  stops (or moves) drops out within about three seconds.
+- An announcement older than the newest one heard from the same node is dropped (a stale or replayed one).
+- A stream's sidecars are those announcing themselves, newest node first (the one heard of last: a sidecar
+  restarted elsewhere is preferred at once over the old address, still remembered until it expires). The
+  sidecar a gateway names (its --replay-endpoint, a static setting) is the fallback when none announces, so a
+  moved sidecar is followed without restarting the gateway.
+- Channels, ingest, head and rate come from gateway announcements.
+
+`LanDirectory` is the IO shell, driven by its user's thread: `drain()` reads what has arrived without waiting
+(a Subscriber polls `fileno()` with its other sockets); `wait()` blocks at most until the caller's deadline.
+With stream keys, only announcements signed by one of them are taken: the rest (a rogue host redirecting
+clients, junk on the port) are counted in `dropped` by kind and never raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.errors import DiscoveryError, McastError, Unauthenticated
+from gateway.mcast import address_of
+from gateway.transport.pollable import PolledByFd
+from gateway.transport.udp import join
+from gateway.wire import announce as A
+from gateway.wire.streamkey import StreamKey
+
+log = logging.getLogger(__name__)
+
+EXPIRE_INTERVALS = 3
+RCVBUF = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """One stream as the directory knows it, merged from every node that announces it."""
+
+    name: str
+    channels: tuple[A.Channel, ...] = ()
+    sidecars: tuple[str, ...] = ()  # announced by the sidecars themselves, the preferred one first
+    named: tuple[str, ...] = ()  # the sidecars gateways name (their --replay-endpoint): the fallback
+    ingests: tuple[str, ...] = ()
+    nodes: tuple[str, ...] = ()  # "role name" of each node announcing it
+    head: int = 0
+    rate: int = 0
+    epoch: int = 0  # HA: the highest term announced (0 without HA)
+
+    @property
+    def sidecar(self) -> str | None:
+        """The sidecar to ask for replay: the preferred one announcing itself, else one a gateway names."""
+        return next(iter(self.sidecars or self.named), None)
+
+    @property
+    def ingest(self) -> str | None:
+        return self.ingests[0] if self.ingests else None
+
+
+class Directory(Protocol):
+    """What clients resolve streams with (the LAN's announcements; etcd later)."""
+
+    def lookup(self, stream: str) -> StreamInfo | None:
+        """What is known of `stream` now (no waiting), or None."""
+
+    def wait(self, stream: str, deadline: float, need: Callable[[StreamInfo], bool]) -> StreamInfo:
+        """`stream` once `need` holds for it; DiscoveryError at the monotonic `deadline`."""
+
+    def streams(self) -> list[StreamInfo]:
+        """Every stream known now, by name."""
+
+    def drain(self) -> None:
+        """Take in what has arrived, without waiting."""
+
+    def fileno(self) -> int:
+        """Readable when `drain` has something to take in (for the caller's poller; the object compares equal to
+        it, as zmq.Poller reports it by its fd: gateway.transport.pollable)."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Said:
+    """What one node said of one stream, and until when it holds."""
+
+    ann: A.Announcement
+    ad: A.StreamAd
+    expires: float
+
+
+@dataclass
+class Table:
+    """The LAN directory's state (sans-IO); see the module docstring for its rules."""
+
+    said: dict[tuple[int, int, str], _Said] = field(default_factory=dict)  # (node id, role, stream)
+    newest: dict[tuple[int, int], int] = field(default_factory=dict)  # node -> newest sent_ns heard
+    first_heard: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def heard(self, ann: A.Announcement, now: float) -> bool:
+        """Take in an announcement; False if it was older than one already heard from its node (dropped)."""
+        node = (ann.node_id, ann.role)
+        if ann.sent_ns < self.newest.get(node, 0):
+            return False
+        self.newest[node] = ann.sent_ns
+        self.first_heard.setdefault(node, now)
+        expires = now + EXPIRE_INTERVALS * max(ann.interval_ms, 1) / 1000
+        for ad in ann.streams:
+            self.said[(ann.node_id, ann.role, ad.name)] = _Said(ann, ad, expires)
+        return True
+
+    def expire(self, now: float) -> None:
+        self.said = {k: s for k, s in self.said.items() if s.expires > now}
+        alive = {(node_id, role) for node_id, role, _ in self.said}
+        self.newest = {n: t for n, t in self.newest.items() if n in alive}
+        self.first_heard = {n: t for n, t in self.first_heard.items() if n in alive}
+
+    def lookup(self, stream: str, now: float) -> StreamInfo | None:
+        self.expire(now)
+        said = [s for (_, _, name), s in self.said.items() if name == stream]
+        if not said:
+            return None
+        said.sort(key=lambda s: self.first_heard[(s.ann.node_id, s.ann.role)], reverse=True)  # newest node first
+        gateways = [s for s in said if s.ann.role == A.GATEWAY]
+        return StreamInfo(
+            stream,
+            channels=tuple(dict.fromkeys(ch for s in gateways for ch in s.ad.channels)),
+            sidecars=tuple(dict.fromkeys(s.ann.sidecar for s in said if s.ann.role == A.SIDECAR and s.ann.sidecar)),
+            named=tuple(dict.fromkeys(s.ann.sidecar for s in gateways if s.ann.sidecar)),
+            ingests=tuple(dict.fromkeys(s.ann.ingest for s in gateways if s.ann.ingest)),
+            nodes=tuple(dict.fromkeys(f"{A.ROLES[s.ann.role]} {s.ann.node}" for s in said)),
+            head=max((s.ad.head for s in gateways), default=0),
+            rate=max((s.ad.rate for s in gateways), default=0),
+            epoch=max(s.ann.epoch for s in said),
+        )
+
+    def streams(self, now: float) -> list[StreamInfo]:
+        self.expire(now)
+        names = sorted({name for _, _, name in self.said})
+        return [info for name in names if (info := self.lookup(name, now)) is not None]
+
+
+class LanDirectory(PolledByFd):
+    """The directory kept from the announcements on `interface`'s LAN; see the module docstring."""
+
+    def __init__(
+        self,
+        interface: str,
+        *,
+        group: str = A.DISCOVERY_GROUP,
+        port: int = A.DISCOVERY_PORT,
+        keys: Iterable[StreamKey] = (),
+    ) -> None:
+        self.where = f"{group}:{port} on {interface}"
+        self.keys = list(keys)
+        self.table = Table()
+        self.dropped: dict[str, int] = {}  # by kind: malformed, unsigned, bad-tag, unknown-key, stale
+        self.sock = join(address_of(interface), group, port, RCVBUF)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def drain(self) -> None:
+        now = time.monotonic()
+        while True:
+            try:
+                data = self.sock.recv(A.MAX_BYTES + 1)
+            except BlockingIOError:
+                return
+            try:
+                ann = A.decode(data, self.keys)
+            except McastError as exc:
+                self._drop(exc.kind if isinstance(exc, Unauthenticated) else "malformed", str(exc))
+                continue
+            if not self.table.heard(ann, now):
+                self._drop("stale", f"an announcement of {ann.node} older than one heard before")
+
+    def _drop(self, kind: str, what: str) -> None:
+        self.dropped[kind] = self.dropped.get(kind, 0) + 1
+        level = logging.WARNING if self.dropped[kind] == 1 else logging.DEBUG
+        log.log(level, "discovery %s: dropped %s; further ones are counted", self.where, what)
+
+    def lookup(self, stream: str) -> StreamInfo | None:
+        self.drain()
+        return self.table.lookup(stream, time.monotonic())
+
+    def streams(self) -> list[StreamInfo]:
+        self.drain()
+        return self.table.streams(time.monotonic())
+
+    def wait(self, stream: str, deadline: float, need: Callable[[StreamInfo], bool]) -> StreamInfo:
+        while True:
+            info = self.lookup(stream)
+            if info is not None and need(info):
+                return info
+            left = deadline - time.monotonic()
+            if left <= 0:
+                heard = ", ".join(i.name for i in self.table.streams(time.monotonic())) or "nothing"
+                signed = " signed with the stream key given" if self.keys else ""
+                raise DiscoveryError(
+                    f"stream {stream!r} was not announced{signed} on {self.where} in time (heard: {heard}): is its "
+                    "gateway up and announcing on this LAN? Or give its endpoints (--multicast, --replay, --ingest)"
+                )
+            select.select([self.sock], [], [], left)
+
+    def listen(self, seconds: float) -> list[StreamInfo]:
+        """Every stream announced within `seconds` (announcements come about once a second)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([self.sock], [], [], left)
+            self.drain()
+        return self.streams()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> LanDirectory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_feeds(
+    stream: str,
+    interface: str | None,
+    directory: Directory | None,
+    keys: Sequence[StreamKey],
+    timeout: float,
+) -> tuple[Directory, list[str]]:
+    """For a Subscriber given no endpoints: the directory (`directory`, or the LAN's on `interface`) and the
+    multicast endpoints of `stream` on `interface` (none without one: replay only), found within `timeout`."""
+    own = directory is None
+    if directory is None:
+        if interface is None:
+            raise ValueError("give --interface (to find the stream by its announcements), --multicast or --replay")
+        directory = LanDirectory(interface, keys=keys)
+    live = interface is not None
+    try:
+        info = directory.wait(stream, time.monotonic() + timeout, lambda i: bool(i.channels if live else i.sidecar))
+    except BaseException:
+        if own:
+            directory.close()
+        raise
+    multicast = [ch.on(interface) for ch in info.channels] if interface is not None else []
+    log.info("%s resolved: channels %s, sidecar %s", stream, ", ".join(multicast) or "none", info.sidecar or "not yet")
+    return directory, multicast
+
+
+def resolve_ingest(
+    stream: str, interface: str | None, directory: Directory | None, keys: Sequence[StreamKey], timeout: float
+) -> str:
+    """For a Publisher given no endpoint: the ingest of `stream`, found within `timeout`."""
+    own = directory is None
+    if directory is None:
+        if interface is None:
+            raise ValueError("give the gateway's ingest endpoint, or --interface to find it by its announcements")
+        directory = LanDirectory(interface, keys=keys)
+    try:
+        info = directory.wait(stream, time.monotonic() + timeout, lambda i: i.ingest is not None)
+    finally:
+        if own:
+            directory.close()
+    assert info.ingest is not None
+    return info.ingest
