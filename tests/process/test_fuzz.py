@@ -183,7 +183,7 @@ def test_journal_reader_and_writer_refuse_corrupted_segments(pristine, scratch, 
         try:
             writer = JournalWriter.open(root, "j", segment_bytes=4096, index_interval=512)
         except JournalCorrupt as exc:
-            assert exc.offset >= 0 and exc.path.exists() and "truncate_at" in str(exc)
+            assert exc.offset >= 0 and exc.path.exists() and "zeps journal repair" in str(exc)
             outcomes["open refused: JournalCorrupt"] += 1
         else:
             outcomes["open: torn tail cut" if writer.recovery else "open: as it was"] += 1
