@@ -85,8 +85,8 @@ def test_every_damaged_ttl_batch_is_rejected(recs, data) -> None:
 
 def test_unknown_flags_and_bad_ttls_are_refused() -> None:
     raw = bytearray(B.encode(1, [(0, b"k", b"v")]))
-    raw[3] = 0x04
-    with pytest.raises(B.BatchError, match="unsupported batch flags 0x04"):
+    raw[3] = 0x08
+    with pytest.raises(B.BatchError, match="unsupported batch flags 0x08"):
         B.Batch.parse(raw, check_crc=False)
     with pytest.raises(B.BatchError, match="ttl_ms 4294967296 outside"):
         B.encode(0, [(0, b"k", b"v", 2**32)], ttl=True)
