@@ -36,6 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, help="largest record body accepted (default 1 MiB)")
     p.add_argument("--max-clients", type=int, help="ZEPS publisher sessions at most (default 1024)")
     p.add_argument("--client-timeout", type=float, help="at the client limit, end sessions silent this long (60 s)")
+    p.add_argument("--producer-expiry-s", type=float, help="forget a producer silent this long (default 3600)")
+    p.add_argument("--max-producers", type=int, help="producers remembered per stream at most (default 100000)")
     p.add_argument("--journal-retry-ms", type=int, help="disk full: refuse publishes this long between tries (1000)")
     p.add_argument("--fsync", choices=("always", "group", "never"), help="journal durability (default group)")
     p.add_argument("--fsync-ms", type=int, help="group commit: fsync at least this often")
@@ -96,6 +98,8 @@ def config_from(settings: dict):
                 "max_clients",
                 "client_timeout",
                 "journal_retry_ms",
+                "producer_expiry_s",
+                "max_producers",
             )
             if k in settings
         },

@@ -16,6 +16,8 @@ class GatewayMetrics(Metrics):
         self.multicast = Counter("zeps_multicast_batches", "Batches queued for multicast, per endpoint", registry=r)
         self.heartbeats = Counter("zeps_heartbeats", "Heartbeats sent, per endpoint and stream", registry=r)
         self.rejected = Counter("zeps_rejected_input", "Input refused or dropped", ["kind"], registry=r)
+        self.duplicates = Counter("zeps_duplicate_records", "Re-sent records dropped (journaled already)", registry=r)
+        self.producers = Gauge("zeps_producers", "Producers with a known highest number", ["stream"], registry=r)
         self.replies_dropped = Counter(
             "zeps_replies_dropped", "Replies that could not go: client gone or not reading", ["reason"], registry=r
         )
