@@ -134,9 +134,9 @@ def test_one_publisher_survives_kill_9_restarts_exactly_once(tmp_path: Path) -> 
 def test_zeps_publish_count_exits_0_through_gateway_restarts_exactly_once(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path)
     n = 100_000
+    argv = [sys.executable, "-m", "gateway.cli", "publish", "--ingest", gw.ingest, "--stream", STREAM]
     cli = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "publish", "--ingest", gw.ingest, "--stream", STREAM]
-        + ["--count", str(n), "--rate", "25000", "--confirm"],
+        [*argv, "--count", str(n), "--rate", "25000", "--confirm"],
         stderr=subprocess.PIPE,
         text=True,
     )

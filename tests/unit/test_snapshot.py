@@ -387,7 +387,7 @@ def test_publisher_ttls_reach_the_journal_and_batches_without_stay_plain(tmp_pat
     with JournalReader(tmp_path, STREAM).cursor(1) as cursor:
         first, second = cursor.next_batch(), cursor.next_batch()
     assert first is not None and second is not None
-    assert (first.flags, second.flags) == (0, B.FLAG_TTL)
+    assert (first.flags, second.flags) == (B.FLAG_PRODUCER, B.FLAG_PRODUCER | B.FLAG_TTL)
     assert [(r.key, r.body, r.ttl_ms) for r in second.records()] == [("eph", b"3", 1500), ("gone", b"", 0)]
     assert [body for _, _, body in journal_records(tmp_path)] == [b"1", b"2", b"3", b""]
 
