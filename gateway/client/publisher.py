@@ -378,7 +378,7 @@ class Publisher:
                 payload += len(kb) + len(data)
             records, self._queue = queue[:n], queue[n:]
             ttl = any(r[3] for r in records) if self._queue_ttl else False
-            self._queue_ttl = ttl and any(r[3] for r in self._queue)
+            self._queue_ttl = self._queue_ttl and any(r[3] for r in self._queue)
             self._queue_payload -= payload
             self._queue_since = now
             if not self._queue:
