@@ -74,6 +74,16 @@ class _State(Enum):
 
 
 @dataclass(slots=True)
+class _Batch:
+    """Records queued by publish(), cut to the batch limits as they came."""
+
+    records: list[tuple[int, bytes, bytes, int]]  # (ts_ns, key, body, ttl_ms)
+    payload: int  # keys and bodies: the gateway's per-batch limit counts these
+    ttl: bool  # some record has a TTL: the batch needs FLAG_TTL
+    since: float  # time.monotonic() of its first record: the linger timer runs from there
+
+
+@dataclass(slots=True)
 class _Sent:
     """One batch handed to the IO thread: kept until confirmed, re-sent after a reconnect."""
 
@@ -133,13 +143,14 @@ class Publisher:
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
         # --- shared with the IO thread, under _cond ---
-        self._cond = threading.Condition()
-        self._queue: list[tuple[int, bytes, bytes, int]] = []  # (ts_ns, key, body, ttl_ms)
-        self._queue_ttl = False  # some queued record has a TTL: the batch needs FLAG_TTL
-        self._queue_payload = 0  # keys and bodies queued: the gateway's per-batch limit counts these
-        self._queue_since = 0.0
+        self._lock = threading.Lock()  # publish() takes it directly: a Condition's own enter/exit are Python code
+        self._cond = threading.Condition(self._lock)
+        # The queue: batches cut by publish() as they fill (O(1) a record), then the open one.
+        self._sealed: list[_Batch] = []
+        self._filling = _Batch([], 0, False, 0.0)
         self._buffered = 0  # bytes queued + unconfirmed: the budget
         self._flush_wanted = False
+        self._signalled = False  # the IO thread was woken and has not looked at the queue since
         self._stopping: bool | None = None  # None: run; False: DETACH then stop; True: stop at once
         self.accepted = 0  # records publish() took
         self.sent = 0  # records handed to the gateway at least once
@@ -184,35 +195,53 @@ class Publisher:
         An empty body deletes the key from snapshots; `ttl` (seconds) drops the record from snapshots once it
         is that old (docs/snapshots.md).
         """
-        kb, data, ttl_ms = self._checked(key, body, ttl)
+        if (
+            type(key) is str
+            and type(body) is bytes
+            and ttl is None
+            and key.isascii()
+            and len(key) <= B.MAX_KEY
+            and len(body) <= self.max_message_bytes
+        ):
+            kb, data, ttl_ms = key.encode(), body, 0  # the common case, checked at the cost of one expression
+        else:
+            kb, data, ttl_ms = self._checked(key, body, ttl)
         size = len(kb) + len(data)
-        with self._cond:
-            if self._error is not None:
-                raise self._error
-            if self._buffered + size > self.buffer_bytes and not self._cond.wait_for(
-                lambda: self._buffered + size <= self.buffer_bytes or self._error is not None, self.timeout
-            ):
-                raise BufferFull(
-                    f"{self._buffered} bytes are queued or unconfirmed, the buffer holds {self.buffer_bytes}, and the "
-                    f"gateway confirmed too little for {self.timeout} s (down?): try again, or raise buffer_bytes"
-                )
-            if self._error is not None:
-                raise self._error
-            queue = self._queue
-            if not queue:
-                self._queue_since = time.monotonic()
+        with self._lock:
+            if self._error is not None or self._buffered + size > self.buffer_bytes:
+                self._wait_for_room(size)
+            batch = self._filling
+            wake = False
+            if batch.records and (len(batch.records) >= self.batch_records or batch.payload + size > self.batch_bytes):
+                self._sealed.append(batch)
+                batch = self._filling = _Batch([], 0, False, 0.0)
+                wake = True  # a full batch to send
+            if not batch.records:
+                batch.since = time.monotonic()
                 wake = True  # arm the linger timer
-            else:
-                wake = len(queue) + 1 >= self.batch_records or self._queue_payload + size >= self.batch_bytes
-            if queue and self._queue_payload + size > self.batch_bytes:
-                wake = True  # this record starts the next batch; the IO thread cuts before it
-            queue.append((time.time_ns(), kb, data, ttl_ms))
-            self._queue_ttl |= ttl_ms > 0
-            self._queue_payload += size
+            batch.records.append((time.time_ns(), kb, data, ttl_ms))
+            batch.payload += size
+            if ttl_ms:
+                batch.ttl = True
             self._buffered += size
             self.accepted += 1
+            wake = wake and not self._signalled  # once, until the IO thread looks
+            if wake:
+                self._signalled = True
         if wake:
             os.eventfd_write(self._wake_fd, 1)
+
+    def _wait_for_room(self, size: int) -> None:
+        """Under _cond: wait until `size` more bytes fit the buffer, up to `timeout`; raise what went wrong."""
+        if self._error is None and not self._cond.wait_for(
+            lambda: self._buffered + size <= self.buffer_bytes or self._error is not None, self.timeout
+        ):
+            raise BufferFull(
+                f"{self._buffered} bytes are queued or unconfirmed, the buffer holds {self.buffer_bytes}, and the "
+                f"gateway confirmed too little for {self.timeout} s (down?): try again, or raise buffer_bytes"
+            )
+        if self._error is not None:
+            raise self._error
 
     def flush(self, timeout: float | None = None) -> int | None:
         """Send everything queued and wait (up to `timeout`, default the constructor's) until it is confirmed
@@ -299,15 +328,21 @@ class Publisher:
     # --- the IO thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_fd, zmq.POLLIN)
+        watched: tuple[zmq.Socket | None, zmq.Socket | None] = (None, None)
         try:
             while not self._finished():
                 wait = self._step(time.monotonic())
-                poller = zmq.Poller()  # rebuilt per wait (a handful of items): the socket changes on reconnect
-                poller.register(self._wake_fd, zmq.POLLIN)
                 sock, monitor = self._sock, self._monitor
-                for item in (sock, monitor):
-                    if item is not None:
-                        poller.register(item, zmq.POLLIN)
+                if (sock, monitor) != watched:  # a new connection, or a new monitor on it
+                    for old in watched:
+                        if old is not None:
+                            poller.unregister(old)
+                    for new in (sock, monitor):
+                        if new is not None:
+                            poller.register(new, zmq.POLLIN)
+                    watched = (sock, monitor)
                 events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
                 if self._wake_fd in events:
                     os.eventfd_read(self._wake_fd)
@@ -331,7 +366,7 @@ class Publisher:
                 return False
             if self._stopping or self._state is _State.FAILED:
                 return True
-            return not self._queue and not (self._confirming and self._unconfirmed)
+            return not self._sealed and not self._filling.records and not (self._confirming and self._unconfirmed)
 
     def _step(self, now: float) -> float:
         """Advance the connection state machine and the linger timer; seconds until the next deadline."""
@@ -357,32 +392,22 @@ class Publisher:
     def _send_due(self, now: float) -> float:
         """READY: seal and send the queue if it is due; seconds until the linger timer fires (1 s: idle)."""
         with self._cond:
-            queue = self._queue
-            if not queue:
-                return 1.0
-            due = self._queue_since + self.linger
-            if not (
-                now >= due
-                or self._flush_wanted
-                or self._stopping is not None
-                or len(queue) >= self.batch_records
-                or self._queue_payload >= self.batch_bytes
-            ):
-                return due - now
-            # Cut at the batch limits; the rest stays queued for the next batch (sent at once, below).
-            n, payload = 0, 0
-            for _, kb, data, _ in queue:
-                if n and (n >= self.batch_records or payload + len(kb) + len(data) > self.batch_bytes):
-                    break
-                n += 1
-                payload += len(kb) + len(data)
-            records, self._queue = queue[:n], queue[n:]
-            ttl = any(r[3] for r in records) if self._queue_ttl else False
-            self._queue_ttl = self._queue_ttl and any(r[3] for r in self._queue)
-            self._queue_payload -= payload
-            self._queue_since = now
-            if not self._queue:
+            self._signalled = False
+            batches, self._sealed, filling = self._sealed, [], self._filling
+            due = filling.since + self.linger
+            if filling.records and (now >= due or self._flush_wanted or self._stopping is not None):
+                batches.append(filling)
+                filling = self._filling = _Batch([], 0, False, 0.0)
+            if not filling.records:
                 self._flush_wanted = False
+            if not batches:
+                return due - now if filling.records else 1.0
+        for batch in batches:
+            self._send_batch(batch)
+        return 0.0
+
+    def _send_batch(self, batch: _Batch) -> None:
+        records, n, payload, ttl = batch.records, len(batch.records), batch.payload, batch.ttl
         if P.FEATURE_BATCH in self.features:
             producer = (self.producer_id, self._next_pseq) if P.FEATURE_PRODUCER in self.features else None
             frame = P.encode(P.PublishBatch(B.encode(0, records, ttl=ttl, producer=producer)))
@@ -399,7 +424,6 @@ class Publisher:
             if not self._confirming:
                 self._buffered -= payload
             self._cond.notify_all()
-        return 0.0 if self._queue else 1.0
 
     def _refusal(self) -> str | None:
         """During the first attach: why the gateway refused the handshake, once that is conclusive."""
@@ -537,7 +561,7 @@ class Publisher:
 
     def _send(self, frame: bytes) -> None:
         assert self._sock is not None
-        self._sock.send(frame, zmq.NOBLOCK, copy=len(frame) < 8192)  # SNDHWM 0: never Again
+        self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: never Again. Copied: cheaper than zero-copy at 60 KB
 
     def _close_socket(self, linger: int) -> None:
         if self._handshake is not None:
