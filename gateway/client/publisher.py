@@ -187,10 +187,13 @@ class Publisher:
 
     # --- the application's side ---------------------------------------------------------------------
 
-    def publish(self, key: str, body: bytes | bytearray | memoryview, ttl: float | None = None) -> None:
+    def publish(
+        self, key: str, body: bytes | bytearray | memoryview, ttl: float | None = None, *, timeout: float | None = None
+    ) -> None:
         """Queue one record; it leaves when the batch fills, `linger_ms` after its batch's first record, or on
         flush(). Raises BadRecord (nothing queued is touched) for a record that cannot be sent, BufferFull if
-        the buffer stays full for `timeout` s, PublishError once the gateway has refused something.
+        the buffer stays full for `timeout` s (default the constructor's; 0: do not wait), PublishError once
+        the gateway has refused something.
 
         An empty body deletes the key from snapshots; `ttl` (seconds) drops the record from snapshots once it
         is that old (docs/snapshots.md).
@@ -209,7 +212,7 @@ class Publisher:
         size = len(kb) + len(data)
         with self._lock:
             if self._error is not None or self._buffered + size > self.buffer_bytes:
-                self._wait_for_room(size)
+                self._wait_for_room(size, self.timeout if timeout is None else timeout)
             batch = self._filling
             wake = False
             if batch.records and (len(batch.records) >= self.batch_records or batch.payload + size > self.batch_bytes):
@@ -231,14 +234,14 @@ class Publisher:
         if wake:
             os.eventfd_write(self._wake_fd, 1)
 
-    def _wait_for_room(self, size: int) -> None:
+    def _wait_for_room(self, size: int, timeout: float) -> None:
         """Under _cond: wait until `size` more bytes fit the buffer, up to `timeout`; raise what went wrong."""
         if self._error is None and not self._cond.wait_for(
-            lambda: self._buffered + size <= self.buffer_bytes or self._error is not None, self.timeout
+            lambda: self._buffered + size <= self.buffer_bytes or self._error is not None, timeout
         ):
             raise BufferFull(
                 f"{self._buffered} bytes are queued or unconfirmed, the buffer holds {self.buffer_bytes}, and the "
-                f"gateway confirmed too little for {self.timeout} s (down?): try again, or raise buffer_bytes"
+                f"gateway confirmed too little for {timeout} s (down?): try again, or raise buffer_bytes"
             )
         if self._error is not None:
             raise self._error

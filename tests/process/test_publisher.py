@@ -4,6 +4,7 @@ kill -9 and restarts are survived with every record journaled exactly once, and 
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 import zmq
 from support.servers import STREAM, GatewayProcess, journal_records, zeps_client
 
+from gateway import AsyncPublisher
 from gateway.client.publisher import Publisher
 from gateway.errors import BadRecord, BufferFull
 from gateway.journal import verify_root
@@ -238,3 +240,39 @@ def test_a_producer_header_needs_the_extension(tmp_path: Path) -> None:
         sock.close()
     finally:
         gw.stop()
+
+
+def test_async_publisher_never_stalls_the_loop(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path)
+
+    async def main() -> tuple[int | None, float]:
+        ticks = 0
+        longest = 0.0
+
+        async def ticker() -> None:
+            nonlocal ticks, longest
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                longest, last, ticks = max(longest, now - last), now, ticks + 1
+
+        tick = asyncio.create_task(ticker())
+        async with await AsyncPublisher.attach(gw.ingest, STREAM, confirm=True, linger_ms=20) as pub:
+            for i in range(2000):
+                await pub.publish("k", b"a%d" % i)
+            gw.proc.send_signal(19)  # SIGSTOP: flush waits, the loop must not
+            waiting = asyncio.create_task(pub.flush(timeout=10))
+            await asyncio.sleep(0.5)
+            gw.proc.send_signal(18)
+            last = await waiting
+        tick.cancel()
+        return last, longest
+
+    try:
+        last, longest = asyncio.run(main())
+    finally:
+        gw.stop()
+    assert last == 2000
+    assert longest < 0.45, f"the event loop stalled {longest:.3f} s (a blocking flush would stall it 0.5 s)"
+    assert [body for _, _, body in journal_records(tmp_path)] == [b"a%d" % i for i in range(2000)]
