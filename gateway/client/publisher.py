@@ -283,12 +283,20 @@ class Publisher:
         self._stop(detach=False)
 
     def _stop(self, *, detach: bool) -> None:
+        """Stop the IO thread (after a DETACH if `detach`); idempotent. The wake-up descriptor is closed here,
+        once the thread has ended, so no write can reach a descriptor number reused by then."""
         with self._cond:
             if self._stopping is None:
                 self._stopping = not detach
+            if self._error is None:
+                self._error = PublishError("this Publisher is closed: create a new one")
+        if self._wake_fd < 0:
+            return
         os.eventfd_write(self._wake_fd, 1)
-        if self._thread is not threading.current_thread():
-            self._thread.join(HANDSHAKE_S + 1)
+        self._thread.join(HANDSHAKE_S + self.timeout + 1)  # a DETACH's send lingers up to `timeout`
+        if not self._thread.is_alive():
+            os.close(self._wake_fd)
+            self._wake_fd = -1
 
     def __enter__(self) -> Publisher:
         return self
@@ -360,7 +368,6 @@ class Publisher:
             if self._stopping is False and self._state is _State.READY and self._sock is not None:
                 self._send(P.encode(P.Detach()))
             self._close_socket(linger=int(self.timeout * 1000) if self._stopping is False else 0)
-            os.close(self._wake_fd)
 
     def _finished(self) -> bool:
         """Stopping, and (for a DETACH) nothing left to deliver, or no way to deliver it."""
