@@ -35,7 +35,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from gateway.client.publisher import Publisher
-    from gateway.errors import PublishError
+    from gateway.errors import BadRecord, PublishError
     from gateway.tools.load import generated
 
     if args.body is not None:
@@ -51,6 +51,9 @@ def _run(args: argparse.Namespace) -> int:
                 pub.publish(key, body, ttl=args.ttl)
                 n += 1
             last = pub.flush()
+    except BadRecord as exc:  # a record this command was given cannot be sent (--key too long, --ttl out of range)
+        print(f"zeps publish: {exc.reason}", file=sys.stderr)
+        return 2
     except PublishError as exc:
         print(f"zeps publish: {exc.reason}", file=sys.stderr)
         return 1

@@ -28,8 +28,8 @@ Connection states, all in the IO thread, each with its deadline::
     any        connection dropped                   DOWN
 
 Threading contract: publish(), flush(), close() and abort() may be called from any one application thread
-at a time (the Publisher is not for concurrent callers). They touch only the queue and counters, under
-`_cond`; the socket is created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket
+at a time (the Publisher is not for concurrent callers). They touch only the queue and counters, under its
+lock; the socket is created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket
 rule holds. The IO thread never calls back into the application. publish() blocks only while the buffer is
 full, and never past its deadline (`timeout`), raising BufferFull; flush() never waits past its deadline.
 Against a gateway that does not grant "producer" the Publisher still reconnects and re-sends (at least once);
