@@ -54,3 +54,16 @@ def test_rebuilt_from_journal_batches_alone() -> None:
         rebuilt.journaled(B.Batch.parse(bytes(batch.buf)))
     assert [rebuilt.get(p) for p in (7, 8)] == [live.get(p) for p in (7, 8)]
     assert rebuilt.duplicates(7, 0, 5) == 5 and rebuilt.duplicates(8, 10, 2) == 1
+
+
+def test_spark_reads_producer_batches_past_their_longer_header() -> None:
+    from gateway.spark.arrow import to_record_batch
+
+    tagged = B.Batch.parse(
+        B.resequence(B.Batch.parse(B.encode(0, [(5, b"k1", b"v1"), (6, b"k2", b"v2")], producer=(9, 3))), 10, 7)
+    )
+    plain = B.Batch.parse(B.resequence(B.Batch.parse(B.encode(0, [(8, b"k3", b"v3")])), 12, 8))
+    table = to_record_batch("s", [tagged, plain], 0, 100)
+    assert table is not None
+    got = table.to_pydict()
+    assert (got["seq"], got["key"], got["body"]) == ([10, 11, 12], ["k1", "k2", "k3"], [b"v1", b"v2", b"v3"])
