@@ -544,7 +544,7 @@ class Publisher:
             dropped = True
         if dropped:
             self._receive()  # what the gateway answered before the drop still counts
-            if self._state is not _State.FAILED:
+            if self._state not in (_State.FAILED, _State.DOWN):
                 self._lost("the connection dropped")
 
     def _lost(self, why: str) -> None:
