@@ -148,11 +148,11 @@ class Publisher:
         # The queue: batches cut by publish() as they fill (O(1) a record), then the open one.
         self._sealed: list[_Batch] = []
         self._filling = _Batch([], 0, False, 0.0)
-        self._buffered = 0  # bytes queued + unconfirmed: the budget
+        self._buffered = 0  # bytes of batches handed to the IO thread and not confirmed yet: the budget
+        self._handed = 0  # records in those batches, and in all before them
         self._flush_wanted = False
         self._signalled = False  # the IO thread was woken and has not looked at the queue since
         self._stopping: bool | None = None  # None: run; False: DETACH then stop; True: stop at once
-        self.accepted = 0  # records publish() took
         self.sent = 0  # records handed to the gateway at least once
         self.confirmed = 0  # records the gateway confirmed as journaled
         self.last_seq: int | None = None  # sequence of the last confirmed record
@@ -204,47 +204,62 @@ class Publisher:
             and ttl is None
             and key.isascii()
             and len(key) <= B.MAX_KEY
-            and len(body) <= self.max_message_bytes
+            and len(key) + len(body) <= self.max_message_bytes
         ):
             kb, data, ttl_ms = key.encode(), body, 0  # the common case, checked at the cost of one expression
         else:
             kb, data, ttl_ms = self._checked(key, body, ttl)
         size = len(kb) + len(data)
+        wake = False
         with self._lock:
-            if self._error is not None or self._buffered + size > self.buffer_bytes:
-                self._wait_for_room(size, self.timeout if timeout is None else timeout)
+            if self._error is not None:
+                raise self._error
             batch = self._filling
-            wake = False
-            if batch.records and (len(batch.records) >= self.batch_records or batch.payload + size > self.batch_bytes):
-                self._sealed.append(batch)
-                batch = self._filling = _Batch([], 0, False, 0.0)
-                wake = True  # a full batch to send
-            if not batch.records:
+            records = batch.records
+            if records and (len(records) >= self.batch_records or batch.payload + size > self.batch_bytes):
+                self._seal(self.timeout if timeout is None else timeout)  # the work per batch, not per record
+                batch = self._filling
+                records = batch.records
+                wake = True
+            if not records:
                 batch.since = time.monotonic()
                 wake = True  # arm the linger timer
-            batch.records.append((time.time_ns(), kb, data, ttl_ms))
+            records.append((time.time_ns(), kb, data, ttl_ms))
             batch.payload += size
             if ttl_ms:
                 batch.ttl = True
-            self._buffered += size
-            self.accepted += 1
-            wake = wake and not self._signalled  # once, until the IO thread looks
             if wake:
+                wake = not self._signalled  # once, until the IO thread looks
                 self._signalled = True
         if wake:
             os.eventfd_write(self._wake_fd, 1)
 
-    def _wait_for_room(self, size: int, timeout: float) -> None:
-        """Under _cond: wait until `size` more bytes fit the buffer, up to `timeout`; raise what went wrong."""
-        if self._error is None and not self._cond.wait_for(
-            lambda: self._buffered + size <= self.buffer_bytes or self._error is not None, timeout
+    def _seal(self, timeout: float) -> None:
+        """Under the lock: hand the full filling batch to the IO thread, once the buffer has room for it (waiting
+        up to `timeout`; BufferFull, and nothing changed, if it has not)."""
+        full = self._filling
+        if self._buffered + full.payload > self.buffer_bytes and not self._cond.wait_for(
+            lambda: self._buffered + full.payload <= self.buffer_bytes or self._error is not None, timeout
         ):
             raise BufferFull(
-                f"{self._buffered} bytes are queued or unconfirmed, the buffer holds {self.buffer_bytes}, and the "
-                f"gateway confirmed too little for {timeout} s (down?): try again, or raise buffer_bytes"
+                f"{self._buffered} bytes are unconfirmed, the buffer holds {self.buffer_bytes}, and the gateway "
+                f"confirmed too little for {timeout} s (down?): try again, or raise buffer_bytes"
             )
         if self._error is not None:
             raise self._error
+        self._handed_over(full)
+        self._sealed.append(full)
+        self._filling = _Batch([], 0, False, 0.0)
+
+    def _handed_over(self, batch: _Batch) -> None:
+        """Under the lock: `batch` leaves the filling slot; count it and charge it to the buffer."""
+        self._buffered += batch.payload
+        self._handed += len(batch.records)
+
+    @property
+    def accepted(self) -> int:
+        """Records publish() has taken."""
+        return self._handed + len(self._filling.records)
 
     def flush(self, timeout: float | None = None) -> int | None:
         """Send everything queued and wait (up to `timeout`, default the constructor's) until it is confirmed
@@ -329,10 +344,10 @@ class Publisher:
             raise BadRecord(
                 f"body {body!r:.40} is a {type(body).__name__}: pass bytes (e.g. text.encode()); nothing was queued"
             )
-        if len(data) > self.max_message_bytes:
+        if len(kb) + len(data) > self.max_message_bytes:
             raise BadRecord(
-                f"body of {len(data)} bytes is over the gateway's limit of {self.max_message_bytes} "
-                "(max_message_bytes, the gateway's --max-message-bytes): split it, or raise both"
+                f"key and body of {len(kb) + len(data)} bytes are over the gateway's limit of {self.max_message_bytes} "
+                "(max_message_bytes, the gateway's --max-message-bytes): split the body, or raise both"
             )
         return kb, data, _ttl_ms(ttl)
 
@@ -406,6 +421,7 @@ class Publisher:
             batches, self._sealed, filling = self._sealed, [], self._filling
             due = filling.since + self.linger
             if filling.records and (now >= due or self._flush_wanted or self._stopping is not None):
+                self._handed_over(filling)  # past the budget by at most this one batch: it must leave now
                 batches.append(filling)
                 filling = self._filling = _Batch([], 0, False, 0.0)
             if not filling.records:
