@@ -39,6 +39,7 @@ without "confirm" it cannot know what arrived and re-sends nothing (at most once
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import random
@@ -56,6 +57,8 @@ from gateway.errors import BadRecord, BufferFull, PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+
+log = logging.getLogger(__name__)
 
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
@@ -323,6 +326,11 @@ class Publisher:
             self.abort()
 
     @property
+    def state(self) -> str:
+        """The connection's state: down, attaching, extending, ready or failed (`reconnects` counts drops)."""
+        return self._state.value
+
+    @property
     def _confirming(self) -> bool:
         return P.FEATURE_CONFIRM in self.features
 
@@ -523,6 +531,8 @@ class Publisher:
         self._head_confirmed = 0  # a re-sent batch is confirmed whole
         for kept in self._unconfirmed:
             self._send(kept.frame)
+        if self._attached_once:
+            log.info("publisher %016x: attached again, %d batches re-sent", self.producer_id, len(self._unconfirmed))
         with self._cond:
             self.features = features
             self._attached_once = True
@@ -572,7 +582,14 @@ class Publisher:
             self.reconnects += 1
             self._state = _State.DOWN
             self._cond.notify_all()
-        del why  # said through `reconnects` and the state; flush() names them when it times out
+        log.info(
+            "publisher %016x on %s: %s; attaching again in %.2f s (%d batches unconfirmed)",
+            self.producer_id,
+            self.endpoint,
+            why,
+            self._retry_at - time.monotonic(),
+            len(self._unconfirmed),
+        )
 
     def _fail(self, error: PublishError) -> None:
         with self._cond:
