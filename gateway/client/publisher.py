@@ -428,14 +428,18 @@ class Publisher:
             self._signalled = False
             batches, self._sealed, filling = self._sealed, [], self._filling
             due = filling.since + self.linger
-            if filling.records and (now >= due or self._flush_wanted or self._stopping is not None):
-                self._handed_over(filling)  # past the budget by at most this one batch: it must leave now
+            if (
+                filling.records
+                and (now >= due or self._flush_wanted or self._stopping is not None)
+                and self._buffered + filling.payload <= self.buffer_bytes  # else it waits for confirms, as publish()
+            ):
+                self._handed_over(filling)
                 batches.append(filling)
                 filling = self._filling = _Batch([], 0, False, 0.0)
             if not filling.records:
                 self._flush_wanted = False
-            if not batches:
-                return due - now if filling.records else 1.0
+            if not batches:  # idle, lingering, or over the budget (a confirm's arrival wakes the poll)
+                return due - now if filling.records and due > now else 1.0
         for batch in batches:
             self._send_batch(batch)
         return 0.0

@@ -277,3 +277,30 @@ def test_async_publisher_never_stalls_the_loop(tmp_path: Path) -> None:
     assert last == 2000
     assert longest < 0.45, f"the event loop stalled {longest:.3f} s (a blocking flush would stall it 0.5 s)"
     assert [body for _, _, body in journal_records(tmp_path)] == [b"a%d" % i for i in range(2000)]
+
+
+def test_a_slow_publisher_is_held_to_the_buffer_too(tmp_path: Path) -> None:
+    """Records slower than the linger time leave one by one, so the linger timer must respect the budget too."""
+    gw = GatewayProcess(tmp_path)
+    try:
+        pub = Publisher(gw.ingest, STREAM, confirm=True, timeout=0.3, buffer_bytes=5_000, max_message_bytes=1000)
+        gw.proc.send_signal(19)  # SIGSTOP: nothing is confirmed
+        accepted = 0
+        try:
+            with pytest.raises(BufferFull):
+                for i in range(100):
+                    pub.publish("k", b"%03d" % i + b"x" * 96)  # key and body: 100 bytes
+                    accepted += 1
+                    time.sleep(0.02)  # four times the linger: each record leaves alone
+            assert 40 <= accepted <= 5_000 // 100 + 1_000 // 100  # the budget, and one batch filling behind it
+            cpu = time.process_time()
+            time.sleep(0.5)  # over the budget, lingering records must not make the IO thread spin
+            assert time.process_time() - cpu < 0.2
+        finally:
+            gw.proc.send_signal(18)
+        pub.timeout = 10
+        assert pub.flush() == accepted
+        pub.close()
+    finally:
+        gw.stop()
+    assert len(journal_records(tmp_path)) == accepted
