@@ -53,7 +53,7 @@ from types import TracebackType
 
 import zmq
 
-from gateway.errors import BadRecord, BufferFull, PublishError
+from gateway.errors import BadRecord, BufferFull, ConfigError, PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -125,9 +125,9 @@ class Publisher:
         P.validate_stream_name(stream)
         for name, value in (("batch_records", batch_records), ("batch_bytes", batch_bytes)):
             if value < 1:
-                raise BadRecord(f"{name} {value!r} must be at least 1")
+                raise ConfigError(f"{name} {value!r} must be at least 1")
         if max_message_bytes < 1 or buffer_bytes < max_message_bytes:
-            raise BadRecord(
+            raise ConfigError(
                 f"buffer_bytes {buffer_bytes} must hold at least one message of max_message_bytes {max_message_bytes}"
             )
         self.endpoint = endpoint
@@ -141,7 +141,7 @@ class Publisher:
         self.max_message_bytes = max_message_bytes
         pid, next_pseq = producer if producer is not None else (secrets.randbits(64), 0)
         if not (0 <= pid <= B.MAX_PRODUCER and 0 <= next_pseq <= B.MAX_SEQ):
-            raise BadRecord(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
+            raise ConfigError(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
         self.producer_id = pid
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
