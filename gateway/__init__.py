@@ -15,6 +15,7 @@ The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gatew
 `gateway.client`) are importable too, for tools and tests; docs/architecture.md draws them.
 """
 
+from gateway.client.async_publisher import AsyncPublisher
 from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.directory import Directory, LanDirectory, StreamInfo
 from gateway.client.publisher import Publisher
@@ -22,7 +23,9 @@ from gateway.client.replay_client import ReplayClient, history, snapshot
 from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
 from gateway.errors import (
     AuthError,
+    BadRecord,
     BatchError,
+    BufferFull,
     ConfigError,
     DataLoss,
     DiscoveryError,
@@ -48,9 +51,12 @@ from gateway.wire.streamkey import StreamKey
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncPublisher",
     "AsyncSubscriber",
     "AuthError",
+    "BadRecord",
     "BatchError",
+    "BufferFull",
     "Checkpoint",
     "ConfigError",
     "CurveClientKeys",

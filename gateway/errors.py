@@ -85,6 +85,14 @@ class PublishError(ZepsError, RuntimeError):
         self.reason = reason
 
 
+class BadRecord(PublishError, ValueError):
+    """publish() was given a record it cannot send (type, size, TTL): raised there, nothing queued is touched."""
+
+
+class BufferFull(PublishError):
+    """The Publisher's memory budget stayed full of unconfirmed records until the caller's deadline."""
+
+
 class ReplayError(ZepsError, RuntimeError):
     """The server refused something, went away, or did not answer in time; `reason` says which and the fix."""
 

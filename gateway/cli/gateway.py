@@ -64,6 +64,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-clients", type=positive, help="ZEPS publisher sessions at most (default 1024)")
     p.add_argument("--client-timeout", type=duration, help="at the client limit, end sessions silent this long (60s)")
+    p.add_argument("--producer-expiry-s", type=duration, help="forget a producer silent this long (default 1h)")
+    p.add_argument("--max-producers", type=positive, help="producers remembered per stream at most (default 100000)")
     p.add_argument("--journal-retry-ms", type=positive, help="disk full: refuse publishes this long between tries")
     p.add_argument("--fsync", choices=("always", "group", "never"), help="journal durability (default group)")
     p.add_argument("--fsync-ms", type=positive, help="group commit: fsync at least this often, in ms")
@@ -93,6 +95,9 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     return _gateway_config(args)
 
 
+_TIMES = ("client_timeout", "journal_retry_ms", "producer_expiry_s", "max_producers")  # passed on when given
+
+
 def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
@@ -104,7 +109,15 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     durability = {"mode": given["fsync"]} if "fsync" in given else {}
     if "fsync_ms" in given:
         durability["group_ms"] = given["fsync_ms"]
-    limits = ("heartbeat_ms", "linger_ms", "batch_records", "batch_bytes", "max_message_bytes", "max_clients")
+    limits = (
+        "max_producers",
+        "heartbeat_ms",
+        "linger_ms",
+        "batch_records",
+        "batch_bytes",
+        "max_message_bytes",
+        "max_clients",
+    )
     return GatewayConfig(
         streams=list(args.stream),
         journal=Path(args.journal),
@@ -119,7 +132,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
         discovery=discovery_opts.server_discovery(given),
-        **{k: given[k] for k in (*limits, "client_timeout", "journal_retry_ms") if k in given},
+        **{k: given[k] for k in (*limits, *_TIMES) if k in given},
     )
 
 

@@ -72,7 +72,7 @@ def _modes(args: argparse.Namespace) -> str | None:
 
 def _run(args: argparse.Namespace) -> int:
     from gateway.client.publisher import Publisher
-    from gateway.errors import PublishError
+    from gateway.errors import BadRecord
     from gateway.tools.load import generated
 
     records: Iterator[tuple[str, bytes]]
@@ -86,8 +86,7 @@ def _run(args: argparse.Namespace) -> int:
 
     keys = [StreamKey.load(args.stream_key)] if args.stream_key else []
     directory = discovery_opts.client_directory(args, keys) if args.ingest is None else None
-    n = biggest = 0
-    pub: Publisher | None = None
+    n = 0
     try:
         with Publisher(
             args.ingest,
@@ -98,17 +97,12 @@ def _run(args: argparse.Namespace) -> int:
             discovery_timeout=args.discovery_timeout,
         ) as pub:
             for key, body in records:
-                biggest = max(biggest, len(body))
                 pub.publish(key, body, ttl=args.ttl)
                 n += 1
             last = pub.flush()
-    except PublishError:
-        if pub is not None and pub.lost is not None and biggest > _MiB:
-            raise PublishError(
-                f"the gateway closed the connection after a record of {biggest} bytes, more than its "
-                "--max-message-bytes (1 MiB unless set): publish smaller records, or raise that limit"
-            ) from None
-        raise
+    except BadRecord as exc:  # a record this command was given cannot be sent (--key too long, --ttl out of range)
+        print(f"zeps publish: {exc.reason}", file=sys.stderr)
+        return 2
     finally:
         if directory is not None:
             directory.close()

@@ -1,1 +1,1 @@
-"""The client library: Subscriber, AsyncSubscriber, Publisher, ReplayClient (re-exported by `gateway`)."""
+"""The client library: Subscriber, AsyncSubscriber, Publisher, AsyncPublisher, ReplayClient (all in `gateway`)."""

@@ -1,36 +1,101 @@
-"""`Publisher`: the ZEPS publishing client, batching records so the gateway's work is per batch.
+"""`Publisher`: the ZEPS publishing client. Batches records, survives gateway restarts, publishes exactly once.
 
-It attaches to a stream, asks for the "batch" extension (and "confirm" when the caller wants to know that
-records are journaled), and sends records as PUBLISH-BATCH frames in the record-batch format. Against a
-server that grants no extension it falls back to one PUBLISH per record: plain ZEPS still works.
+Theory of operation. `publish()` checks the record (raising `BadRecord` there, so a bad call never harms what
+is queued) and appends it to a queue under a lock; it does no network I/O. One IO thread, started by the
+constructor, owns the ZeroMQ socket and does everything else:
 
-Errors are never swallowed: an INVALID from the gateway is raised as PublishError on the next call, and a
-gateway that stops accepting (backpressure beyond `timeout`, or gone) raises instead of blocking forever.
-A lost connection ends the session (the gateway restarted, or closed it for a frame over its size limit):
-the Publisher then raises PublishError for good, and records sent but not confirmed must be published again
-with a new one. That is at-least-once: a record journaled just before a crash, unconfirmed, comes twice.
+- it seals the queue into a PUBLISH-BATCH when the batch is full, when `linger_ms` has passed since its first
+  record (a real timer: a lone record leaves on time though the application never calls again), or on flush();
+- it numbers records per producer: each batch carries FLAG_PRODUCER with the Publisher's 64-bit producer id and
+  the number of its first record (docs/batch-format.md). It keeps every batch until the gateway confirms it
+  (PUBLISH-OK), within `buffer_bytes`: DAFKA's rule, a producer keeps records until acknowledged;
+- when the connection drops (the gateway was killed, restarted, or ended the session) it reconnects with capped
+  exponential backoff and jitter, attaches again and re-sends every unconfirmed batch, in order. The gateway
+  keeps, in its journal, the highest number journaled per producer and drops what it already has (confirming
+  it), so a record journaled just before a crash is not journaled twice: exactly once, end to end.
+
+Connection states, all in the IO thread, each with its deadline::
+
+    state      on                                   next
+    DOWN       backoff deadline passed              ATTACHING (new socket, ATTACH sent)
+    ATTACHING  ATTACH-OK                            EXTENDING (EXTEND sent)
+    ATTACHING  INVALID / CURVE refusal, first time  FAILED (the constructor raises it)
+    ATTACHING  INVALID, later / deadline / drop     DOWN (backoff doubles, capped at BACKOFF_MAX_S)
+    EXTENDING  EXTEND-OK / INVALID (old gateway)    READY (every unconfirmed batch re-sent, in order)
+    READY      PUBLISH-OK                           READY (confirmed batches dropped, space freed)
+    READY      INVALID "before ATTACH"              DOWN (the gateway ended the session: attach again)
+    READY      other INVALID                        FAILED (publish/flush raise it from now on)
+    any        connection dropped                   DOWN
+
+Threading contract: publish(), flush(), close() and abort() may be called from any one application thread
+at a time (the Publisher is not for concurrent callers). They touch only the queue and counters, under its
+lock; the socket is created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket
+rule holds. The IO thread never calls back into the application. publish() blocks only while the buffer is
+full, and never past its deadline (`timeout`), raising BufferFull; flush() never waits past its deadline.
+Against a gateway that does not grant "producer" the Publisher still reconnects and re-sends (at least once);
+without "confirm" it cannot know what arrived and re-sends nothing (at most once).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+import os
+import random
+import secrets
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 from types import TracebackType
-from typing import TypeVar
 
 import zmq
 
 from gateway.client.directory import Directory, resolve_ingest
-from gateway.errors import PublishError
+from gateway.errors import BadRecord, BufferFull, ConfigError, PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
 
+log = logging.getLogger(__name__)
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying again
+WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 _ids = itertools.count()  # monitor addresses
-_Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
+_SESSION_LOST = "before ATTACH"  # the gateway's INVALID for a session it no longer has
+
+
+class _State(Enum):
+    DOWN = "down"
+    ATTACHING = "attaching"
+    EXTENDING = "extending"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Records queued by publish(), cut to the batch limits as they came."""
+
+    records: list[tuple[int, bytes, bytes, int]]  # (ts_ns, key, body, ttl_ms)
+    payload: int  # keys and bodies: the gateway's per-batch limit counts these
+    ttl: bool  # some record has a TTL: the batch needs FLAG_TTL
+    since: float  # time.monotonic() of its first record: the linger timer runs from there
+
+
+@dataclass(slots=True)
+class _Sent:
+    """One batch handed to the IO thread: kept until confirmed, re-sent after a reconnect."""
+
+    frame: bytes
+    count: int
+    nbytes: int  # charged to the buffer budget
 
 
 class Publisher:
@@ -44,6 +109,9 @@ class Publisher:
         batch_bytes: int = 60_000,
         linger_ms: float = 5.0,
         timeout: float = 10.0,
+        buffer_bytes: int = 64 * 1024 * 1024,
+        max_message_bytes: int = 1024 * 1024,
+        producer: tuple[int, int] | None = None,
         curve: CurveClientKeys | None = None,
         interface: str | None = None,
         directory: Directory | None = None,
@@ -51,111 +119,215 @@ class Publisher:
         discovery_timeout: float = 3.0,
         ctx: zmq.Context | None = None,
     ) -> None:
-        """`endpoint` None: the stream's ingest is found by name (gateway.client.directory), on the announcements
-        heard on `interface` (or in `directory`) within `discovery_timeout` s, signed with `stream_key` if given."""
+        """Attach to `stream` at `endpoint` (waiting up to `timeout` s) and start the IO thread.
+
+        endpoint None: the stream's ingest is found by name (gateway.client.directory), on the announcements
+            heard on `interface` (or in `directory`) within `discovery_timeout` s, signed with `stream_key` if given.
+
+        confirm: flush() waits until the gateway has journaled everything (else until it is sent).
+        linger_ms: a record waits at most this long for others to share its batch.
+        timeout: the default deadline of every call (attach, a full buffer, flush).
+        buffer_bytes: memory for queued and unconfirmed records; publish() blocks (up to `timeout`) when full.
+        max_message_bytes: the gateway's --max-message-bytes: records and batches above it are refused early.
+        producer: (producer_id, number of the next record) for an application that numbers its records itself
+            and restarts with the same id; default a random 64-bit id numbered from 0.
+        """
         P.validate_stream_name(stream)
         if endpoint is None:
             keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
             endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
+        for name, value in (("batch_records", batch_records), ("batch_bytes", batch_bytes)):
+            if value < 1:
+                raise ConfigError(f"{name} {value!r} must be at least 1")
+        if max_message_bytes < 1 or buffer_bytes < max_message_bytes:
+            raise ConfigError(
+                f"buffer_bytes {buffer_bytes} must hold at least one message of max_message_bytes {max_message_bytes}"
+            )
+        self.endpoint = endpoint
         self.stream = stream
+        self.confirm = confirm
         self.batch_records = batch_records
-        self.batch_bytes = batch_bytes
+        self.batch_bytes = min(batch_bytes, max_message_bytes)  # the gateway's limit is per batch of keys+bodies
         self.linger = linger_ms / 1000
         self.timeout = timeout
-        self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, int(timeout * 1000))
-        self.sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
-        if curve is not None:
-            curve.apply(self.sock)
-        self.handshake = Handshake(self.sock)  # explains a gateway that stays silent (CURVE refusals)
-        self.sock.connect(endpoint)
-        self.pending: list[tuple[int, bytes, bytes, int]] = []  # (ts_ns, key, body, ttl_ms)
-        self.pending_ttl = False  # some pending record has a TTL: the batch needs FLAG_TTL
-        self.pending_bytes = 0
-        self.pending_since = 0.0
-        self.sent = 0  # records handed to the gateway
+        self.buffer_bytes = buffer_bytes
+        self.max_message_bytes = max_message_bytes
+        pid, next_pseq = producer if producer is not None else (secrets.randbits(64), 0)
+        if not (0 <= pid <= B.MAX_PRODUCER and 0 <= next_pseq <= B.MAX_SEQ):
+            raise ConfigError(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
+        self.producer_id = pid
+        self._curve = curve
+        self._ctx = ctx or zmq.Context.instance()
+        # --- shared with the IO thread, under _cond ---
+        self._lock = threading.Lock()  # publish() takes it directly: a Condition's own enter/exit are Python code
+        self._cond = threading.Condition(self._lock)
+        # The queue: batches cut by publish() as they fill (O(1) a record), then the open one.
+        self._sealed: list[_Batch] = []
+        self._filling = _Batch([], 0, False, 0.0)
+        self._buffered = 0  # bytes of batches handed to the IO thread and not confirmed yet: the budget
+        self._handed = 0  # records in those batches, and in all before them
+        self._flush_wanted = False
+        self._signalled = False  # the IO thread was woken and has not looked at the queue since
+        self._stopping: bool | None = None  # None: run; False: DETACH then stop; True: stop at once
+        self.sent = 0  # records handed to the gateway at least once
         self.confirmed = 0  # records the gateway confirmed as journaled
         self.last_seq: int | None = None  # sequence of the last confirmed record
-        try:
-            self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
-            self._expect(P.AttachOk, f"ATTACH to stream {stream!r} at {endpoint}")
-        except BaseException:
-            self.sock.close(linger=0)
-            raise
-        finally:
-            self.handshake.close()  # answered, or given up: make way for the monitor that watches for a drop
-        # A fresh address: the handshake monitor's may not be released yet (libzmq closes sockets lazily).
-        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED, f"inproc://publisher-drop-{next(_ids)}")
-        self._poller = zmq.Poller()
-        self._poller.register(self.sock, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
-        self.lost: str | None = None  # why the session ended, once the connection has dropped
-        try:
-            wanted = (P.FEATURE_BATCH, P.FEATURE_CONFIRM) if confirm else (P.FEATURE_BATCH,)
-            self._send(P.Extend(wanted))
-            granted = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
-            self.features = frozenset(granted.features) if granted else frozenset()
-            if confirm and P.FEATURE_CONFIRM not in self.features:
-                raise PublishError(f"the gateway at {endpoint} does not grant publish confirms")
-        except BaseException:
-            self.abort()
-            raise
+        self.reconnects = 0
+        self._state = _State.DOWN
+        self._error: PublishError | None = None
+        self.features: frozenset[str] = frozenset()
+        # --- IO thread only ---
+        self._next_pseq = next_pseq
+        self._unconfirmed: deque[_Sent] = deque()
+        self._head_confirmed = 0  # records of _unconfirmed[0] confirmed already (confirms may split batches)
+        self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._handshake: Handshake | None = None
+        self._attached_once = False
+        self._backoff = BACKOFF_MIN_S
+        self._retry_at = 0.0
+        self._state_deadline = 0.0
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name=f"zeps-publisher-{stream}", daemon=True)
+        self._thread.start()
+        with self._cond:
+            ready = self._cond.wait_for(lambda: self._state in (_State.READY, _State.FAILED), timeout)
+            if ready and self._state is _State.READY:
+                return
+            error = self._error or PublishError(
+                f"ATTACH to stream {stream!r} at {endpoint}: no answer within {timeout} s; "
+                "is the gateway running there?"
+            )
+        self.abort()
+        raise error
 
-    def publish(self, key: str, body: bytes, ttl: float | None = None) -> None:
-        """Queue one record; it leaves when the batch fills, the linger time passes, or on flush().
+    # --- the application's side ---------------------------------------------------------------------
+
+    def publish(
+        self, key: str, body: bytes | bytearray | memoryview, ttl: float | None = None, *, timeout: float | None = None
+    ) -> None:
+        """Queue one record; it leaves when the batch fills, `linger_ms` after its batch's first record, or on
+        flush(). Raises BadRecord (nothing queued is touched) for a record that cannot be sent, BufferFull if
+        the buffer stays full for `timeout` s (default the constructor's; 0: do not wait), PublishError once
+        the gateway has refused something.
 
         An empty body deletes the key from snapshots; `ttl` (seconds) drops the record from snapshots once it
-        is that old (docs/snapshots.md). TTLs need the 'batch' extension.
+        is that old (docs/snapshots.md).
         """
-        kb = key.encode()
-        if len(kb) > P.MAX_STRING:
-            raise PublishError(f"key is {len(kb)} bytes, the limit is {P.MAX_STRING}")
-        ttl_ms = _ttl_ms(ttl)
-        if ttl_ms and P.FEATURE_BATCH not in self.features:
-            raise PublishError("this gateway grants no 'batch' extension, and only batches carry a TTL")
-        now = time.monotonic()
-        if not self.pending:
-            self.pending_since = now
-        self.pending.append((time.time_ns(), kb, body, ttl_ms))
-        self.pending_ttl |= ttl_ms > 0
-        self.pending_bytes += len(kb) + len(body) + B.RECORD_OVERHEAD
         if (
-            len(self.pending) >= self.batch_records
-            or self.pending_bytes >= self.batch_bytes
-            or now - self.pending_since >= self.linger
+            type(key) is str
+            and type(body) is bytes
+            and ttl is None
+            and key.isascii()
+            and len(key) <= B.MAX_KEY
+            and len(key) + len(body) <= self.max_message_bytes
         ):
-            self._send_pending()
-            self._poll(block=False)  # answers only follow sends: looking per record cost 60% of publish()
-
-    def flush(self) -> int | None:
-        """Send everything queued; with confirms, wait until all of it is journaled and return the last seq."""
-        self._send_pending()
-        if P.FEATURE_CONFIRM in self.features:
-            deadline = time.monotonic() + self.timeout
-            while self.confirmed < self.sent:
-                if time.monotonic() >= deadline:
-                    raise PublishError(f"{self.sent - self.confirmed} records not confirmed within {self.timeout} s")
-                self._poll(block=True, until=deadline)
+            kb, data, ttl_ms = key.encode(), body, 0  # the common case, checked at the cost of one expression
         else:
-            self._poll(block=False)
-        return self.last_seq
+            kb, data, ttl_ms = self._checked(key, body, ttl)
+        size = len(kb) + len(data)
+        wake = False
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            batch = self._filling
+            records = batch.records
+            if records and (len(records) >= self.batch_records or batch.payload + size > self.batch_bytes):
+                self._seal(self.timeout if timeout is None else timeout)  # the work per batch, not per record
+                batch = self._filling
+                records = batch.records
+                wake = True
+            if not records:
+                batch.since = time.monotonic()
+                wake = True  # arm the linger timer
+            records.append((time.time_ns(), kb, data, ttl_ms))
+            batch.payload += size
+            if ttl_ms:
+                batch.ttl = True
+            if wake:
+                wake = not self._signalled  # once, until the IO thread looks
+                self._signalled = True
+        if wake:
+            os.eventfd_write(self._wake_fd, 1)
+
+    def _seal(self, timeout: float) -> None:
+        """Under the lock: hand the full filling batch to the IO thread, once the buffer has room for it (waiting
+        up to `timeout`; BufferFull, and nothing changed, if it has not)."""
+        full = self._filling
+        if self._buffered + full.payload > self.buffer_bytes and not self._cond.wait_for(
+            lambda: self._buffered + full.payload <= self.buffer_bytes or self._error is not None, timeout
+        ):
+            raise BufferFull(
+                f"{self._buffered} bytes are unconfirmed, the buffer holds {self.buffer_bytes}, and the gateway "
+                f"confirmed too little for {timeout} s (down?): try again, or raise buffer_bytes"
+            )
+        if self._error is not None:
+            raise self._error
+        self._handed_over(full)
+        self._sealed.append(full)
+        self._filling = _Batch([], 0, False, 0.0)
+
+    def _handed_over(self, batch: _Batch) -> None:
+        """Under the lock: `batch` leaves the filling slot; count it and charge it to the buffer."""
+        self._buffered += batch.payload
+        self._handed += len(batch.records)
+
+    @property
+    def accepted(self) -> int:
+        """Records publish() has taken."""
+        return self._handed + len(self._filling.records)
+
+    def flush(self, timeout: float | None = None) -> int | None:
+        """Send everything queued and wait (up to `timeout`, default the constructor's) until it is confirmed
+        (confirm=True) or sent; return the sequence of the last record confirmed. Raises PublishError."""
+        wait = self.timeout if timeout is None else timeout
+        with self._cond:
+            target = self.accepted
+            self._flush_wanted = True
+        os.eventfd_write(self._wake_fd, 1)
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._error is not None or self._done(target), wait)
+            if self._error is not None:
+                raise self._error
+            if not done:
+                what = "confirmed" if self._confirming else "sent"
+                state = self._state.value
+                raise PublishError(
+                    f"{target - (self.confirmed if self._confirming else self.sent)} records not {what} within "
+                    f"{wait} s (connection {state}, {self.reconnects} reconnects): the gateway is slow or down; "
+                    "they stay buffered, call flush() again"
+                )
+            return self.last_seq
 
     def close(self) -> None:
-        """Flush (waiting for confirms), DETACH so the gateway frees the session at once, and close."""
+        """Flush (waiting for confirms), DETACH so the gateway frees the session at once, and stop.
+        If the flush fails (raised here), stop at once: what is unconfirmed is dropped."""
+        flushed = False
         try:
             self.flush()
-            self._send(P.Detach())
+            flushed = True
         finally:
-            self._release(None)
+            self._stop(detach=flushed)
 
     def abort(self) -> None:
-        """Close at once, dropping what is not sent yet: after a PublishError, before publishing again."""
-        self._release(0)
+        """Stop at once, dropping what is not confirmed."""
+        self._stop(detach=False)
 
-    def _release(self, linger: int | None) -> None:
-        self.sock.disable_monitor()
-        self._monitor.close(linger=0)
-        self.sock.close(linger=linger)
+    def _stop(self, *, detach: bool) -> None:
+        """Stop the IO thread (after a DETACH if `detach`); idempotent. The wake-up descriptor is closed here,
+        once the thread has ended, so no write can reach a descriptor number reused by then."""
+        with self._cond:
+            if self._stopping is None:
+                self._stopping = not detach
+            if self._error is None:
+                self._error = PublishError("this Publisher is closed: create a new one")
+        if self._wake_fd < 0:
+            return
+        os.eventfd_write(self._wake_fd, 1)
+        self._thread.join(HANDSHAKE_S + self.timeout + 1)  # a DETACH's send lingers up to `timeout`
+        if not self._thread.is_alive():
+            os.close(self._wake_fd)
+            self._wake_fd = -1
 
     def __enter__(self) -> Publisher:
         return self
@@ -166,84 +338,318 @@ class Publisher:
         else:
             self.abort()
 
-    # --- internals ------------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """The connection's state: down, attaching, extending, ready or failed (`reconnects` counts drops)."""
+        return self._state.value
 
-    def _send_pending(self) -> None:
-        self._check_connection()
-        if not self.pending:
-            return
-        records, self.pending, self.pending_bytes = self.pending, [], 0
-        ttl, self.pending_ttl = self.pending_ttl, False
-        if P.FEATURE_BATCH in self.features:
-            self._send(P.PublishBatch(B.encode(0, records, ttl=ttl)))
+    @property
+    def _confirming(self) -> bool:
+        return P.FEATURE_CONFIRM in self.features
+
+    def _done(self, target: int) -> bool:
+        return (self.confirmed if self._confirming else self.sent) >= target
+
+    def _checked(self, key: str, body: bytes | bytearray | memoryview, ttl: float | None) -> tuple[bytes, bytes, int]:
+        """The record as the batch format takes it, or BadRecord naming the value and the fix."""
+        if not isinstance(key, str):
+            raise BadRecord(f"key {key!r} is a {type(key).__name__}: pass a str (it is sent as UTF-8)")
+        kb = key.encode(errors="strict") if key.isascii() else _utf8(key)
+        if len(kb) > B.MAX_KEY:
+            raise BadRecord(f"key {key[:40]!r}... is {len(kb)} bytes in UTF-8, the limit is {B.MAX_KEY}: shorten it")
+        if isinstance(body, bytes):
+            data = body
+        elif isinstance(body, bytearray | memoryview):
+            data = bytes(body)  # a copy: the caller may change its buffer once publish() returns
         else:
-            for _, key, body, _ in records:
-                self._send(P.Publish(key.decode(), body))
-        self.sent += len(records)
+            raise BadRecord(
+                f"body {body!r:.40} is a {type(body).__name__}: pass bytes (e.g. text.encode()); nothing was queued"
+            )
+        if len(kb) + len(data) > self.max_message_bytes:
+            raise BadRecord(
+                f"key and body of {len(kb) + len(data)} bytes are over the gateway's limit of {self.max_message_bytes} "
+                "(max_message_bytes, the gateway's --max-message-bytes): split the body, or raise both"
+            )
+        return kb, data, _ttl_ms(ttl)
 
-    def _send(self, cmd: P.Command) -> None:
+    # --- the IO thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_fd, zmq.POLLIN)
+        watched: tuple[zmq.Socket | None, zmq.Socket | None] = (None, None)
         try:
-            self.sock.send(P.encode(cmd))
-        except zmq.Again:
-            raise PublishError(
-                f"the gateway accepted nothing for {self.timeout} s (backpressure, or it is gone)"
-            ) from None
+            while not self._finished():
+                wait = self._step(time.monotonic())
+                sock, monitor = self._sock, self._monitor
+                if (sock, monitor) != watched:  # a new connection, or a new monitor on it
+                    for old in watched:
+                        if old is not None:
+                            poller.unregister(old)
+                    for new in (sock, monitor):
+                        if new is not None:
+                            poller.register(new, zmq.POLLIN)
+                    watched = (sock, monitor)
+                events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
+                if self._wake_fd in events:
+                    os.eventfd_read(self._wake_fd)
+                if sock is not None and sock in events:
+                    self._receive()
+                if monitor is not None and monitor in events and monitor is self._monitor:
+                    self._drain_monitor()
+        except BaseException as exc:  # a bug, not the network: make it visible to the application
+            self._fail(PublishError(f"publisher IO thread failed: {exc!r}"))
+            raise
+        finally:
+            if self._stopping is False and self._state is _State.READY and self._sock is not None:
+                self._send(P.encode(P.Detach()))
+            self._close_socket(linger=int(self.timeout * 1000) if self._stopping is False else 0)
 
-    def _check_connection(self) -> None:
-        """Raise PublishError if the connection dropped: the gateway keeps no session across connections."""
-        if self.lost is None and self._monitor.poll(0):
-            self._monitor.recv_multipart()
+    def _finished(self) -> bool:
+        """Stopping, and (for a DETACH) nothing left to deliver, or no way to deliver it."""
+        with self._cond:
+            if self._stopping is None:
+                return False
+            if self._stopping or self._state is _State.FAILED:
+                return True
+            return not self._sealed and not self._filling.records and not (self._confirming and self._unconfirmed)
+
+    def _step(self, now: float) -> float:
+        """Advance the connection state machine and the linger timer; seconds until the next deadline."""
+        state = self._state
+        if state is _State.DOWN:
+            if now < self._retry_at:
+                return self._retry_at - now
+            self._open()
+            return HANDSHAKE_S
+        if state in (_State.ATTACHING, _State.EXTENDING):
+            refused = self._refusal()
+            if refused:
+                self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {refused}"))
+                return 1.0
+            if now >= self._state_deadline:
+                self._lost(f"no {'ATTACH-OK' if state is _State.ATTACHING else 'EXTEND-OK'} within {HANDSHAKE_S} s")
+                return 0.0
+            return min(self._state_deadline - now, Handshake.SLICE_S)
+        if state is _State.FAILED:
+            return 1.0
+        return self._send_due(now)
+
+    def _send_due(self, now: float) -> float:
+        """READY: seal and send the queue if it is due; seconds until the linger timer fires (1 s: idle)."""
+        with self._cond:
+            self._signalled = False
+            batches, self._sealed, filling = self._sealed, [], self._filling
+            due = filling.since + self.linger
+            if (
+                filling.records
+                and (now >= due or self._flush_wanted or self._stopping is not None)
+                and self._buffered + filling.payload <= self.buffer_bytes  # else it waits for confirms, as publish()
+            ):
+                self._handed_over(filling)
+                batches.append(filling)
+                filling = self._filling = _Batch([], 0, False, 0.0)
+            if not filling.records:
+                self._flush_wanted = False
+            if not batches:  # idle, lingering, or over the budget (a confirm's arrival wakes the poll)
+                return due - now if filling.records and due > now else 1.0
+        for batch in batches:
+            self._send_batch(batch)
+        return 0.0
+
+    def _send_batch(self, batch: _Batch) -> None:
+        records, n, payload, ttl = batch.records, len(batch.records), batch.payload, batch.ttl
+        if P.FEATURE_BATCH in self.features:
+            producer = (self.producer_id, self._next_pseq) if P.FEATURE_PRODUCER in self.features else None
+            frame = P.encode(P.PublishBatch(B.encode(0, records, ttl=ttl, producer=producer)))
+            kept = [_Sent(frame, n, payload)]
+        else:  # plain ZEPS: one PUBLISH per record
+            kept = [_Sent(P.encode(P.Publish(kb.decode(), data)), 1, len(kb) + len(data)) for _, kb, data, _ in records]
+        self._next_pseq += n
+        for sent in kept:
+            self._send(sent.frame)
+        if self._confirming:
+            self._unconfirmed.extend(kept)
+        with self._cond:
+            self.sent += n
+            if not self._confirming:
+                self._buffered -= payload
+            self._cond.notify_all()
+
+    def _refusal(self) -> str | None:
+        """During the first attach: why the gateway refused the handshake, once that is conclusive."""
+        shake = self._handshake
+        if shake is None or not shake.explain():
+            return None
+        return shake.failure if shake.certainty > 0 or shake.failed >= Handshake.CONCLUSIVE else None
+
+    def _open(self) -> None:
+        """DOWN -> ATTACHING: a fresh socket (nothing of the old session's pipes survives), ATTACH sent."""
+        self._close_socket(linger=0)
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if self._curve is not None:
+            self._curve.apply(sock)
+        if self._attached_once:
+            self._watch_drops(sock)
+        else:  # the first attach explains a silent gateway (CURVE refusals); one monitor per socket at a time
+            self._handshake = Handshake(sock)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        self._send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, self.stream)))
+        self._set_state(_State.ATTACHING, HANDSHAKE_S if self._attached_once else self.timeout)
+
+    def _receive(self) -> None:
+        assert self._sock is not None
+        while self._sock is not None and self._sock.poll(0):
             try:
-                self._poll(block=False)  # what the gateway answered before the drop still counts
-            finally:
-                self.lost = (
-                    f"the connection to the gateway was lost (it restarted, or closed the connection for a frame "
-                    f"over its size limit): {self.sent - self.confirmed} records sent are not confirmed; publish "
-                    "them again with a new Publisher"
-                )
-        if self.lost is not None:
-            raise PublishError(self.lost)
-
-    def _poll(self, *, block: bool, until: float = 0.0) -> None:
-        while True:
-            wait = max(0, int((until - time.monotonic()) * 1000)) if block else 0
-            if block:
-                ready = dict(self._poller.poll(wait))
-                if self.sock not in ready:
-                    self._check_connection()
-                    return
-            elif not self.sock.poll(0):
+                cmd = P.decode(self._sock.recv(zmq.NOBLOCK))
+            except P.ProtocolError as exc:
+                self._lost(f"the gateway sent a bad frame ({exc.reason})")
                 return
-            cmd = P.decode(self.sock.recv())
-            match cmd:
-                case P.PublishOk(sequence=seq, count=n):
-                    self.confirmed += n
-                    self.last_seq = seq + n - 1
-                case P.Invalid(reason=reason):
-                    raise PublishError(f"gateway: {reason}")
-                case _:
-                    pass  # PING-OK and the like carry nothing for a publisher
-            block = False
+            self._on(cmd)
 
-    def _expect(self, kind: type[_Answer], what: str, *, invalid_ok: bool = False) -> _Answer | None:
-        if not self.handshake.poll(self.timeout):
-            why = self.handshake.explain() or f"no answer within {self.timeout} s; is the gateway running there?"
-            raise PublishError(f"{what}: {why}")
-        cmd = P.decode(self.sock.recv())
-        if isinstance(cmd, kind):
-            return cmd
-        if isinstance(cmd, P.Invalid):
-            if invalid_ok:
-                return None
-            raise PublishError(f"{what}: {cmd.reason}")
-        raise PublishError(f"{what}: unexpected {cmd.NAME}")
+    def _on(self, cmd: P.Command) -> None:
+        state = self._state
+        match cmd:
+            case P.AttachOk() if state is _State.ATTACHING:
+                if self._handshake is not None:
+                    self._handshake.close()
+                    self._handshake = None
+                    assert self._sock is not None
+                    self._watch_drops(self._sock)
+                self._send(P.encode(P.Extend(WANTED)))
+                self._set_state(_State.EXTENDING, HANDSHAKE_S)
+            case P.ExtendOk(features=granted) if state is _State.EXTENDING:
+                self._ready(frozenset(granted))
+            case P.Invalid() if state is _State.EXTENDING:
+                self._ready(frozenset())  # a gateway that knows no extension: plain ZEPS
+            case P.Invalid(reason=reason) if state is _State.ATTACHING and not self._attached_once:
+                self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {reason}"))
+            case P.Invalid(reason=reason) if _SESSION_LOST in reason or state is _State.ATTACHING:
+                self._lost(f"the gateway ended the session ({reason})")
+            case P.Invalid(reason=reason):
+                self._fail(PublishError(f"gateway: {reason}"))
+            case P.PublishOk(sequence=seq, count=n) if state is _State.READY:
+                self._confirmed(seq + n - 1, n)
+            case _:
+                pass  # PING-OK, DETACH-OK and answers of an earlier session carry nothing for a publisher
+
+    def _ready(self, features: frozenset[str]) -> None:
+        """Attached: re-send every unconfirmed batch, in order; the gateway drops those it has journaled."""
+        if self._attached_once and P.FEATURE_CONFIRM in self.features and P.FEATURE_CONFIRM not in features:
+            self._fail(PublishError("the gateway no longer grants publish confirms after its restart"))
+            return
+        if self.confirm and P.FEATURE_CONFIRM not in features:
+            self._fail(PublishError(f"the gateway at {self.endpoint} does not grant publish confirms"))
+            return
+        self._head_confirmed = 0  # a re-sent batch is confirmed whole
+        for kept in self._unconfirmed:
+            self._send(kept.frame)
+        if self._attached_once:
+            log.info("publisher %016x: attached again, %d batches re-sent", self.producer_id, len(self._unconfirmed))
+        with self._cond:
+            self.features = features
+            self._attached_once = True
+            self._backoff = BACKOFF_MIN_S
+            self._state = _State.READY
+            self._cond.notify_all()
+
+    def _confirmed(self, last_seq: int, n: int) -> None:
+        freed = 0
+        left = n
+        while left and self._unconfirmed:
+            head = self._unconfirmed[0]
+            take = min(left, head.count - self._head_confirmed)
+            self._head_confirmed += take
+            left -= take
+            if self._head_confirmed == head.count:
+                self._unconfirmed.popleft()
+                self._head_confirmed = 0
+                freed += head.nbytes
+        with self._cond:
+            self.confirmed += n - left
+            self.last_seq = last_seq
+            self._buffered -= freed
+            self._cond.notify_all()
+
+    def _watch_drops(self, sock: zmq.Socket) -> None:
+        # A fresh address each time: an earlier monitor's may not be released yet (libzmq closes lazily).
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED, f"inproc://zeps-pub-{next(_ids)}")
+
+    def _drain_monitor(self) -> None:
+        assert self._monitor is not None
+        dropped = False
+        while self._monitor is not None and self._monitor.poll(0):
+            self._monitor.recv_multipart()
+            dropped = True
+        if dropped:
+            self._receive()  # what the gateway answered before the drop still counts
+            if self._state not in (_State.FAILED, _State.DOWN):
+                self._lost("the connection dropped")
+
+    def _lost(self, why: str) -> None:
+        """-> DOWN: close the socket; try again after a backoff that doubles up to BACKOFF_MAX_S, with jitter."""
+        self._close_socket(linger=0)
+        self._retry_at = time.monotonic() + self._backoff * random.uniform(0.5, 1.5)
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        with self._cond:
+            self.reconnects += 1
+            self._state = _State.DOWN
+            self._cond.notify_all()
+        log.info(
+            "publisher %016x on %s: %s; attaching again in %.2f s (%d batches unconfirmed)",
+            self.producer_id,
+            self.endpoint,
+            why,
+            self._retry_at - time.monotonic(),
+            len(self._unconfirmed),
+        )
+
+    def _fail(self, error: PublishError) -> None:
+        with self._cond:
+            self._error = error
+            self._state = _State.FAILED
+            self._cond.notify_all()
+
+    def _set_state(self, state: _State, within: float) -> None:
+        with self._cond:
+            self._state = state
+            self._state_deadline = time.monotonic() + within
+
+    def _send(self, frame: bytes) -> None:
+        assert self._sock is not None
+        self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: never Again. Copied: cheaper than zero-copy at 60 KB
+
+    def _close_socket(self, linger: int) -> None:
+        if self._handshake is not None:
+            self._handshake.close()
+            self._handshake = None
+        if self._monitor is not None:
+            assert self._sock is not None
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
+        if self._sock is not None:
+            self._sock.close(linger=linger)
+            self._sock = self._monitor = None
+
+
+def _utf8(key: str) -> bytes:
+    try:
+        return key.encode()
+    except UnicodeEncodeError as exc:
+        raise BadRecord(f"key {key!r} is not valid UTF-8 ({exc.reason} at {exc.start}): fix the key") from None
 
 
 def _ttl_ms(ttl: float | None) -> int:
     """A TTL in seconds as the batch format's ttl_ms (0: none)."""
     if ttl is None:
         return 0
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl):
+        raise BadRecord(f"ttl {ttl!r} must be a number of seconds (None: no TTL)")
     ms = math.ceil(ttl * 1000)
     if not 0 < ms <= B.MAX_TTL_MS:
-        raise PublishError(f"ttl {ttl!r} s is outside 0.001..{B.MAX_TTL_MS // 1000} s (None: no TTL)")
+        raise BadRecord(f"ttl {ttl!r} s is outside 0.001..{B.MAX_TTL_MS // 1000} s (None: no TTL)")
     return ms

@@ -27,11 +27,13 @@ from pathlib import Path
 import zmq
 
 from gateway.errors import ConfigError
-from gateway.journal import Durability, JournalWriter, Retention
+from gateway.journal import Durability, JournalReader, JournalWriter, Retention
+from gateway.journal.layout import list_segments, seg_path
 from gateway.mcast import Endpoint, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics, OutputSeries
+from gateway.server.producers import ProducerTable
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.udp import UdpSender, batch_room
@@ -42,7 +44,7 @@ from gateway.wire.streamkey import AUTH, StreamKey, message
 
 log = logging.getLogger(__name__)
 
-GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM})
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
 FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
@@ -67,6 +69,9 @@ class GatewayConfig:
     max_clients: int = 1024
     client_timeout: float = 60.0  # at the client limit, sessions silent this long make room for new ones
     journal_retry_ms: int = 1000  # while the journal's disk is full: refuse publishes this long between tries
+    producer_expiry_s: float = 3600.0  # a producer silent this long is forgotten (its next batch is taken as new)
+    max_producers: int = 100_000  # per stream; beyond it the least recently seen producer is forgotten
+    producer_scan_bytes: int = 1 << 30  # on start, producer state is rebuilt from at most this much journal tail
     max_out_queue: int = 256
     durability: Durability = field(default_factory=Durability)
     retention: Retention = field(default_factory=Retention)
@@ -83,8 +88,14 @@ class GatewayConfig:
             P.validate_stream_name(name)
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
-        if min(self.max_message_bytes, self.max_clients, self.journal_retry_ms) < 1 or self.client_timeout <= 0:
-            raise ConfigError("--max-message-bytes, --max-clients, --journal-retry-ms and --client-timeout must be > 0")
+        if (
+            min(self.max_message_bytes, self.max_clients, self.journal_retry_ms, self.max_producers) < 1
+            or min(self.client_timeout, self.producer_expiry_s) <= 0
+        ):
+            raise ConfigError(
+                "--max-message-bytes, --max-clients, --journal-retry-ms, --client-timeout, --producer-expiry-s and "
+                "--max-producers must be > 0"
+            )
 
     @property
     def max_frame_bytes(self) -> int:
@@ -106,9 +117,10 @@ class _Session:
 class _Lane:
     """One stream: records waiting to be batched, the journal writer, and confirms waiting for fsync."""
 
-    def __init__(self, stream: str, writer: JournalWriter) -> None:
+    def __init__(self, stream: str, writer: JournalWriter, producers: ProducerTable) -> None:
         self.stream = stream
         self.writer = writer
+        self.producers = producers  # exactly-once publishing: what each producer has journaled
         self.pending: list[tuple[int, bytes, bytes]] = []
         self.pending_bytes = 0
         self.pending_since = 0.0
@@ -183,11 +195,13 @@ class Gateway:
                     durability=config.durability,
                     retention=config.retention,
                 ),
+                ProducerTable(int(config.producer_expiry_s * 1e9), config.max_producers),
             )
             for name in config.streams
         }
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
+            self._recover_producers(lane)
         self.sessions: dict[bytes, _Session] = {}
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
@@ -228,6 +242,37 @@ class Gateway:
             config.journal,
             config.stream_key,
             config.curve,
+        )
+
+    def _recover_producers(self, lane: _Lane) -> None:
+        """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
+        and of at most `producer_scan_bytes` (older producers are taken as new, as if expired)."""
+        if lane.writer.last_seq == 0:
+            return
+        started = time.monotonic()
+        reader = JournalReader(self.config.journal, lane.stream)
+        since = reader.seq_for_time(time.time_ns() - int(self.config.producer_expiry_s * 1e9))
+        segments, budget = list_segments(reader.directory), self.config.producer_scan_bytes
+        for first in reversed(segments):  # the oldest segment still within the byte budget, from the end
+            with contextlib.suppress(FileNotFoundError):
+                budget -= seg_path(reader.directory, first).stat().st_size
+            if budget < 0:
+                since = max(since, first)
+                break
+        if since > lane.writer.last_seq:
+            return
+        with reader.cursor(max(since, reader.first_seq)) as cursor:
+            while (batch := cursor.next_batch()) is not None:
+                lane.producers.journaled(batch)
+            scanned = cursor.bytes_read
+        lane.producers.expire(time.time_ns())
+        self.metrics.streams[lane.stream].producers.set(len(lane.producers))
+        log.info(
+            "stream %s: %d producers recovered from %d bytes of journal tail in %.3f s",
+            lane.stream,
+            len(lane.producers),
+            scanned,
+            time.monotonic() - started,
         )
 
     def _rooms(self, sock: zmq.Socket | NormSender | UdpSender) -> dict[str, int]:
@@ -288,6 +333,7 @@ class Gateway:
                 deadline = min(deadline, sync_due)
         if now >= self._next_heartbeat:
             self._heartbeat(now)
+            self._expire_producers()
         deadline = min(deadline, self._next_heartbeat)
         if self.announcer is not None:
             if now >= self.announcer.due:
@@ -295,6 +341,12 @@ class Gateway:
                 self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
             deadline = min(deadline, self.announcer.due)
         return max(0.0, deadline - time.monotonic())
+
+    def _expire_producers(self) -> None:
+        now_ns = time.time_ns()
+        for lane in self.lanes.values():
+            if lane.producers.expire(now_ns):
+                self.metrics.streams[lane.stream].producers.set(len(lane.producers))
 
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
@@ -335,8 +387,8 @@ class Gateway:
         if session is not None:
             session.last_seen = time.monotonic()
         match cmd:
-            case P.Attach(stream=stream):
-                self._attach(identity, stream)
+            case P.Attach(version=version, stream=stream):
+                self._attach(identity, version, stream)
             case P.Ping():
                 self._reply(identity, P.PingOk())
             case _ if session is None:
@@ -365,7 +417,10 @@ class Gateway:
             case _:
                 self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
 
-    def _attach(self, identity: bytes, stream: str) -> None:
+    def _attach(self, identity: bytes, version: int, stream: str) -> None:
+        if version != P.VERSION:
+            self._reject(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}")
+            return
         if stream not in self.lanes:
             served = ", ".join(sorted(self.lanes))
             self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
@@ -414,16 +469,40 @@ class Gateway:
         if batch.first_seq != 0 or not batch.dense or batch.count == 0:
             self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
             return
-        payload = batch.nbytes - B.HEADER_SIZE - batch.count * B.RECORD_OVERHEAD  # keys and bodies
+        producer = batch.producer
+        if producer is not None and P.FEATURE_PRODUCER not in session.features:
+            self._reject(identity, "a PUBLISH-BATCH with a producer header needs the 'producer' extension")
+            return
+        payload = batch.nbytes - batch.header_size - batch.count * batch.overhead  # keys and bodies
         if payload > self.config.max_message_bytes:
             limit = self.config.max_message_bytes
             self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
             return
         lane = self.lanes[session.stream]
         self._flush(lane)
-        _owe(lane.unsequenced, identity, batch.count, P.FEATURE_CONFIRM in session.features)
-        self.metrics.streams[lane.stream].published.inc(batch.count)
-        self._journal(lane, batch)
+        confirm = P.FEATURE_CONFIRM in session.features
+        series = self.metrics.streams[lane.stream]
+        series.published.inc(batch.count)
+        dups = 0 if producer is None else lane.producers.duplicates(producer[0], producer[1], batch.count)
+        if dups:
+            series.duplicates.inc(dups)
+        if dups == batch.count:  # all journaled before: confirmed, at the producer's last stream sequence
+            known = lane.producers.get(producer[0])  # type: ignore[index]
+            assert known is not None
+            if confirm:
+                lane.confirms.append((identity, known.last_seq - dups + 1, dups))
+            return
+        if dups:  # partial overlap: journal the records after the producer's last, confirm them all
+            batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
+        _owe(lane.unsequenced, identity, batch.count, confirm)
+        sealed = self._journal(lane, batch, dups)
+        if sealed is not None and producer is not None:
+            last = lane.writer.last_seq  # `sealed` is `batch` resequenced: a view of it needs no walk
+            view = B.Batch(
+                memoryview(sealed), batch.count, last - batch.count + 1, last, lane.writer.last_ts_ns, batch.flags
+            )
+            lane.producers.journaled(view)
+            series.producers.set(len(lane.producers))
 
     def _flush(self, lane: _Lane) -> None:
         if not lane.pending:
@@ -434,11 +513,32 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: _Lane, batch: B.Batch) -> None:
-        """Write-ahead: the journal first, then the multicast queues."""
+    def _journal(self, lane: _Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+        """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
+
+        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
+        if not self._writable(lane, batch.count):
+            return None
+        sealed = self._append(lane, batch)
+        if sealed is None:
+            return None
+        self._owe_confirms(lane, batch.count, dups)
+        series = self.metrics.streams[lane.stream]
+        series.journaled.inc(batch.count)
+        series.journaled_bytes.inc(len(sealed))
+        series.batch_records.observe(batch.count)
+        self._fan_out(lane, batch, sealed)
+        return sealed
+
+    def _writable(self, lane: _Lane, count: int) -> bool:
+        """The disk-full gate: while the journal's disk is full, refuse without trying until `retry_at`."""
         if lane.full_since is not None and time.monotonic() < lane.retry_at:
-            self._refuse_unjournaled(lane, batch.count, lane.full_reason, "journal-full")
-            return
+            self._refuse_unjournaled(lane, count, lane.full_reason, "journal-full")
+            return False
+        return True
+
+    def _append(self, lane: _Lane, batch: B.Batch) -> bytes | None:
+        """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
         try:
             sealed = lane.writer.append(batch)
         except OSError as exc:
@@ -448,7 +548,7 @@ class Gateway:
                 reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}): records refused"
                 log.error("stream %s: %s (%d)", lane.stream, reason, batch.count)
                 self._refuse_unjournaled(lane, batch.count, reason, "journal")
-            return
+            return None
         if lane.full_since is not None:
             log.warning(
                 "stream %s: the journal takes writes again after %.1f s; accepting publishes",
@@ -457,17 +557,22 @@ class Gateway:
             )
             lane.full_since = None
             self.metrics.streams[lane.stream].journal_full.set(0)
+        return sealed
+
+    def _owe_confirms(self, lane: _Lane, count: int, dups: int) -> None:
+        """The journaled batch's publishers are owed PUBLISH-OK once it is synced; a producer batch (alone in
+        `unsequenced`) is confirmed with its `dups` re-sent records, ending at its last sequence."""
         last = lane.writer.last_seq
-        first = last - batch.count + 1
+        first = last - count + 1
         for identity, n, confirm in lane.unsequenced:
             if confirm:
-                lane.confirms.append((identity, first, n))
+                lane.confirms.append((identity, first - dups, n + dups))
             first += n
         lane.unsequenced.clear()
-        series = self.metrics.streams[lane.stream]
-        series.journaled.inc(batch.count)
-        series.journaled_bytes.inc(len(sealed))
-        series.batch_records.observe(batch.count)
+
+    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes) -> None:
+        """Queue the sealed batch on every multicast output (cut to size for datagram ones)."""
+        last = lane.writer.last_seq
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size

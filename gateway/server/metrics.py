@@ -43,6 +43,8 @@ class StreamSeries:
         self.publishers = m.publishers.labels(stream)
         self.refused = {reason: m.refused.labels(stream, reason) for reason in REFUSED_REASONS}
         self.head = m.head.labels(stream)
+        self.duplicates = m.duplicates.labels(stream)
+        self.producers = m.producers.labels(stream)
 
 
 class OutputSeries:
@@ -65,6 +67,15 @@ class GatewayMetrics(Metrics):
         )
         self.journaled = Counter(
             "zeps_gateway_journaled_records", "Records written to the journal, per stream", s, registry=r
+        )
+        self.duplicates = Counter(
+            "zeps_gateway_duplicate_records",
+            "Records a producer re-sent that the journal held already: dropped and confirmed, per stream",
+            s,
+            registry=r,
+        )
+        self.producers = Gauge(
+            "zeps_gateway_producers", "Producers whose highest record number is kept, per stream", s, registry=r
         )
         self.journaled_bytes = Counter(
             "zeps_gateway_journaled_bytes", "Bytes of record batches written to the journal, per stream", s, registry=r

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from gateway.wire.batch import HEADER_SIZE, RECORD_OVERHEAD, Batch
+from gateway.wire.batch import RECORD_OVERHEAD, Batch
 
 # (name, Spark SQL type, Arrow type): the one definition both the Spark schema and the Arrow batches use.
 COLUMNS = (
@@ -138,7 +138,7 @@ def _record_starts(data: bytes, batches: Sequence[Batch]) -> np.ndarray:
     append, lengths = starts.append, _LENGTHS.unpack_from
     base = 0
     for batch in batches:
-        pos = base + HEADER_SIZE
+        pos = base + batch.header_size
         for _ in range(batch.count):
             append(pos)
             klen, blen = lengths(data, pos)

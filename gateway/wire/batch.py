@@ -8,13 +8,16 @@ Layout (all integers little-endian)::
     header (40 bytes)
       0  magic        2s   b"ZB"
       2  version      u8   1
-      3  flags        u8   FLAG_TTL (0x02) or 0; unknown flags are rejected
+      3  flags        u8   FLAG_TTL (0x02) | FLAG_PRODUCER (0x04), or 0; unknown flags are rejected
       4  length       u32  total bytes of the batch, header included
       8  crc          u32  CRC32C of bytes [12, length)
       12 count        u32  number of records
       16 first_seq    u64  \\ coverage: the batch accounts for every record of the stream in
       24 last_seq     u64  /  [first_seq, last_seq] (all of them, or all that match a replay filter)
       32 ts_ns        u64  journal time of the batch, set by the gateway, never decreasing
+    with FLAG_PRODUCER, the header has 16 more bytes (56 in all; records start there):
+      40 producer_id  u64  the publisher that wrote every record of the batch
+      48 producer_seq u64  that publisher's own number for the batch's first record (the next ones follow)
     record (17 bytes + key + body), repeated `count` times
       0  delta        u32  sequence - first_seq; strictly increasing, <= last_seq - first_seq
       4  ts_ns        u64  publish time of the record (the publisher's clock, or the gateway's)
@@ -28,6 +31,11 @@ Layout (all integers little-endian)::
 FLAG_TTL is set only when a publisher gives some record a TTL, so batches without one stay byte-identical to
 the format before it. The first 17 bytes of a record are the same either way: walkers differ only in where
 the key starts (`Batch.overhead`).
+
+FLAG_PRODUCER is how exactly-once publishing survives a crash: a journaled batch says whose records it holds
+and which of that producer's numbers, so the gateway rebuilds "highest number journaled per producer" from the
+journal's tail alone (docs/gateway.md, "Exactly-once publishing"). A cut of such a batch (`part`, `split`)
+keeps it, numbers adjusted; a filtered one (`select`) drops it, as it no longer holds a producer's whole run.
 
 Why deltas rather than absolute sequences: a publisher's batch is sequenced by rewriting the header alone
 (`resequence`), and a filtered replay batch (`select`) is built by copying record slices unchanged,
@@ -56,10 +64,14 @@ MAGIC = b"ZB"
 VERSION = 1
 HEADER = struct.Struct("<2sBBIIIQQQ")
 HEADER_SIZE = HEADER.size  # 40
+PRODUCER = struct.Struct("<QQ")  # producer_id, producer_seq: after the header, with FLAG_PRODUCER
+PRODUCER_HEADER_SIZE = HEADER_SIZE + PRODUCER.size  # 56
 RECORD_OVERHEAD = RECORD.size  # 17
 RECORD_TTL_OVERHEAD = RECORD_TTL.size  # 21
 FLAG_TTL = 0x02
-KNOWN_FLAGS = FLAG_TTL
+FLAG_PRODUCER = 0x04
+KNOWN_FLAGS = FLAG_TTL | FLAG_PRODUCER
+MAX_PRODUCER = 2**64 - 1
 MAX_SEQ = 2**64 - 1
 MAX_BATCH = 64 * 1024 * 1024
 Bytes = bytes | memoryview  # a key or body as given to encode(): a copy or a view into another batch
@@ -101,7 +113,7 @@ class Batch:
         count, first, last, ts_ns, flags = _check_header(buf, len(buf))
         if check_crc:
             _check_crc(buf)
-        fault = loops.check(buf, count, last - first, _overhead(flags), HEADER_SIZE)
+        fault = loops.check(buf, count, last - first, _overhead(flags), _header_size(flags))
         if fault is not None:
             raise BatchError(fault)
         return cls(buf, count, first, last, ts_ns, flags)
@@ -114,6 +126,19 @@ class Batch:
     def overhead(self) -> int:
         """Bytes of each record's header in this batch: where its key starts."""
         return _overhead(self.flags)
+
+    @property
+    def header_size(self) -> int:
+        """Bytes before the first record: HEADER_SIZE, or PRODUCER_HEADER_SIZE with FLAG_PRODUCER."""
+        return _header_size(self.flags)
+
+    @property
+    def producer(self) -> tuple[int, int] | None:
+        """(producer_id, producer_seq of the first record) of a FLAG_PRODUCER batch; None otherwise."""
+        if not self.flags & FLAG_PRODUCER:
+            return None
+        pid, pseq = PRODUCER.unpack_from(self.buf, HEADER_SIZE)
+        return pid, pseq
 
     @property
     def dense(self) -> bool:
@@ -140,7 +165,8 @@ class Batch:
         lo, hi = max(lo, self.first_seq), min(hi, self.last_seq)
         if lo > hi or not self.count:
             return iter(())
-        return iter(loops.entries(self.buf, self.first_seq, self.count, self.overhead, HEADER_SIZE, lo, hi, with_ttl))
+        walk = loops.entries(self.buf, self.first_seq, self.count, self.overhead, self.header_size, lo, hi, with_ttl)
+        return iter(walk)
 
     def records(self, lo: int = 0, hi: int = MAX_SEQ, prefixes: tuple[bytes, ...] = ()) -> Iterator[Record]:
         """Yield Records with lo <= seq <= hi whose key starts with one of `prefixes` (all when empty)."""
@@ -158,7 +184,7 @@ class Batch:
             return bytes(self.buf)
         buf, unpack, overhead = self.buf, RECORD.unpack_from, self.overhead
         parts: list[memoryview] = []
-        pos = HEADER_SIZE
+        pos = self.header_size
         for _ in range(self.count):
             _, _, klen, blen = unpack(buf, pos)
             k = pos + overhead
@@ -166,7 +192,7 @@ class Batch:
             if buf[k : k + klen].tobytes().startswith(prefixes):
                 parts.append(buf[pos:end])
             pos = end
-        return _seal(parts, len(parts), self.first_seq, self.last_seq, self.ts_ns, self.flags)
+        return _seal(parts, len(parts), self.first_seq, self.last_seq, self.ts_ns, self.flags & ~FLAG_PRODUCER)
 
     def part(self, lo: int, hi: int) -> bytes:
         """The records lo..hi of a dense batch as a dense batch covering exactly lo..hi, journal time kept.
@@ -176,8 +202,8 @@ class Batch:
         if not self.dense or not self.first_seq <= lo <= hi <= self.last_seq:
             raise BatchError(f"{self!r}: only a dense batch can be cut, and only within its coverage ({lo}..{hi})")
         buf, unpack, overhead = self.buf, RECORD.unpack_from, self.overhead
-        parts: list[bytes | memoryview] = []
-        pos = HEADER_SIZE
+        parts: list[bytes | memoryview] = self._producer_part(lo)
+        pos = self.header_size
         for i in range(hi - self.first_seq + 1):
             _, _, klen, blen = unpack(buf, pos)
             end = pos + overhead + klen + blen
@@ -198,22 +224,31 @@ class Batch:
         if not self.dense:
             raise BatchError(f"{self!r}: only a dense batch can be split")
         buf, unpack, overhead, flags, ts = self.buf, RECORD.unpack_from, self.overhead, self.flags, self.ts_ns
-        parts: list[bytes | memoryview] = []
         lo = seq = self.first_seq
-        size, pos = HEADER_SIZE, HEADER_SIZE
+        parts = self._producer_part(lo)
+        size = pos = self.header_size
         for _ in range(self.count):
             _, _, klen, blen = unpack(buf, pos)
             end = pos + overhead + klen + blen
-            if parts and size + end - pos > max_bytes:
+            if seq > lo and size + end - pos > max_bytes:
                 yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
-                parts, lo, size = [], seq, HEADER_SIZE
+                lo = seq
+                parts = self._producer_part(lo)
+                size = self.header_size
             parts.append(_DELTA.pack(seq - lo))
             parts.append(buf[pos + _DELTA.size : end])
             size += end - pos
             pos = end
             seq += 1
-        if parts:
+        if seq > lo:
             yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
+
+    def _producer_part(self, lo: int) -> list[bytes | memoryview]:
+        """The producer header of a cut starting at sequence lo (empty without FLAG_PRODUCER)."""
+        producer = self.producer
+        if producer is None:
+            return []
+        return [PRODUCER.pack(producer[0], producer[1] + lo - self.first_seq)]
 
 
 def encode(
@@ -222,19 +257,24 @@ def encode(
     *,
     ts_ns: int = 0,
     ttl: bool = False,
+    producer: tuple[int, int] | None = None,
 ) -> bytes:
     """Encode a dense batch of (ts_ns, key, body) records numbered first_seq, first_seq + 1, ...
 
-    With ttl=True the records are (ts_ns, key, body, ttl_ms) and the batch has FLAG_TTL.
+    With ttl=True the records are (ts_ns, key, body, ttl_ms) and the batch has FLAG_TTL. With
+    producer=(producer_id, producer_seq) the batch has FLAG_PRODUCER: those are its first record's.
     Publishers encode with first_seq=0; the gateway then assigns real sequences with `resequence`.
     """
+    flags = (FLAG_TTL if ttl else 0) | (FLAG_PRODUCER if producer is not None else 0)
     try:
-        out, n = loops.pack(records, ttl, HEADER_SIZE, MAX_BATCH)
+        out, n = loops.pack(records, ttl, _header_size(flags), MAX_BATCH)
     except ValueError as exc:
         raise BatchError(str(exc)) from None
     if n == 0:
         raise BatchError("a batch of records needs at least one record (use empty() to cover a range)")
-    return _finish(out, n, first_seq, first_seq + n - 1, ts_ns, FLAG_TTL if ttl else 0)
+    if producer is not None:
+        PRODUCER.pack_into(out, HEADER_SIZE, *producer)
+    return _finish(out, n, first_seq, first_seq + n - 1, ts_ns, flags)
 
 
 def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
@@ -246,6 +286,7 @@ def resequence(batch: Batch, first_seq: int, ts_ns: int) -> bytes:
     """Give a dense publisher batch its sequences and journal time: a new header, the records copied."""
     if not batch.dense or batch.count == 0:
         raise BatchError("only a dense, non-empty batch can be sequenced")
+    # The producer header, if any, is copied with the records.
     return _seal([batch.buf[HEADER_SIZE:]], batch.count, first_seq, first_seq + batch.count - 1, ts_ns, batch.flags)
 
 
@@ -267,6 +308,10 @@ def frame_length(buf: bytes | memoryview, offset: int = 0) -> int:
     if not HEADER_SIZE <= length <= MAX_BATCH:
         raise BatchError(f"batch length {length} outside {HEADER_SIZE}..{MAX_BATCH}")
     return length
+
+
+def _header_size(flags: int) -> int:
+    return PRODUCER_HEADER_SIZE if flags & FLAG_PRODUCER else HEADER_SIZE
 
 
 def _overhead(flags: int) -> int:
@@ -298,6 +343,8 @@ def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int, 
         raise BatchError(f"unsupported batch version {version} (this build reads {VERSION})")
     if flags & ~KNOWN_FLAGS:
         raise BatchError(f"unsupported batch flags 0x{flags:02x}")
+    if length < _header_size(flags):
+        raise BatchError(f"batch of {length} bytes is shorter than its {_header_size(flags)}-byte header")
     if last < first:
         raise BatchError(f"coverage {first}..{last} is empty")
     if count > last - first + 1:

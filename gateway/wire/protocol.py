@@ -80,7 +80,10 @@ FEATURE_CONFIRM: Final = "confirm"
 FEATURE_RANGE: Final = "range"
 FEATURE_TIME: Final = "time"
 FEATURE_SNAPSHOT: Final = "snapshot"
-FEATURES: Final = frozenset({FEATURE_BATCH, FEATURE_CONFIRM, FEATURE_RANGE, FEATURE_TIME, FEATURE_SNAPSHOT})
+FEATURE_PRODUCER: Final = "producer"  # PUBLISH-BATCH may carry FLAG_PRODUCER: the gateway drops re-sent records
+FEATURES: Final = frozenset(
+    {FEATURE_BATCH, FEATURE_CONFIRM, FEATURE_RANGE, FEATURE_TIME, FEATURE_SNAPSHOT, FEATURE_PRODUCER}
+)
 
 Buffer = bytes | bytearray | memoryview
 Sender = Literal["client", "server", "both"]

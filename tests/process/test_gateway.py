@@ -60,7 +60,7 @@ def test_kill_9_mid_load_then_restart_continues_sequences(tmp_path: Path) -> Non
                 last = pub.flush()
                 assert last is not None
                 confirmed.update(zip(range(last - len(bodies) + 1, last + 1), bodies, strict=True))
-            pub.sock.close(linger=0)
+            pub.abort()
         finally:
             gw.stop()
     records = journal_records(tmp_path)
@@ -84,6 +84,7 @@ def ask(sock: zmq.Socket, frame: bytes) -> P.Command:
         (False, b"\xaa\xa5\x06\x01", "truncated PUBLISH"),
         (False, P.encode(P.Publish("k", b"v")), "PUBLISH before ATTACH"),
         (False, P.encode(P.Attach("ZEPS", 1, "nosuch")), "unknown stream 'nosuch'; this gateway serves: orders, other"),
+        (False, P.encode(P.Attach("ZEPS", 2, STREAM)), "ZEPS version 2 is not served; this server speaks 1"),
         (True, P.encode(P.Subscribe("", 0)), "SUBSCRIBE is served by the replay sidecar"),
         (True, P.encode(P.PublishBatch(b"ZB junk")), "not allowed here"),
     ],

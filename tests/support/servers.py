@@ -39,7 +39,13 @@ class GatewayProcess:
         argv = [sys.executable, "-m", "gateway.cli", "gateway", "--journal", str(journal), "--ingest", self.ingest]
         for stream in streams:
             argv += ["--stream", stream]
-        self.proc = subprocess.Popen([*argv, *extra], stderr=subprocess.PIPE, text=True)
+        self.argv = [*argv, *extra]
+        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
+        self.wait_ready()
+
+    def restart(self) -> None:
+        """Start it again on the same endpoint and journal (after kill9 or stop)."""
+        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -64,6 +64,36 @@ def test_split_cuts_into_contiguous_parts_that_fit(recs, first, ttl, max_bytes) 
     ]
 
 
+@given(records.filter(bool), st.integers(0, B.MAX_PRODUCER), st.integers(0, 2**40), st.booleans())
+def test_producer_header_survives_sequencing_and_cuts(recs, pid, pseq, ttl) -> None:
+    entries = [(ts, k, v, i * 7) for i, (ts, k, v) in enumerate(recs)] if ttl else recs
+    src = B.Batch.parse(B.encode(0, entries, ttl=ttl, producer=(pid, pseq)))
+    assert src.producer == (pid, pseq) and src.header_size == B.PRODUCER_HEADER_SIZE
+    whole = B.Batch.parse(B.resequence(src, 1000, 5))
+    assert whole.producer == (pid, pseq) and whole.flags == src.flags
+    assert [e[1:] for e in whole.entries()] == [e[1:] for e in src.entries()]
+    n = len(recs)
+    for lo in {1000, 1000 + n // 2, 1000 + n - 1}:
+        cut = B.Batch.parse(whole.part(lo, 1000 + n - 1))
+        assert cut.producer == (pid, pseq + lo - 1000)
+        assert [e[2].tobytes() for e in cut.entries()] == [e[2].tobytes() for e in whole.entries(lo)]
+    pieces = [B.Batch.parse(raw) for _, raw in whole.split(B.PRODUCER_HEADER_SIZE + 50)]
+    assert [p.producer for p in pieces] == [(pid, pseq + p.first_seq - 1000) for p in pieces]
+    picked = B.Batch.parse(whole.select((b"",)))  # a filtered view is no longer a producer's run
+    assert picked.producer is None and picked.count == n
+
+
+def test_producer_flag_needs_its_header() -> None:
+    raw = bytearray(B.encode(1, [(0, b"", b"")]))  # 40 + 17 bytes: claims a producer header it lacks
+    raw[3] = B.FLAG_PRODUCER
+    with pytest.raises(B.BatchError):
+        B.Batch.parse(raw, check_crc=False)
+    short = bytearray(B.empty(1, 1))
+    short[3] = B.FLAG_PRODUCER
+    with pytest.raises(B.BatchError, match="shorter than its 56-byte header"):
+        B.Batch.parse(short, check_crc=False)
+
+
 def test_records_filters_by_range_and_prefix() -> None:
     b = B.Batch.parse(B.encode(10, [(i, b"a" if i % 2 else b"b", b"%d" % i) for i in range(10)]))
     got = [(r.seq, r.key, r.body) for r in b.records(12, 16, prefixes=(b"a",))]

@@ -85,8 +85,8 @@ def test_every_damaged_ttl_batch_is_rejected(recs, data) -> None:
 
 def test_unknown_flags_and_bad_ttls_are_refused() -> None:
     raw = bytearray(B.encode(1, [(0, b"k", b"v")]))
-    raw[3] = 0x04
-    with pytest.raises(B.BatchError, match="unsupported batch flags 0x04"):
+    raw[3] = 0x08
+    with pytest.raises(B.BatchError, match="unsupported batch flags 0x08"):
         B.Batch.parse(raw, check_crc=False)
     with pytest.raises(B.BatchError, match="ttl_ms 4294967296 outside"):
         B.encode(0, [(0, b"k", b"v", 2**32)], ttl=True)
@@ -387,7 +387,7 @@ def test_publisher_ttls_reach_the_journal_and_batches_without_stay_plain(tmp_pat
     with JournalReader(tmp_path, STREAM).cursor(1) as cursor:
         first, second = cursor.next_batch(), cursor.next_batch()
     assert first is not None and second is not None
-    assert (first.flags, second.flags) == (0, B.FLAG_TTL)
+    assert (first.flags, second.flags) == (B.FLAG_PRODUCER, B.FLAG_PRODUCER | B.FLAG_TTL)
     assert [(r.key, r.body, r.ttl_ms) for r in second.records()] == [("eph", b"3", 1500), ("gone", b"", 0)]
     assert [body for _, _, body in journal_records(tmp_path)] == [b"1", b"2", b"3", b""]
 

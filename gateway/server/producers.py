@@ -1,0 +1,81 @@
+"""Producer state: per stream, the highest record number journaled for each producer. Sans-IO.
+
+A Publisher numbers its records (producer id, producer sequence) and re-sends whatever the gateway has not
+confirmed when a connection drops; the gateway journals each batch with FLAG_PRODUCER (docs/batch-format.md)
+and drops re-sent records it has journaled before, confirming them all the same. That makes publishing exactly
+once across gateway crashes, as Kafka's idempotent producer does with its producer id and sequence numbers.
+
+The state is derived data: every fact in it is in the journal (a FLAG_PRODUCER batch says whose records it
+holds and their numbers), so after a kill -9 the gateway rebuilds it by feeding the journal's tail, batch by
+batch, to `journaled` (Gateway._recover_producers). Nothing else needs to be written or synced.
+
+Rules, for a batch of `count` records numbered first..first+count-1 by producer `pid`, whose highest journaled
+number is `last` (none: an unknown or expired producer):
+
+    case                           journaled                     confirmed
+    unknown producer, or first>last    all                       all
+    first+count-1 <= last              nothing (duplicate)       all, at the producer's last stream sequence
+    first <= last < first+count-1      the records after last    all (partial overlap)
+
+A gap (first > last + 1: records the producer never managed to publish) is accepted as is. The table is
+bounded: a producer silent for `expiry_ns` of journal time is forgotten (as Kafka's producer.id.expiration),
+and beyond `capacity` producers the least recently seen is; a forgotten producer's next batch is taken as new.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from gateway.wire.batch import Batch
+
+
+@dataclass(slots=True)
+class Producer:
+    last_pseq: int  # the producer's number of its highest journaled record
+    last_seq: int  # that record's stream sequence
+    seen_ns: int  # journal time of the producer's last batch
+
+
+class ProducerTable:
+    """One stream's producers, least recently seen first."""
+
+    def __init__(self, expiry_ns: int, capacity: int) -> None:
+        self.expiry_ns = expiry_ns
+        self.capacity = capacity
+        self._by_id: OrderedDict[int, Producer] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, pid: int) -> Producer | None:
+        return self._by_id.get(pid)
+
+    def duplicates(self, pid: int, first: int, count: int) -> int:
+        """How many leading records of a batch numbered first..first+count-1 are journaled already (0..count)."""
+        known = self._by_id.get(pid)
+        if known is None or first > known.last_pseq:
+            return 0
+        return min(known.last_pseq - first + 1, count)
+
+    def journaled(self, batch: Batch) -> None:
+        """Take note of a sequenced FLAG_PRODUCER batch now in the journal (live, or read back on restart)."""
+        producer = batch.producer
+        if producer is None or not batch.count:
+            return
+        pid, first = producer
+        self._by_id[pid] = Producer(first + batch.count - 1, batch.last_seq, batch.ts_ns)
+        self._by_id.move_to_end(pid)
+        while len(self._by_id) > self.capacity:
+            self._by_id.popitem(last=False)
+
+    def expire(self, now_ns: int) -> int:
+        """Forget producers silent since before now_ns - expiry_ns; how many were."""
+        cutoff, n = now_ns - self.expiry_ns, 0
+        while self._by_id:
+            pid, oldest = next(iter(self._by_id.items()))
+            if oldest.seen_ns >= cutoff:
+                break
+            del self._by_id[pid]
+            n += 1
+        return n
