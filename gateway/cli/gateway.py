@@ -95,7 +95,19 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     return _gateway_config(args)
 
 
-_TIMES = ("client_timeout", "journal_retry_ms", "producer_expiry_s", "max_producers")  # passed on when given
+# Settings handed to GatewayConfig as they are, when given (its own defaults otherwise).
+_PASSED_ON = (
+    "heartbeat_ms",
+    "linger_ms",
+    "batch_records",
+    "batch_bytes",
+    "max_message_bytes",
+    "max_clients",
+    "client_timeout",
+    "journal_retry_ms",
+    "producer_expiry_s",
+    "max_producers",
+)
 
 
 def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
@@ -109,15 +121,6 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     durability = {"mode": given["fsync"]} if "fsync" in given else {}
     if "fsync_ms" in given:
         durability["group_ms"] = given["fsync_ms"]
-    limits = (
-        "max_producers",
-        "heartbeat_ms",
-        "linger_ms",
-        "batch_records",
-        "batch_bytes",
-        "max_message_bytes",
-        "max_clients",
-    )
     return GatewayConfig(
         streams=list(args.stream),
         journal=Path(args.journal),
@@ -132,7 +135,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
         discovery=discovery_opts.server_discovery(given),
-        **{k: given[k] for k in (*limits, *_TIMES) if k in given},
+        **{k: given[k] for k in _PASSED_ON if k in given},
     )
 
 
