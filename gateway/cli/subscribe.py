@@ -49,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gateway.client.metrics import SubscriberMetrics
     from gateway.client.subscriber import Subscriber
-    from gateway.errors import DataLoss
+    from gateway.errors import DataLoss, ZepsError
     from gateway.wire.streamkey import StreamKey
 
     stop = []
@@ -57,17 +57,22 @@ def _run(args: argparse.Namespace) -> int:
     out = sys.stdout
     n = 0
     lost = 0
-    with Subscriber(
-        args.stream,
-        multicast=args.multicast,
-        replay=args.replay,
-        topics=args.topic,
-        start=args.start,
-        checkpoint=args.checkpoint,
-        max_lag=args.max_lag,
-        stream_key=[StreamKey.load(path) for path in args.stream_key],
-        curve=keyopts.client_curve(args),
-    ) as sub:
+    try:  # the constructor does no network I/O: what it raises is about the arguments (exit 2)
+        sub = Subscriber(
+            args.stream,
+            multicast=args.multicast,
+            replay=args.replay,
+            topics=args.topic,
+            start=args.start,
+            checkpoint=args.checkpoint,
+            max_lag=args.max_lag,
+            stream_key=[StreamKey.load(path) for path in args.stream_key],
+            curve=keyopts.client_curve(args),
+        )
+    except ValueError as exc:
+        print(f"zeps subscribe: {exc}", file=sys.stderr)
+        return 2
+    with sub:
         metrics = SubscriberMetrics(sub) if args.metrics else None
         if metrics:
             metrics.serve(args.metrics)
@@ -79,6 +84,10 @@ def _run(args: argparse.Namespace) -> int:
                 lost += exc.hi - exc.lo + 1
                 print(f"zeps subscribe: {exc}", file=sys.stderr)
                 continue
+            except ZepsError as exc:  # final (an unknown stream, refused keys, ...): retrying would not help
+                out.flush()
+                print(f"zeps subscribe: {exc}", file=sys.stderr)
+                return 1
             if rec is None:
                 if args.timeout is not None and time.monotonic() - idle_since > args.timeout:
                     break

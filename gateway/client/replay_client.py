@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
 SLICE_S = 0.05  # a waiting recv() looks at the handshake monitor this often
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000  # a server silent this long (even to ZMTP pings) is gone
 
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
 T = TypeVar("T")
@@ -83,7 +85,11 @@ class ReplayClient:
         self.sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             curve.apply(self.sock)
-        self.handshake = Handshake(self.sock)  # explains a server that stays silent (CURVE refusals)
+        # ZMTP heartbeats end the connection to a server that stops answering (SIGSTOP, a dead host); the
+        # monitor explains a silent handshake (CURVE refusals) and tells when a connection ends.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.handshake = Handshake(self.sock, watch_drops=True)
         self.sock.connect(endpoint)
         self._queued: list[P.Command | str] = []  # requests (and required features) held until READY
         self._window_open = False  # the initial window has been granted
@@ -170,7 +176,6 @@ class ReplayClient:
             case P.Ping():
                 self._send_now(P.PingOk())
             case P.AttachOk() if self.phase is Phase.ATTACHING:
-                self.handshake.close()  # answered: the monitor is no longer needed
                 if self.wanted:
                     self.phase = Phase.EXTENDING
                     self._send_now(P.Extend(self.wanted))
@@ -203,14 +208,15 @@ class ReplayClient:
             else:
                 self._send_now(item)
 
-    def _check_handshake(self, now: float) -> None:
-        """Raise if the handshake has failed for good (a CURVE refusal) or its deadline has passed."""
-        if self.ready:
-            return
+    def _check_link(self, now: float) -> None:
+        """Raise if the connection has ended, or the handshake has failed for good (a CURVE refusal) or not
+        ended by its deadline. A ZeroMQ socket would reconnect by itself, but to a server without our session."""
         why = self.handshake.explain()
         if why and (self.handshake.certainty > 0 or self.handshake.failed >= Handshake.CONCLUSIVE):
             raise ReplayRefused(f"replay server at {self.endpoint}: {why}")
-        if now >= self.deadline:
+        if self.handshake.dropped:
+            raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
+        if not self.ready and now >= self.deadline:
             why = why or f"no answer within {self.timeout} s; is `zeps replay` running there?"
             raise ReplayError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {why}")
 
@@ -264,7 +270,7 @@ class ReplayClient:
                 break
             except zmq.Again:
                 now = time.monotonic()
-                self._check_handshake(now)
+                self._check_link(now)
                 left = deadline - now
                 if left <= 0:
                     return None

@@ -418,7 +418,8 @@ class Subscriber:
         return tuple(c for c in (starter, self.catchup, self.fill) if c is not None)
 
     def _sync_poller(self) -> None:
-        replay = tuple(c.sock for c in self._replay_clients())
+        # A connection's monitor too: a connection that ends says so there, not on the socket.
+        replay = tuple(sock for c in self._replay_clients() for sock in (c.sock, c.handshake.monitor) if sock)
         if replay != self._polled_replay:  # connections come and go; the feeds stay registered
             for sock in self._polled_replay:
                 self._poller.unregister(sock)
@@ -439,7 +440,8 @@ class Subscriber:
             if sock in ready:
                 self._drain_feed(sock, feed, now)
         for client in self._replay_clients():
-            if client.sock in ready or not client.ready:  # a handshake is looked at every turn: its deadline
+            # A handshake is looked at every turn (its deadline), a ready connection when it or its monitor stirs.
+            if not client.ready or client.sock in ready or client.handshake.monitor in ready:
                 self._drain_replay(client, now)
         if self.failed is None and not self.replay_up and now >= self.reconnect_at:
             self._reconnect(now)
@@ -609,10 +611,10 @@ class Subscriber:
         self.fills.clear()
 
     def _replay_lost(self, now: float, reason: str) -> None:
+        # The first failure of a run is a warning; the retries that follow it are debug lines.
+        level = logging.WARNING if self.backoff.failures == 0 else logging.DEBUG
         delay = self.backoff.next()
         self.stats.replay_retries += 1
-        # The first failure of a run is a warning; the retries that follow it are debug lines.
-        level = logging.WARNING if self.replay_state != "retrying" else logging.DEBUG
         log.log(level, "%s: replay: %s; retrying in %.2f s", self.stream, reason, delay)
         self._close_replay()
         if self.replay_up:
