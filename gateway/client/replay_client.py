@@ -217,7 +217,7 @@ class ReplayClient:
         if self.handshake.dropped:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
         if not self.ready and now >= self.deadline:
-            why = why or f"no answer within {self.timeout} s; is `zeps replay` running there?"
+            why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
             raise ReplayError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {why}")
 
     # --- credit ---------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ This is the IO half of `gateway.reconcile`: it owns the sockets and the clock, t
 reconciler events, and carries out the actions the reconciler returns. All decisions are the
 reconciler's; nothing here decides what the application sees.
 
-Sockets, all driven by the caller's thread (no background threads; see "Threading" below):
+Sockets, all driven by the caller's thread except the feeds (see "Threading" below):
 - one SUB per multicast feed ("A", "B", ...), subscribed to the whole stream so every sequence is seen;
 - replay, in two ZEPS connections so that every answer can be attributed to its request: the *catch-up*
   connection carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is
@@ -36,12 +36,13 @@ restart) is retried after a capped exponential backoff with jitter (0.1 s doubli
 (the first of a run as a warning), counted (`replay_retries`), and reported to `on_replay_state(state,
 error)`: "connecting", "ready", "retrying" (with the error) and "failed" (with the error).
 
-Threading. One thread drives a Subscriber: the one calling next()/next_batch()/update()/poll(), which
-also runs the on_replay_state callback (keep it short). The multicast sockets are read only while that
-thread is in one of these calls, into the reconciler's bounded buffer. libzmq 4.3.4 aborts the process
-when a PGM SUB's pipe fills (src/pgm_receiver.cpp:131), so an application that may stop calling for
-longer than its feed's RCVHWM lasts should use `drain=True`, which keeps an IO thread reading the feeds
-(docs/client.md).
+Threading. One application thread drives a Subscriber: the one calling next()/next_batch()/update()/
+poll(); it runs the reconciler, the replay connections and the on_replay_state callback (keep it short).
+The multicast feeds are read by an IO thread (`FeedDrain`, on by default) into a queue bounded by
+`buffer_limit_bytes`, whatever the application does: libzmq 4.3.4 aborts the process when a PGM SUB's pipe
+fills (src/pgm_receiver.cpp:131). What overflows the queue while the application is away is dropped
+there and recovered from replay like any loss. With drain=False the feeds are read only during those
+calls: for an application that calls at least every few milliseconds and wants no second thread.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import zmq
 
 from gateway import reconcile as R
 from gateway.client.backoff import Backoff
+from gateway.client.feed_drain import FeedDrain
 from gateway.client.replay_client import DEFAULT_FEATURES, Event, ReplayClient, start_after
 from gateway.client.snapshot_view import LastValues
 from gateway.errors import (
@@ -84,6 +87,7 @@ from gateway.wire.streamkey import StreamKey, Verifier
 log = logging.getLogger(__name__)
 
 TICK_S = 0.02
+FEED_BURST = 256  # multicast messages taken in per turn
 REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
 
 
@@ -138,6 +142,7 @@ class SubscriberStats:
     unauthenticated: int = 0  # of those, the ones that failed the stream key check
     replay_reconnects: int = 0
     replay_retries: int = 0  # transient replay failures, each followed by a backoff
+    feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
     states: list[str] = field(default_factory=list)
 
     @property
@@ -158,6 +163,7 @@ class SubscriberStats:
             "rejected_packets": self.rejected_packets,
             "unauthenticated": self.unauthenticated,
             "replay_retries": self.replay_retries,
+            "feed_dropped": self.feed_dropped,
         }
 
 
@@ -229,13 +235,17 @@ class Subscriber:
         curve: CurveClientKeys | None = None,
         view: bool | None = None,
         on_replay_state: Callable[[str, ZepsError | None], None] | None = None,
+        drain: bool = True,
         ctx: zmq.Context | None = None,
     ) -> None:
         """`view`: keep `self.view`, the last value of every key (default: with start="snapshot").
-        `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring."""
+        `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring.
+        `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
+        `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading")."""
         if not multicast and not replay:
             raise ValueError("give at least one --multicast endpoint or a --replay endpoint")
         self.stream = stream
+        self.stream_name = stream.encode()
         self.ctx = ctx or zmq.Context.instance()
         self.topics = tuple(topics)
         self.prefixes = tuple(t.encode() for t in topics)
@@ -247,12 +257,14 @@ class Subscriber:
         self.verifier = Verifier(stream, [stream_key] if isinstance(stream_key, StreamKey) else stream_key)
         self.stats = SubscriberStats()
         self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
-        self.feeds: dict[zmq.Socket, str] = {}
+        self.feeds: dict[Any, str] = {}  # receiver -> feed name
         for i, text in enumerate(multicast):
             sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
             self.feeds[sock] = chr(ord("A") + i)
+        # With `drain`, the feeds belong to the drain thread from here on; we wait on its queue instead.
+        self.drain = FeedDrain(self.feeds, buffer_limit_bytes, f"zeps-feeds-{stream}") if drain and multicast else None
         self._poller = zmq.Poller()
-        for sock in self.feeds:
+        for sock in [self.drain] if self.drain is not None else self.feeds:
             self._poller.register(sock, zmq.POLLIN)
         self._polled_replay: tuple[zmq.Socket, ...] = ()
         self.catchup: ReplayClient | None = None
@@ -262,6 +274,7 @@ class Subscriber:
         self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
         self.backoff = Backoff()
+        self.unready_since: float | None = None  # the first connection opened since one was last ready
         self.replay_state = "connecting"
         self.on_replay_state = on_replay_state
         self.failed: ReplayRefused | None = None  # raised at every call once what came before is handed out
@@ -384,6 +397,8 @@ class Subscriber:
         return 0 if self.reconciler is None else self.reconciler.lag
 
     def summary(self) -> dict[str, int]:
+        if self.drain is not None:
+            self.stats.feed_dropped = self.drain.dropped
         return self.stats.summary(self.reconciler)
 
     def close(self) -> None:
@@ -396,8 +411,11 @@ class Subscriber:
             self._finished(self.handed)
         if self.checkpoint and self.position is not None:
             self.checkpoint.save(self.position, force=True)
-        for sock in self.feeds:
-            sock.close(linger=0)
+        if self.drain is not None:
+            self.drain.close()
+        else:
+            for sock in self.feeds:
+                sock.close(linger=0)
         self._close_replay()
 
     def __enter__(self) -> Subscriber:
@@ -436,9 +454,14 @@ class Subscriber:
             time.sleep(timeout)
             ready = {}
         now = time.monotonic()
-        for sock, feed in self.feeds.items():
-            if sock in ready:
-                self._drain_feed(sock, feed, now)
+        if self.drain is not None:
+            if self.drain in ready:
+                for feed, frames in self.drain.take(FEED_BURST):
+                    self._on_feed(feed, frames, now)
+        else:
+            for sock, feed in self.feeds.items():
+                if sock in ready:
+                    self._drain_feed(sock, feed, now)
         for client in self._replay_clients():
             # A handshake is looked at every turn (its deadline), a ready connection when it or its monitor stirs.
             if not client.ready or client.sock in ready or client.handshake.monitor in ready:
@@ -451,30 +474,34 @@ class Subscriber:
         else:
             self._execute(self.reconciler.handle(R.Tick(), now))
 
-    def _drain_feed(self, sock: zmq.Socket, feed: str, now: float, limit: int = 256) -> None:
-        name = self.stream.encode()
-        for _ in range(limit):
+    def _drain_feed(self, sock: Any, feed: str, now: float) -> None:
+        for _ in range(FEED_BURST):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
-                if frames[0] != name:
-                    continue  # another stream sharing the group and prefix
-                item = parse_payload(self.verifier.open(frames))
             except zmq.Again:
                 return
-            except (McastError, UdpError) as exc:
-                self.stats.rejected_packets += 1
-                if isinstance(exc, Unauthenticated):
-                    self.stats.unauthenticated += 1
-                log.debug("feed %s: dropped a packet: %s", feed, exc)
-                continue
-            if isinstance(item, Heartbeat):
-                if self.replay_endpoint is None and item.replay:
-                    self.replay_endpoint = item.replay
-                    log.info("replay sidecar found from heartbeats: %s", item.replay)
-                if self.reconciler is not None:
-                    self._execute(self.reconciler.handle(R.Heartbeat(item.head, feed), now))
-            elif self.reconciler is not None:  # before the start is known, replay covers what passes now
-                self._execute(self.reconciler.handle(R.Live(item, feed), now))
+            self._on_feed(feed, frames, now)
+
+    def _on_feed(self, feed: str, frames: list[bytes], now: float) -> None:
+        """One multicast message: a batch or a heartbeat of this stream, or something to drop and count."""
+        if frames[0] != self.stream_name:
+            return  # another stream sharing the group and prefix
+        try:
+            item = parse_payload(self.verifier.open(frames))
+        except (McastError, UdpError) as exc:
+            self.stats.rejected_packets += 1
+            if isinstance(exc, Unauthenticated):
+                self.stats.unauthenticated += 1
+            log.debug("feed %s: dropped a packet: %s", feed, exc)
+            return
+        if isinstance(item, Heartbeat):
+            if self.replay_endpoint is None and item.replay:
+                self.replay_endpoint = item.replay
+                log.info("replay sidecar found from heartbeats: %s", item.replay)
+            if self.reconciler is not None:
+                self._execute(self.reconciler.handle(R.Heartbeat(item.head, feed), now))
+        elif self.reconciler is not None:  # before the start is known, replay covers what passes now
+            self._execute(self.reconciler.handle(R.Live(item, feed), now))
 
     def _drain_replay(self, client: ReplayClient, now: float) -> None:
         try:
@@ -488,9 +515,11 @@ class Subscriber:
         except ReplayError as exc:
             self._replay_lost(now, exc.reason)
         else:
-            if client.ready and self.replay_state != "ready" and client in self._replay_clients():
-                self.backoff.reset()
-                self._set_replay_state("ready", None)
+            if client.ready and client in self._replay_clients():
+                self.unready_since = None
+                if self.replay_state != "ready":
+                    self.backoff.reset()
+                    self._set_replay_state("ready", None)
 
     def _on_replay(self, client: ReplayClient, event: Event, now: float) -> None:
         if self.starter is not None and client is self.starter[0]:
@@ -593,12 +622,17 @@ class Subscriber:
         """A new replay connection, handshaking in the background of the poll loop (never waits)."""
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
+        # The handshake deadline runs from the first connection opened since one was ready, so that the
+        # reconciler re-issuing a request (a new connection) cannot keep a dead server looking "connecting".
+        now = time.monotonic()
+        if self.unready_since is None:
+            self.unready_since = now
         features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
         return ReplayClient(
             self.replay_endpoint,
             self.stream,
             features=features,
-            timeout=self.replay_timeout,
+            timeout=max(0.001, self.unready_since + self.replay_timeout - now),
             curve=self.curve,
             ctx=self.ctx,
         )
@@ -617,6 +651,7 @@ class Subscriber:
         self.stats.replay_retries += 1
         log.log(level, "%s: replay: %s; retrying in %.2f s", self.stream, reason, delay)
         self._close_replay()
+        self.unready_since = None
         if self.replay_up:
             self.replay_up = False
             if self.reconciler is not None:

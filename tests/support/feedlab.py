@@ -13,12 +13,12 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.metrics import SubscriberMetrics
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
 from gateway.tools.deployment import Deployment, Keys
 from gateway.tools.load import generated
-from gateway.transport.metrics import SubscriberMetrics
 from netlab import Lab
 
 STREAM = "feed"
