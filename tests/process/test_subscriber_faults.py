@@ -7,6 +7,7 @@ within seconds, transient failures cost almost no CPU, and every record arrives 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import selectors
 import signal
@@ -21,6 +22,7 @@ import pytest
 import zmq
 from support.servers import Stream, free_port
 
+from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.subscriber import Subscriber
 from gateway.errors import ReplayRefused
 from gateway.tools.deployment import Keys
@@ -327,3 +329,48 @@ def test_a_sidecar_started_before_its_journal_waits_for_it(tmp_path: Path) -> No
         assert done.returncode == 0 and len(done.stdout.splitlines()) == 200
     log = sidecar.stderr()
     assert log.count("does not exist yet") == 1 and log.count("has appeared") == 1, log
+
+
+def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> None:
+    """A ticker on the same loop keeps ticking while the AsyncSubscriber waits on a dead, a frozen and a
+    half-answering server, and while it is handed records."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(100)
+
+    async def watch(endpoint: str, seconds: float, want: int = 0) -> tuple[float, int]:
+        """The longest gap between 10 ms ticks, and the records received."""
+        gaps: list[float] = []
+        got = 0
+        done = asyncio.Event()
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        async with AsyncSubscriber("orders", replay=endpoint, start="earliest", replay_timeout=1.0) as sub:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and (not want or got < want):
+                if await sub.next(timeout=0.3) is not None:
+                    got += 1
+        done.set()
+        await ticker
+        return max(gaps), got
+
+    dead = asyncio.run(watch(f"tcp://127.0.0.1:{free_port()}", 3.0))
+    with half_server() as endpoint:
+        half = asyncio.run(watch(endpoint, 3.0))
+    with side(root) as sidecar:
+        flowing = asyncio.run(watch(sidecar.endpoint, 30.0, want=1000))
+        sidecar.signal(signal.SIGSTOP)
+        frozen = asyncio.run(watch(sidecar.endpoint, 3.0))
+        sidecar.signal(signal.SIGCONT)
+    s.writer.close()
+    assert flowing[1] == 1000
+    for name, (gap, _) in {"dead": dead, "half": half, "flowing": flowing, "frozen": frozen}.items():
+        assert gap < 0.01 + SLACK_S, f"{name}: the event loop stalled for {gap:.3f} s"
