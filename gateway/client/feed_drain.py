@@ -28,6 +28,7 @@ from typing import Any
 
 import zmq
 
+from gateway.errors import McastError
 from gateway.transport.pollable import PolledByFd
 
 log = logging.getLogger(__name__)
@@ -42,32 +43,42 @@ class FeedDrain(PolledByFd):
     def __init__(self, feeds: dict[Any, str], limit_bytes: int, name: str = "zeps-feeds") -> None:
         self.feeds = feeds
         self.limit_bytes = limit_bytes
-        self.queue: deque[tuple[str, list[bytes]]] = deque()
+        self.queue: deque[tuple[str, list[bytes] | McastError]] = deque()  # a receiver's refusal is passed on
         self.queued_bytes = 0
         self.dropped = 0  # messages read and dropped because the queue was full
         self._full = False  # dropping since the application last took: said once per such spell
         self.lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._stop = threading.Event()
+        self.failure: BaseException | None = None  # what ended the thread, if not close()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def fileno(self) -> int:
         return self._wake_r
 
-    def take(self, limit: int) -> list[tuple[str, list[bytes]]]:
-        """Up to `limit` (feed name, frames) in arrival order."""
+    def take(self, limit: int) -> list[tuple[str, list[bytes] | McastError]]:
+        """Up to `limit` (feed name, frames) in arrival order; a malformed datagram comes as its McastError."""
         with self.lock:
             n = min(limit, len(self.queue))
             taken = [self.queue.popleft() for _ in range(n)]
             self._full = False
-            self.queued_bytes -= sum(len(f) for _, frames in taken for f in frames)
+            self.queued_bytes -= sum(_size(frames) for _, frames in taken)
             if not self.queue:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
         return taken
 
     def _run(self) -> None:
+        try:
+            self._drain()
+        except BaseException as exc:  # a bug: said, and raised to the application by the subscriber
+            log.exception("the feed drain thread failed")
+            self.failure = exc
+            with self.lock:
+                os.write(self._wake_w, b"!")
+
+    def _drain(self) -> None:
         poller = zmq.Poller()
         for sock in self.feeds:
             poller.register(sock, zmq.POLLIN)
@@ -77,13 +88,14 @@ class FeedDrain(PolledByFd):
                 if sock not in ready:
                     continue
                 for _ in range(BURST):
+                    frames: list[bytes] | McastError
                     try:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    except zmq.ZMQError:  # closed under us: the subscriber is closing
-                        return
-                    size = sum(len(f) for f in frames)
+                    except McastError as exc:  # a datagram that is no message (udp://): counted by the subscriber
+                        frames = exc
+                    size = _size(frames)
                     with self.lock:
                         if self.queued_bytes + size > self.limit_bytes:
                             self.dropped += 1
@@ -108,3 +120,7 @@ class FeedDrain(PolledByFd):
             sock.close(linger=0)
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+
+def _size(frames: list[bytes] | McastError) -> int:
+    return 0 if isinstance(frames, McastError) else sum(len(f) for f in frames)

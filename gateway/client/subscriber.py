@@ -70,7 +70,6 @@ from gateway.errors import (
     ReplayError,
     ReplayRefused,
     SlowConsumer,
-    UdpError,
     Unauthenticated,
     ZepsError,
 )
@@ -264,8 +263,9 @@ class Subscriber:
         # With `drain`, the feeds belong to the drain thread from here on; we wait on its queue instead.
         self.drain = FeedDrain(self.feeds, buffer_limit_bytes, f"zeps-feeds-{stream}") if drain and multicast else None
         self._poller = zmq.Poller()
-        for sock in [self.drain] if self.drain is not None else self.feeds:
-            self._poller.register(sock, zmq.POLLIN)
+        watched: list[Any] = [self.drain] if self.drain is not None else list(self.feeds)
+        for receiver in watched:
+            self._poller.register(receiver, zmq.POLLIN)
         self._polled_replay: tuple[zmq.Socket, ...] = ()
         self.catchup: ReplayClient | None = None
         self.catchup_id: int | None = None
@@ -456,6 +456,8 @@ class Subscriber:
         now = time.monotonic()
         if self.drain is not None:
             if self.drain in ready:
+                if self.drain.failure is not None:
+                    raise ZepsError(f"the feed drain thread failed: {self.drain.failure!r}") from self.drain.failure
                 for feed, frames in self.drain.take(FEED_BURST):
                     self._on_feed(feed, frames, now)
         else:
@@ -476,23 +478,26 @@ class Subscriber:
 
     def _drain_feed(self, sock: Any, feed: str, now: float) -> None:
         for _ in range(FEED_BURST):
+            frames: list[bytes] | McastError
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            except McastError as exc:  # a datagram that is no message (udp://)
+                frames = exc
             self._on_feed(feed, frames, now)
 
-    def _on_feed(self, feed: str, frames: list[bytes], now: float) -> None:
+    def _on_feed(self, feed: str, frames: list[bytes] | McastError, now: float) -> None:
         """One multicast message: a batch or a heartbeat of this stream, or something to drop and count."""
+        if isinstance(frames, McastError):  # the receiver's refusal (udp://)
+            self._reject(feed, frames)
+            return
         if frames[0] != self.stream_name:
             return  # another stream sharing the group and prefix
         try:
             item = parse_payload(self.verifier.open(frames))
-        except (McastError, UdpError) as exc:
-            self.stats.rejected_packets += 1
-            if isinstance(exc, Unauthenticated):
-                self.stats.unauthenticated += 1
-            log.debug("feed %s: dropped a packet: %s", feed, exc)
+        except McastError as exc:
+            self._reject(feed, exc)
             return
         if isinstance(item, Heartbeat):
             if self.replay_endpoint is None and item.replay:
@@ -502,6 +507,12 @@ class Subscriber:
                 self._execute(self.reconciler.handle(R.Heartbeat(item.head, feed), now))
         elif self.reconciler is not None:  # before the start is known, replay covers what passes now
             self._execute(self.reconciler.handle(R.Live(item, feed), now))
+
+    def _reject(self, feed: str, exc: McastError) -> None:
+        self.stats.rejected_packets += 1
+        if isinstance(exc, Unauthenticated):
+            self.stats.unauthenticated += 1
+        log.debug("feed %s: dropped a packet: %s", feed, exc)
 
     def _drain_replay(self, client: ReplayClient, now: float) -> None:
         try:
