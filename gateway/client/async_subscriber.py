@@ -1,8 +1,9 @@
 """`AsyncSubscriber`: the asyncio face of `Subscriber`, for applications that live on an event loop.
 
 The reconciling itself is the same object: an `AsyncSubscriber` owns a `Subscriber` and, instead of blocking
-in its poll, awaits readiness of the very sockets that poll would wait on (the feed drain's queue, replay
-connections and their monitors) through a `zmq.asyncio.Poller`. Then it lets the `Subscriber` take in what
+in its poll, awaits readiness of what poll would wait on (the replay connections and their monitors, and
+the feeds, or with a drain its queue, which the drain's thread fills while we await) through a
+`zmq.asyncio.Poller`. Then it lets the `Subscriber` take in what
 arrived without waiting: each step is bounded (the Subscriber never waits on the network, and takes in a
 bounded amount per turn), so the event loop is never stalled. The event loop's thread is the Subscriber's
 application thread (its contract: gateway.client.subscriber); the only other thread is the feed drain.
@@ -53,6 +54,8 @@ class AsyncSubscriber:
 
     async def _readable(self, timeout: float) -> None:
         pollables = self.sync.pollables()
+        if self.sync.drain is not None:
+            self.sync.drain.away()  # its thread reads the feeds while we await its queue
         if not pollables:  # replay only, between tries: nothing to wait on but the clock
             await asyncio.sleep(timeout)
             return

@@ -4,7 +4,7 @@ This is the IO half of `gateway.reconcile`: it owns the sockets and the clock, t
 reconciler events, and carries out the actions the reconciler returns. All decisions are the
 reconciler's; nothing here decides what the application sees.
 
-Sockets, all driven by the caller's thread except the feeds (see "Threading" below):
+Sockets, all driven by the caller's thread (and the feeds by a drain thread while it is away; "Threading"):
 - one SUB per multicast feed ("A", "B", ...), subscribed to the whole stream so every sequence is seen;
 - replay, in two ZEPS connections so that every answer can be attributed to its request: the *catch-up*
   connection carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is
@@ -37,12 +37,13 @@ restart) is retried after a capped exponential backoff with jitter (0.1 s doubli
 error)`: "connecting", "ready", "retrying" (with the error) and "failed" (with the error).
 
 Threading. One application thread drives a Subscriber: the one calling next()/next_batch()/update()/
-poll(); it runs the reconciler, the replay connections and the on_replay_state callback (keep it short).
-The multicast feeds are read by an IO thread (`FeedDrain`, on by default) into a queue bounded by
-`buffer_limit_bytes`, whatever the application does: libzmq 4.3.4 aborts the process when a PGM SUB's pipe
-fills (src/pgm_receiver.cpp:131). What overflows the queue while the application is away is dropped
-there and recovered from replay like any loss. With drain=False the feeds are read only during those
-calls: for an application that calls at least every few milliseconds and wants no second thread.
+poll(); it runs the reconciler, the replay connections and the on_replay_state callback (keep it short),
+and reads the multicast feeds during each poll turn. libzmq 4.3.4 aborts the process when a PGM SUB's pipe
+fills (src/pgm_receiver.cpp:131), so with `drain` (the default) a second thread (`FeedDrain`) reads the
+feeds whenever the application has been away for 20 ms, into a queue bounded by `buffer_limit_bytes` that
+the next poll turn takes first; what overflows it is dropped there and recovered from replay like any
+loss. While the application keeps calling, that costs one uncontended lock per turn. With drain=False the
+feeds are read only during those calls: for an application that never stops calling.
 """
 
 from __future__ import annotations
@@ -260,11 +261,11 @@ class Subscriber:
         for i, text in enumerate(multicast):
             sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
             self.feeds[sock] = chr(ord("A") + i)
-        # With `drain`, the feeds belong to the drain thread from here on; we wait on its queue instead.
+        # With `drain`, the feeds are read by whoever holds the drain's lock: poll() while it runs, the drain's
+        # thread while the application is away.
         self.drain = FeedDrain(self.feeds, buffer_limit_bytes, f"zeps-feeds-{stream}") if drain and multicast else None
         self._poller = zmq.Poller()
-        watched: list[Any] = [self.drain] if self.drain is not None else list(self.feeds)
-        for receiver in watched:
+        for receiver in self.feeds:
             self._poller.register(receiver, zmq.POLLIN)
         self._polled_replay: tuple[zmq.Socket, ...] = ()
         self.catchup: ReplayClient | None = None
@@ -427,9 +428,13 @@ class Subscriber:
     # --- the loop ---------------------------------------------------------------------------------------
 
     def pollables(self) -> list:
-        """What `poll` waits on now (sockets and file-like objects), for an event loop to watch instead."""
+        """What an event loop should wait on instead of calling `poll` (sockets and file-like objects): with a
+        drain, its queue instead of the feeds (call `drain.away()` before awaiting, so that its thread reads
+        them meanwhile)."""
         self._sync_poller()
-        return [sock for sock, _ in self._poller.sockets]
+        if self.drain is None:
+            return [sock for sock, _ in self._poller.sockets]
+        return [self.drain, *(sock for sock, _ in self._poller.sockets if sock not in self.feeds)]
 
     def _replay_clients(self) -> tuple[ReplayClient, ...]:
         starter = self.starter[0] if self.starter is not None else None
@@ -447,20 +452,30 @@ class Subscriber:
 
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
+        if self.drain is None:
+            self._turn(timeout)
+            return
+        self.drain.acquire()  # the feeds are ours for this turn
+        try:
+            self._turn(timeout)
+        finally:
+            self.drain.release()
+
+    def _turn(self, timeout: float) -> None:
         self._sync_poller()
+        direct = True  # read the feeds themselves: not while older messages wait in the drain's queue
+        if self.drain is not None and self.drain.queue:
+            now = time.monotonic()
+            for feed, frames in self.drain.take(FEED_BURST):
+                self._on_feed(feed, frames, now)
+            direct, timeout = not self.drain.queue, 0.0
         if self._poller.sockets:
             ready = dict(self._poller.poll(int(timeout * 1000)))
         else:  # nothing to wait on (replay only, between tries): sleep, never spin
             time.sleep(timeout)
             ready = {}
         now = time.monotonic()
-        if self.drain is not None:
-            if self.drain in ready:
-                if self.drain.failure is not None:
-                    raise ZepsError(f"the feed drain thread failed: {self.drain.failure!r}") from self.drain.failure
-                for feed, frames in self.drain.take(FEED_BURST):
-                    self._on_feed(feed, frames, now)
-        else:
+        if direct:
             for sock, feed in self.feeds.items():
                 if sock in ready:
                     self._drain_feed(sock, feed, now)

@@ -1,5 +1,6 @@
-"""FeedDrain: the IO thread that keeps multicast receivers read. Here with inproc sockets standing in for the
-feeds: what it queues, what it drops when full (and counts), how it wakes its reader, and what it passes on."""
+"""FeedDrain: the IO thread that reads the multicast receivers while the application is away. Here with inproc
+sockets standing in for the feeds: who reads when, what it queues, what it drops when full (and counts), how
+it wakes an awaiting reader, and what it passes on."""
 
 from __future__ import annotations
 
@@ -39,19 +40,27 @@ def readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def test_messages_are_queued_in_order_and_the_pipe_says_when(feed) -> None:
+def test_the_thread_reads_only_while_the_application_is_away(feed) -> None:
     push, pull = feed
     drain = FeedDrain({pull: "A"}, limit_bytes=1 << 20)
     try:
+        drain.acquire()  # a poll turn: the feeds are the application's
+        push.send_multipart([b"s", b"mine"])
+        time.sleep(0.1)
+        assert not drain.queue and pull.poll(0)  # left for the application to read
+        assert pull.recv_multipart() == [b"s", b"mine"]
+        drain.release()
         assert not readable(drain.fileno())
-        for i in range(10):
+        for i in range(10):  # the application is away: the thread takes over
             push.send_multipart([b"s", b"%d" % i])
         wait_for(lambda: len(drain.queue) == 10)
         assert readable(drain.fileno())
+        drain.acquire()
         assert drain.take(4) == [("A", [b"s", b"%d" % i]) for i in range(4)]
         assert readable(drain.fileno())  # six still wait
         assert [frames[1] for _, frames in drain.take(100)] == [b"%d" % i for i in range(4, 10)]
         assert not readable(drain.fileno()) and drain.queued_bytes == 0
+        drain.release()
     finally:
         drain.close()
 
@@ -64,10 +73,14 @@ def test_a_full_queue_keeps_reading_and_drops_what_it_reads(feed) -> None:
             push.send_multipart([b"s", b"x" * 99])  # 100 bytes each: 10 fit
         wait_for(lambda: len(drain.queue) + drain.dropped == 50)
         assert (len(drain.queue), drain.dropped, drain.queued_bytes) == (10, 40, 1000)
+        drain.acquire()
         drain.take(10)
+        drain.release()
         push.send_multipart([b"s", b"y"])  # room again: queued
         wait_for(lambda: len(drain.queue) == 1)
+        drain.acquire()
         assert drain.take(1) == [("A", [b"s", b"y"])]
+        drain.release()
     finally:
         drain.close()
 
@@ -102,7 +115,9 @@ def test_a_receivers_refusals_are_passed_on_not_fatal() -> None:
         for data in (b"bad1", b"ok1", b"bad2", b"ok2"):
             send.send(data)
         wait_for(lambda: len(drain.queue) == 4)
+        drain.acquire()
         taken = [frames for _, frames in drain.take(10)]
+        drain.release()
         assert [f[1] for f in taken if isinstance(f, list)] == [b"ok1", b"ok2"]
         assert [str(f) for f in taken if isinstance(f, UdpError)] == [
             "a frame of 200 bytes at byte 3 overruns the 4-byte datagram"
@@ -111,3 +126,19 @@ def test_a_receivers_refusals_are_passed_on_not_fatal() -> None:
     finally:
         drain.close()
         send.close()
+
+
+def test_an_awaiting_application_is_taken_over_at_once(feed) -> None:
+    push, pull = feed
+    drain = FeedDrain({pull: "A"}, limit_bytes=1 << 20)
+    try:
+        drain.acquire()
+        drain.release()
+        drain.away()  # an event loop about to await the pipe
+        push.send_multipart([b"s", b"now"])
+        assert select.select([drain.fileno()], [], [], 10)[0]  # woken by the pipe
+        drain.acquire()
+        assert drain.take(10) == [("A", [b"s", b"now"])]
+        drain.release()
+    finally:
+        drain.close()
