@@ -141,7 +141,7 @@ class FeedDrain(PolledByFd):
             try:
                 if self._away.is_set() or time.monotonic() - self.released_at >= AWAY_S:
                     in_charge = True
-                    self._read(dict(poller.poll(SLICE_S * 1000)))
+                    self._read(dict(poller.poll(int(SLICE_S * 1000))))
             finally:
                 self.lock.release()
 

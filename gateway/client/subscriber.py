@@ -394,6 +394,11 @@ class Subscriber:
         return "STARTING" if self.reconciler is None else self.reconciler.state.name
 
     @property
+    def head(self) -> int:
+        """The highest sequence known to exist (0 until the start is known)."""
+        return 0 if self.reconciler is None else self.reconciler.head
+
+    @property
     def lag(self) -> int:
         return 0 if self.reconciler is None else self.reconciler.lag
 
