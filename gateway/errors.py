@@ -101,7 +101,12 @@ class ReplayError(ZepsError, RuntimeError):
         self.reason = reason
 
 
-class NotGranted(ReplayError):
+class ReplayRefused(ReplayError):
+    """The server refused this client for a reason retrying cannot fix (unknown stream, protocol version, CURVE
+    key or server key, a corrupt journal at the server): raised to the application at once, never retried."""
+
+
+class NotGranted(ReplayRefused):
     """The server does not grant an extension the request needs."""
 
 

@@ -76,7 +76,7 @@ class ReplayConfig:
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
-        if not self.journal.is_dir():
+        if self.journal.exists() and not self.journal.is_dir():
             raise ValueError(f"journal root {self.journal} is not a directory: pass the gateway's --journal DIR")
         if self.client_timeout <= 0 or self.tail_poll_ms <= 0:
             raise ValueError("client timeout and tail poll interval must be positive")
@@ -148,6 +148,10 @@ class ReplayServer:
         if config.announce is not None and config.announce.interval_ms:
             self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
+        # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.
+        self._root_missing = not config.journal.is_dir()
+        if self._root_missing:
+            log.warning("replay: %s does not exist yet: waiting for the gateway to create it", config.journal)
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -290,6 +294,13 @@ class ReplayServer:
 
     def _reader(self, identity: bytes, stream: str) -> JournalReader | None:
         """The stream's reader, looked up at every ATTACH so that streams created after start are found."""
+        if self._root_missing:
+            if not self.config.journal.is_dir():
+                reason = f"no journal at {self.config.journal} yet (the gateway creates it): {P.RETRY_LATER}"
+                self._invalid(identity, reason, "attach")
+                return None
+            self._root_missing = False
+            log.warning("replay: %s has appeared: serving it", self.config.journal)
         try:
             P.validate_stream_name(stream)
             return JournalReader(self.config.journal, stream)

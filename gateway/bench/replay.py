@@ -269,7 +269,7 @@ def zeps_late_joiner(multicast: list[str], replay: str) -> dict:
         while (edge is None or got < edge) and time.monotonic() < deadline:
             delivery = sub.next_batch(timeout=0.5)
             if edge is None and sub.state == "MERGED":
-                edge = sub.reconciler.head
+                edge = sub.head
             if delivery is None:
                 continue
             if delivery.lo != got + 1:

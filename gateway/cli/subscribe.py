@@ -92,7 +92,7 @@ def _start(args: argparse.Namespace) -> object:
 def _run(args: argparse.Namespace) -> int:
     from gateway.client.metrics import SubscriberMetrics
     from gateway.client.subscriber import Subscriber
-    from gateway.errors import DataLoss
+    from gateway.errors import DataLoss, ZepsError
     from gateway.wire.streamkey import StreamKey
 
     stop = []
@@ -102,50 +102,56 @@ def _run(args: argparse.Namespace) -> int:
     sources = {"live": 0, "replay": 0, "snapshot": 0}  # what this command handed on, by where it came from
     keys = [StreamKey.load(path) for path in args.stream_key]
     directory = discovery_opts.client_directory(args, keys) if not (args.multicast or args.replay) else None
-    with Subscriber(
-        args.stream,
-        multicast=args.multicast,
-        replay=args.replay,
-        topics=args.topic,
-        start=_start(args),  # type: ignore[arg-type]
-        checkpoint=args.checkpoint,
-        max_lag=args.max_lag,
-        stream_key=keys,
-        curve=keyopts.client_curve(args),
-        interface=args.interface,
-        directory=directory,
-        discovery_timeout=args.discovery_timeout,
-    ) as sub:
-        metrics = SubscriberMetrics(sub) if args.metrics else None
-        if metrics:
-            metrics.serve(args.metrics)
-        idle_since = flushed = time.monotonic()
-        while not stop and (args.count is None or n < args.count):
-            try:
-                rec = sub.next(timeout=0.2)
-            except DataLoss as exc:
-                print(f"zeps subscribe: {exc}", file=sys.stderr)
-                continue
-            if rec is None:
-                out.flush()  # idle: whatever was printed reaches a pipe now
-                if args.timeout is not None and time.monotonic() - idle_since > args.timeout:
-                    break
-                continue
-            idle_since = time.monotonic()
-            n += 1
-            source = rec.source.partition(":")[0]
-            sources[source] = sources.get(source, 0) + 1
-            if not args.summary_only:
-                write_records((rec,), out, args.format)
-                if idle_since - flushed > _FLUSH_S:
+    try:
+        with Subscriber(
+            args.stream,
+            multicast=args.multicast,
+            replay=args.replay,
+            topics=args.topic,
+            start=_start(args),  # type: ignore[arg-type]
+            checkpoint=args.checkpoint,
+            max_lag=args.max_lag,
+            stream_key=keys,
+            curve=keyopts.client_curve(args),
+            interface=args.interface,
+            directory=directory,
+            discovery_timeout=args.discovery_timeout,
+        ) as sub:
+            metrics = SubscriberMetrics(sub) if args.metrics else None
+            if metrics:
+                metrics.serve(args.metrics)
+            idle_since = flushed = time.monotonic()
+            while not stop and (args.count is None or n < args.count):
+                try:
+                    rec = sub.next(timeout=0.2)
+                except DataLoss as exc:
+                    print(f"zeps subscribe: {exc}", file=sys.stderr)
+                    continue
+                except ZepsError as exc:  # final (an unknown stream, refused keys, ...): retrying would not help
                     out.flush()
-                    flushed = idle_since
-        out.flush()
-        summary = sub.summary()
-        if metrics:
-            metrics.close()
-    if directory is not None:
-        directory.close()
+                    print(f"zeps subscribe: {exc}", file=sys.stderr)
+                    return 1
+                if rec is None:
+                    out.flush()  # idle: whatever was printed reaches a pipe now
+                    if args.timeout is not None and time.monotonic() - idle_since > args.timeout:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                n += 1
+                source = rec.source.partition(":")[0]
+                sources[source] = sources.get(source, 0) + 1
+                if not args.summary_only:
+                    write_records((rec,), out, args.format)
+                    if idle_since - flushed > _FLUSH_S:
+                        out.flush()
+                        flushed = idle_since
+            out.flush()
+            summary = sub.summary()
+            if metrics:
+                metrics.close()
+    finally:
+        if directory is not None:
+            directory.close()
     # Counted here: the library's delivered/from_* count whole batches taken in, more than --count printed.
     counts = {"records": n, **{f"from_{k}": v for k, v in sources.items()}} | {k: summary[k] for k in _COUNTERS}
     say(args, "zeps subscribe: " + ", ".join(f"{k}={v}" for k, v in counts.items()))

@@ -1,9 +1,12 @@
 """`AsyncSubscriber`: the asyncio face of `Subscriber`, for applications that live on an event loop.
 
 The reconciling itself is the same object: an `AsyncSubscriber` owns a `Subscriber` and, instead of blocking
-in its poll, awaits readiness of the very sockets that poll would wait on (multicast feeds, replay
-connections, a NORM receiver's descriptor) through a `zmq.asyncio.Poller`. Then it lets the `Subscriber`
-take in what arrived without waiting. One event loop drives every socket; no threads are added.
+in its poll, awaits readiness of what poll would wait on (the replay connections and their monitors, and
+the feeds, or with a drain its queue, which the drain's thread fills while we await) through a
+`zmq.asyncio.Poller`. Then it lets the `Subscriber` take in what
+arrived without waiting: each step is bounded (the Subscriber never waits on the network, and takes in a
+bounded amount per turn), so the event loop is never stalled. The event loop's thread is the Subscriber's
+application thread (its contract: gateway.client.subscriber); the only other thread is the feed drain.
 
     async with AsyncSubscriber("feed", multicast=[...], replay="tcp://...", start="earliest") as sub:
         async for rec in sub:
@@ -12,6 +15,7 @@ take in what arrived without waiting. One event loop drives every socket; no thr
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -49,8 +53,14 @@ class AsyncSubscriber:
         return item
 
     async def _readable(self, timeout: float) -> None:
+        pollables = self.sync.pollables()
+        if self.sync.drain is not None:
+            self.sync.drain.away()  # its thread reads the feeds while we await its queue
+        if not pollables:  # replay only, between tries: nothing to wait on but the clock
+            await asyncio.sleep(timeout)
+            return
         poller = zmq.asyncio.Poller()
-        for sock in self.sync.pollables():
+        for sock in pollables:
             poller.register(sock, zmq.POLLIN)
         await poller.poll(int(timeout * 1000))
 

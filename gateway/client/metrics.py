@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.reconcile import State
+from gateway.reconcile import ReconcilerStats, State
 from gateway.transport.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -33,7 +33,8 @@ class _SubscriberCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         sub, stream = self.sub, [self.sub.stream]
-        stats, rec = sub.stats, sub.reconciler.stats
+        merge = sub.reconciler  # None until the start position is known (a probe of the sidecar may come first)
+        stats, rec = sub.stats, merge.stats if merge is not None else ReconcilerStats()
         delivered = CounterMetricFamily(
             "zeps_subscriber_delivered_records",
             "Records handed to the application, per stream and source (live, replay, snapshot)",
@@ -72,11 +73,15 @@ class _SubscriberCollector(Collector):
             yield family
         for name, help_text, value in (
             ("lag_records", "Records known to exist and not yet delivered, per stream", sub.lag),
-            ("head_sequence", "The highest sequence known to exist, per stream (0: none known)", sub.reconciler.head),
+            (
+                "head_sequence",
+                "The highest sequence known to exist, per stream (0: none known)",
+                merge.head if merge else 0,
+            ),
             (
                 "buffered_bytes",
                 "Bytes held out of order, waiting for a gap to fill, per stream",
-                sub.reconciler.buffered_bytes,
+                merge.buffered_bytes if merge else 0,
             ),
         ):
             gauge = GaugeMetricFamily(f"zeps_subscriber_{name}", help_text, labels=["stream"])

@@ -6,22 +6,37 @@ plain server, FETCH-END and TRIMMED. It answers the server's PINGs itself, and g
 consumes: `window` bytes up front, topped up whenever half of it has been taken out of recv(). So a caller
 that stops calling recv() stops the server after at most one window, and nothing piles up anywhere.
 
+Nothing here blocks unless the caller asks to wait. The constructor only connects and queues ATTACH; the
+handshake (ATTACH, then EXTEND) is a phase that recv() advances, with its own deadline (`timeout`):
+
+    ATTACHING --ATTACH-OK--> EXTENDING --EXTEND-OK or INVALID--> READY
+        (any phase) --deadline, refusal, INVALID, DETACH--> raises from recv(); the client is spent
+
+Requests made before READY (and the features they `require`) wait in order and go out at READY, so a
+caller may ask at once and read the answer (or NotGranted) from recv(). recv(0) never waits: a poll loop
+calls it whenever `sock` is readable, and at least once per tick while `ready` is False, so that the
+deadline and a CURVE refusal are noticed. Failures come in two kinds: `ReplayRefused` (unknown stream,
+protocol version, CURVE keys, a corrupt journal at the server, a missing extension) is final; any other
+`ReplayError` (no answer, a server restart, "retry later") is worth a new client after a backoff.
+
 history() is `zeps history`: the records of a sequence or time range, ending at the journal's head;
-snapshot() is `zeps snapshot`: the last record of every key (docs/snapshots.md).
+snapshot() is `zeps snapshot`: the last record of every key (docs/snapshots.md). Both wait, for the
+command line; the probes they use (`probing`, `start_after`) are generators fed with events, so a poll
+loop drives the same steps without waiting.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from types import TracebackType
 from typing import TypeVar
 
 import zmq
 
-from gateway.errors import NotGranted, ReplayError
+from gateway.errors import NotGranted, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -30,11 +45,21 @@ log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
 
 DEFAULT_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME)
+SLICE_S = 0.05  # a waiting recv() looks at the handshake monitor this often
+HEARTBEAT_IVL_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 5000  # a server silent this long (even to ZMTP pings) is gone
 
 # Why a `zeps replay` would not grant an extension, where that has a reason of its own.
 _NOT_GRANTED_FIX = {P.FEATURE_SNAPSHOT: "that sidecar runs with --no-snapshots; restart it without that option"}
 
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
+T = TypeVar("T")
+
+
+class Phase(enum.Enum):
+    ATTACHING = "attaching"
+    EXTENDING = "extending"
+    READY = "ready"
 
 
 class ReplayClient:
@@ -51,48 +76,47 @@ class ReplayClient:
         curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
+        """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s)."""
         P.validate_stream_name(stream)
         self.endpoint = endpoint
         self.stream = stream
         self.window = window
         self.timeout = timeout
+        self.wanted = features
+        self.phase = Phase.ATTACHING
+        self.deadline = time.monotonic() + timeout  # of the handshake
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
             curve.apply(self.sock)
-        self.handshake = Handshake(self.sock)  # explains a server that stays silent (CURVE refusals)
+        # ZMTP heartbeats end the connection to a server that stops answering (SIGSTOP, a dead host); the
+        # monitor explains a silent handshake (CURVE refusals) and tells when a connection ends.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        self.handshake = Handshake(self.sock, watch_drops=True)
         self.sock.connect(endpoint)
-        self._early: deque[tuple[P.Command, int]] = deque()  # stream frames that came while awaiting an answer
+        self._queued: list[P.Command | str] = []  # requests (and required features) held until READY
         self._window_open = False  # the initial window has been granted
         self._consumed = 0  # bytes consumed since the last grant
         self._next_request = 1
-        self.features: frozenset[str] = frozenset()  # what the server granted
-        try:
-            self._send(P.Attach(P.PROTOCOL, P.VERSION, stream))
-            self._expect(P.AttachOk, f"ATTACH to stream {stream!r}")
-            self.handshake.close()  # answered: the monitor is no longer needed
-            if features:
-                self._send(P.Extend(features))
-                ok = self._expect(P.ExtendOk, "EXTEND", invalid_ok=True)
-                self.features = frozenset(ok.features) if ok else frozenset()
-        except BaseException:
-            self.handshake.close()
-            self.sock.close()
-            raise
+        self.features: frozenset[str] = frozenset()  # what the server granted (known once ready)
+        self._send_now(P.Attach(P.PROTOCOL, P.VERSION, stream))
+
+    @property
+    def ready(self) -> bool:
+        return self.phase is Phase.READY
 
     # --- requests -------------------------------------------------------------------------------------
 
     def subscribe(self, pattern: str = "", latest: int = 0) -> None:
         """Every record after `latest` (0: from the first retained) whose key starts with `pattern`, then live."""
         self._send(P.Subscribe(pattern, latest))
-        self._expect(P.SubscribeOk, "SUBSCRIBE")
         self._open_credit()
 
     def subscribe_time(self, pattern: str, since_ns: int) -> None:
         """Like subscribe(), from the first batch journaled at or after `since_ns` (needs 'time')."""
         self.require(P.FEATURE_TIME)
         self._send(P.SubscribeTime(pattern, since_ns))
-        self._expect(P.SubscribeOk, "SUBSCRIBE-TIME")
         self._open_credit()
 
     def fetch(self, first: int, last: int = B.MAX_SEQ, pattern: str = "") -> int:
@@ -114,13 +138,14 @@ class ReplayClient:
     # --- receiving ------------------------------------------------------------------------------------
 
     def recv(self, timeout: float | None = None) -> Event | None:
-        """The next batch, DELIVER, FETCH-END, TRIMMED or SNAPSHOT-END; None if nothing came within `timeout` s.
+        """The next batch, DELIVER, FETCH-END, TRIMMED or SNAPSHOT-END; None if nothing came within `timeout` s
+        (0: only what has arrived; None: the client's timeout).
 
-        Raises ReplayError for INVALID or a DETACH from the server.
+        Raises ReplayRefused for a final refusal, ReplayError for anything worth retrying with a new client.
         """
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            got = self._early.popleft() if self._early else self._recv_until(deadline)
+            got = self._recv_until(deadline)
             if got is None:
                 return None
             event = self._handle(*got)
@@ -131,6 +156,12 @@ class ReplayClient:
         """recv() until nothing comes for `idle_timeout` seconds (the client's timeout by default)."""
         while (event := self.recv(idle_timeout)) is not None:
             yield event
+
+    def wait_ready(self) -> None:
+        """Wait for the handshake (until its deadline): for callers that check `features` before asking."""
+        while not self.ready:
+            if self.recv(SLICE_S) is not None:  # nothing is asked before READY, so nothing streams
+                raise ReplayError(f"replay server at {self.endpoint} streamed before the handshake ended")
 
     def _handle(self, cmd: P.Command, size: int) -> Event | None:
         """React to one frame of `size` bytes; the event for the caller, if it is one."""
@@ -147,15 +178,51 @@ class ReplayClient:
             case P.FetchEnd() | P.Trimmed() | P.SnapshotEnd():
                 return cmd
             case P.Ping():
-                self._send(P.PingOk())
+                self._send_now(P.PingOk())
+            case P.AttachOk() if self.phase is Phase.ATTACHING:
+                if self.wanted:
+                    self.phase = Phase.EXTENDING
+                    self._send_now(P.Extend(self.wanted))
+                else:
+                    self._become_ready()
+            case P.ExtendOk(features=granted) if self.phase is Phase.EXTENDING:
+                self.features = frozenset(granted)
+                self._become_ready()
+            case P.Invalid() if self.phase is Phase.EXTENDING:
+                self._become_ready()  # a plain server: no extensions
             case P.Invalid(reason=reason):
-                raise ReplayError(f"replay server at {self.endpoint}: {reason}")
+                what = "ATTACH" if self.phase is Phase.ATTACHING else "request"
+                text = f"replay server at {self.endpoint} refused {what} (stream {self.stream!r}): {reason}"
+                if reason.endswith(P.RETRY_LATER):
+                    raise ReplayError(text)
+                raise ReplayRefused(text)
             case P.Detach():
                 raise ReplayError(
                     f"replay server at {self.endpoint} ended the session (shutting down, or we were silent "
                     "longer than its client timeout): reconnect and resume from the last sequence received"
                 )
-        return None
+        return None  # SUBSCRIBE-OK, DETACH-OK: nothing for the caller
+
+    def _become_ready(self) -> None:
+        self.phase = Phase.READY
+        queued, self._queued = self._queued, []
+        for item in queued:
+            if isinstance(item, str):
+                self.require(item)
+            else:
+                self._send_now(item)
+
+    def _check_link(self, now: float) -> None:
+        """Raise if the connection has ended, or the handshake has failed for good (a CURVE refusal) or not
+        ended by its deadline. A ZeroMQ socket would reconnect by itself, but to a server without our session."""
+        why = self.handshake.explain()
+        if why and (self.handshake.certainty > 0 or self.handshake.failed >= Handshake.CONCLUSIVE):
+            raise ReplayRefused(f"replay server at {self.endpoint}: {why}")
+        if self.handshake.dropped:
+            raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
+        if not self.ready and now >= self.deadline:
+            why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
+            raise ReplayError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {why}")
 
     # --- credit ---------------------------------------------------------------------------------------
 
@@ -177,8 +244,11 @@ class ReplayClient:
     # --- plumbing -------------------------------------------------------------------------------------
 
     def require(self, feature: str) -> None:
-        """NotGranted (a ReplayError saying what to do) unless the server granted `feature`."""
-        if feature not in self.features:
+        """NotGranted (a ReplayError saying what to do) unless the server granted `feature`; before the
+        handshake has ended, the check waits with the requests and raises from recv()."""
+        if not self.ready:
+            self._queued.append(feature)
+        elif feature not in self.features:
             fix = _NOT_GRANTED_FIX.get(feature, "use a server that speaks it (zeps replay)")
             raise NotGranted(
                 f"the replay server at {self.endpoint} did not grant the '{feature}' extension "
@@ -186,50 +256,48 @@ class ReplayClient:
             )
 
     def _send(self, cmd: P.Command) -> None:
-        self.sock.send(P.encode(cmd))
+        if self.ready:
+            self._send_now(cmd)
+        else:
+            self._queued.append(cmd)
+
+    def _send_now(self, cmd: P.Command) -> None:
+        try:
+            self.sock.send(P.encode(cmd), zmq.NOBLOCK)
+        except zmq.Again:  # a connected DEALER queues up to its HWM: full means the server is not reading
+            raise ReplayError(f"replay server at {self.endpoint} is not reading what this client sends") from None
 
     def _recv_until(self, deadline: float) -> tuple[P.Command, int] | None:
-        """The next command and its frame size, or None at the deadline."""
-        try:
-            frame = self.sock.recv(zmq.NOBLOCK)  # while frames stream in, skip the poll
-        except zmq.Again:
-            if not self.handshake.poll(deadline - time.monotonic()):
-                return None
-            frame = self.sock.recv()
+        """The next command and its frame size, or None at the deadline; raises if the handshake failed."""
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                now = time.monotonic()
+                self._check_link(now)
+                left = deadline - now
+                if left <= 0:
+                    return None
+                wait = left if self.ready else min(left, SLICE_S, max(self.deadline - now, 0.001))
+                self.sock.poll(max(1, int(wait * 1000)))
         try:
             return P.decode(frame), len(frame)
         except P.ProtocolError as exc:
             raise ReplayError(f"replay server at {self.endpoint} sent a frame this client cannot read: {exc}") from None
 
-    def _expect(self, kind: type[_Answer], what: str, *, invalid_ok: bool = False) -> _Answer | None:
-        """Wait for the answer to a request, keeping stream frames that arrive first for recv()."""
-        deadline = time.monotonic() + self.timeout
-        while (got := self._recv_until(deadline)) is not None:
-            cmd = got[0]
-            if isinstance(cmd, kind):
-                return cmd
-            if isinstance(cmd, P.Invalid):
-                if invalid_ok:
-                    return None
-                raise ReplayError(f"{what} refused by {self.endpoint}: {cmd.reason}")
-            if isinstance(cmd, P.Ping):
-                self._send(P.PingOk())
-            else:
-                self._early.append(got)
-        why = self.handshake.explain() or f"no answer within {self.timeout} s; is `zeps replay` running there?"
-        raise ReplayError(f"{what} at {self.endpoint}: {why}")
-
     def close(self) -> None:
-        """DETACH (waiting briefly for DETACH-OK, so the server frees the session now), then close."""
+        """DETACH (sent after close, within half a second, so the server frees the session now) and close;
+        never waits."""
+        self.handshake.close()
+        if self.sock.closed:
+            return
         try:
-            self._send(P.Detach())
-            deadline = time.monotonic() + min(self.timeout, 1.0)
-            while (got := self._recv_until(deadline)) is not None and not isinstance(got[0], P.DetachOk):
-                pass
-        except (zmq.ZMQError, ReplayError):
+            if self.ready:
+                self.sock.send(P.encode(P.Detach()), zmq.NOBLOCK)
+        except zmq.ZMQError:
             pass  # closing anyway
-        finally:
-            self.sock.close()
+        self.sock.close(linger=500)
 
     def __enter__(self) -> ReplayClient:
         return self
@@ -311,14 +379,49 @@ def _records_until(
             return event
 
 
-def probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:
-    """FETCH seq..seq: its FETCH-END (whose last is the head when seq is beyond it, so MAX_SEQ asks for the
-    head alone) and the journal time of the batch holding seq (None if there is none)."""
+def probing(client: ReplayClient, seq: int) -> Generator[None, Event, tuple[P.FetchEnd, int | None]]:
+    """FETCH seq..seq, fed with the client's events: its FETCH-END (whose last is the head when seq is beyond
+    it, so MAX_SEQ asks for the head alone) and the journal time of the batch holding seq (None if
+    there is none)."""
     rid = client.fetch(seq, seq)
     ts = None
-    while (event := client.recv()) is not None:
+    while True:
+        event = yield
         if isinstance(event, B.Batch):
             ts = event.ts_ns
         elif isinstance(event, P.FetchEnd) and event.request_id == rid:
             return event, ts
-    raise ReplayError(f"FETCH {seq}: no FETCH-END from {client.endpoint} within {client.timeout} s")
+
+
+def start_after(client: ReplayClient, since_ns: int | None) -> Generator[None, Event, int]:
+    """The first sequence to deliver, fed with the client's events: the head + 1 when since_ns is None (a
+    subscriber without multicast at "latest"), else the first journaled at or after since_ns (the head + 1
+    when there is none yet)."""
+    head = (yield from probing(client, B.MAX_SEQ))[0].last
+    if since_ns is None or head < 1 or ((yield from probing(client, head))[1] or 0) < since_ns:
+        return head + 1
+    client.subscribe_time("", since_ns)
+    while True:
+        event = yield
+        if isinstance(event, B.Batch):
+            return next((seq for seq, *_ in event.raw()), event.last_seq + 1)
+        if isinstance(event, P.Deliver):
+            return event.sequence
+
+
+def drive(steps: Generator[None, Event, T], client: ReplayClient) -> T:
+    """Run a probe to its end, waiting on `client` (at most its timeout for each event)."""
+    try:
+        next(steps)
+        while True:
+            event = client.recv()
+            if event is None:
+                raise ReplayError(f"replay server at {client.endpoint} sent nothing for {client.timeout} s")
+            steps.send(event)
+    except StopIteration as stop:
+        return stop.value
+
+
+def probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:
+    """`probing`, waiting for each answer."""
+    return drive(probing(client, seq), client)

@@ -4,7 +4,7 @@ This is the IO half of `gateway.reconcile`: it owns the sockets and the clock, t
 reconciler events, and carries out the actions the reconciler returns. All decisions are the
 reconciler's; nothing here decides what the application sees.
 
-Sockets, all driven by the caller's thread (no background threads):
+Sockets, all driven by the caller's thread (and the feeds by a drain thread while it is away; "Threading"):
 - one SUB per multicast feed ("A", "B", ...), subscribed to the whole stream so every sequence is seen;
 - replay, in two ZEPS connections so that every answer can be attributed to its request: the *catch-up*
   connection carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is
@@ -22,6 +22,28 @@ range, and iterating again continues after it.
 
 start="snapshot" begins with the last record of every key (docs/snapshots.md); `view` is then the
 application's key -> value map, kept current as records are handed out (or by `update()`).
+
+Never blocking. Nothing here waits on the network: the constructor only opens sockets, and every replay
+handshake, request and reconnect is a phase of a connection (`ReplayClient`) that the poll loop advances
+with its own deadline. So `next(timeout)` and `next_batch(timeout)` return by their deadline whatever the
+network does. A start that needs an answer first (a time; "latest" without multicast, which means the
+journal's head when subscribing) is a probe run by the same loop; until it ends, `state` is "STARTING".
+
+Failures. A final one (`ReplayRefused`: unknown stream, protocol version, refused or missing CURVE keys,
+a corrupt journal at the server, a missing extension) is raised from `next()`/`next_batch()` once what came
+before it has been handed out, and again at every later call. Anything else (no answer, refused TCP, a
+restart) is retried after a capped exponential backoff with jitter (0.1 s doubling to 5 s); it is logged
+(the first of a run as a warning), counted (`replay_retries`), and reported to `on_replay_state(state,
+error)`: "connecting", "ready", "retrying" (with the error) and "failed" (with the error).
+
+Threading. One application thread drives a Subscriber: the one calling next()/next_batch()/update()/
+poll(); it runs the reconciler, the replay connections and the on_replay_state callback (keep it short),
+and reads the multicast feeds during each poll turn. libzmq 4.3.4 aborts the process when a PGM SUB's pipe
+fills (src/pgm_receiver.cpp:131), so with `drain` (the default) a second thread (`FeedDrain`) reads the
+feeds whenever the application has been away for 20 ms, into a queue bounded by `buffer_limit_bytes` that
+the next poll turn takes first; what overflows it is dropped there and recovered from replay like any
+loss. While the application keeps calling, that costs one uncontended lock per turn. With drain=False the
+feeds are read only during those calls: for an application that never stops calling.
 """
 
 from __future__ import annotations
@@ -30,20 +52,30 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, cast
 
 import zmq
 
 from gateway import reconcile as R
+from gateway.client.backoff import Backoff
 from gateway.client.directory import Directory, resolve_feeds
-from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, probe
+from gateway.client.feed_drain import FeedDrain
+from gateway.client.replay_client import DEFAULT_FEATURES, Event, ReplayClient, start_after
 from gateway.client.snapshot_view import LastValues
-from gateway.errors import DataLoss, McastError, NotGranted, ReplayError, SlowConsumer, UdpError, Unauthenticated
-from gateway.mcast import Endpoint, McastReceiver, Tuning, open_sub
+from gateway.errors import (
+    DataLoss,
+    McastError,
+    ReplayError,
+    ReplayRefused,
+    SlowConsumer,
+    Unauthenticated,
+    ZepsError,
+)
+from gateway.mcast import Endpoint, Tuning, open_sub
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
 from gateway.wire.heartbeat import Heartbeat, parse_payload
@@ -56,7 +88,8 @@ from gateway.wire.streamkey import StreamKey, Verifier
 log = logging.getLogger(__name__)
 
 TICK_S = 0.02
-RECONNECT_S = 0.5
+FEED_BURST = 256  # multicast messages taken in per turn
+REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +142,16 @@ class SubscriberStats:
     rejected_packets: int = 0  # multicast messages dropped: malformed, or failing the stream key check
     unauthenticated: int = 0  # of those, the ones that failed the stream key check
     replay_reconnects: int = 0
+    replay_retries: int = 0  # transient replay failures, each followed by a backoff
+    feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
     states: list[str] = field(default_factory=list)
 
     @property
     def delivered(self) -> int:
         return self.from_live + self.from_replay + self.from_snapshot
 
-    def summary(self, reconciler: R.Reconciler) -> dict[str, int]:
-        s = reconciler.stats
+    def summary(self, reconciler: R.Reconciler | None) -> dict[str, int]:
+        s = reconciler.stats if reconciler is not None else R.ReconcilerStats()
         return {
             "delivered": self.delivered,
             "from_live": self.from_live,
@@ -128,6 +163,8 @@ class SubscriberStats:
             "losses": self.losses,
             "rejected_packets": self.rejected_packets,
             "unauthenticated": self.unauthenticated,
+            "replay_retries": self.replay_retries,
+            "feed_dropped": self.feed_dropped,
         }
 
 
@@ -191,30 +228,35 @@ class Subscriber:
         checkpoint: str | Path | None = None,
         tuning: Tuning | None = None,
         max_lag: int | None = None,
-        lag_policy: Literal["replay", "raise"] = "replay",
+        lag_policy: str = "replay",
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
         stream_key: StreamKey | Sequence[StreamKey] = (),
         curve: CurveClientKeys | None = None,
         view: bool | None = None,
+        on_replay_state: Callable[[str, ZepsError | None], None] | None = None,
+        drain: bool = True,
         interface: str | None = None,
         directory: Directory | None = None,
         discovery_timeout: float = 3.0,
         ctx: zmq.Context | None = None,
     ) -> None:
         """`view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+        `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring.
+        `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
+        `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
 
         With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
         announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
-        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
-        """
+        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead."""
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self.directory: Directory | None = None
         if not multicast and not replay:
             self.directory, multicast = resolve_feeds(stream, interface, directory, keys, discovery_timeout)
         self._own_directory = directory is None
         self.stream = stream
+        self.stream_name = stream.encode()
         self.ctx = ctx or zmq.Context.instance()
         self.topics = tuple(topics)
         self.prefixes = tuple(t.encode() for t in topics)
@@ -226,13 +268,16 @@ class Subscriber:
         self.verifier = Verifier(stream, keys)
         self.stats = SubscriberStats()
         self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
-        self.feeds: dict[McastReceiver, str] = {}
+        self.feeds: dict[Any, str] = {}  # receiver -> feed name
         for i, text in enumerate(multicast):
             sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
             self.feeds[sock] = chr(ord("A") + i)
+        # With `drain`, the feeds are read by whoever holds the drain's lock: poll() while it runs, the drain's
+        # thread while the application is away.
+        self.drain = FeedDrain(self.feeds, buffer_limit_bytes, f"zeps-feeds-{stream}") if drain and multicast else None
         self._poller = zmq.Poller()
-        for sock in self.feeds:
-            self._poller.register(sock, zmq.POLLIN)
+        for receiver in self.feeds:
+            self._poller.register(receiver, zmq.POLLIN)
         if self.directory is not None:
             self._poller.register(self.directory, zmq.POLLIN)
         self._polled_replay: tuple[zmq.Socket, ...] = ()
@@ -240,8 +285,14 @@ class Subscriber:
         self.catchup_id: int | None = None
         self.fill: ReplayClient | None = None
         self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
-        self.replay_up = True
+        self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
+        self.backoff = Backoff()
+        self.unready_since: float | None = None  # the first connection opened since one was last ready
+        self.replay_state = "connecting"
+        self.on_replay_state = on_replay_state
+        self.failed: ReplayRefused | None = None  # raised at every call once what came before is handed out
+        self.starter: tuple[ReplayClient, Generator[None, Event, int]] | None = None
         # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
         self.pending: deque[Delivery | DataLoss | SlowConsumer] = deque()
         self._current: tuple[Delivery, Iterator[Received]] | None = None  # the Delivery next() is reading
@@ -251,19 +302,20 @@ class Subscriber:
         self.view = LastValues() if (start == "snapshot" if view is None else view) else None
 
         resume = self.checkpoint.load() if self.checkpoint else None
-        begin, since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
-        if begin is None:
-            assert since_ns is not None  # parse_start gives a time whenever it gives no start
-            begin = R.Start.at_seq(self._seq_for_time(since_ns))
-        self.reconciler = R.Reconciler(
-            begin,
-            key_filter_active=bool(self.prefixes),
-            buffer_limit_bytes=buffer_limit_bytes,
-            progress_timeout=progress_timeout,
-            max_lag=max_lag,
-            lag_policy=lag_policy,
-        )
-        self._execute(self.reconciler.handle(R.Tick(), time.monotonic()))
+        begin, self.since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
+        self.options = {
+            "key_filter_active": bool(self.prefixes),
+            "buffer_limit_bytes": buffer_limit_bytes,
+            "progress_timeout": progress_timeout,
+            "max_lag": max_lag,
+            "lag_policy": lag_policy,
+        }
+        # Without multicast, "latest" is the journal's head now: asked of the sidecar, like a time start.
+        self.reconciler: R.Reconciler | None = None
+        if begin is not None and (self.feeds or begin != R.Start.latest()):
+            self._begin(begin, time.monotonic())
+        else:
+            self._start_probe()
 
     # --- the application's side -------------------------------------------------------------------------
 
@@ -323,6 +375,8 @@ class Subscriber:
     def _wait(self, deadline: float | None) -> Delivery | None:
         """The next Delivery, polling until one is pending or the deadline passes; raises what is pending."""
         while not self.pending:
+            if self.failed is not None:
+                raise self.failed
             wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
             self.poll(max(wait, 0.0))  # timeout=0 still takes in what has arrived
             if wait <= 0:
@@ -350,29 +404,38 @@ class Subscriber:
 
     @property
     def state(self) -> str:
-        return self.reconciler.state.name
+        return "STARTING" if self.reconciler is None else self.reconciler.state.name
+
+    @property
+    def head(self) -> int:
+        """The highest sequence known to exist (0 until the start is known)."""
+        return 0 if self.reconciler is None else self.reconciler.head
 
     @property
     def lag(self) -> int:
-        return self.reconciler.lag
+        return 0 if self.reconciler is None else self.reconciler.lag
 
     def summary(self) -> dict[str, int]:
+        if self.drain is not None:
+            self.stats.feed_dropped = self.drain.dropped
         return self.stats.summary(self.reconciler)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self._execute(self.reconciler.handle(R.Close(), time.monotonic()))
+        if self.reconciler is not None:
+            self._execute(self.reconciler.handle(R.Close(), time.monotonic()))
         if self.handed is not None:
             self._finished(self.handed)
         if self.checkpoint and self.position is not None:
             self.checkpoint.save(self.position, force=True)
-        for sock in self.feeds:
-            sock.close(linger=0)
-        for client in (self.catchup, self.fill):
-            if client is not None:
-                client.close()
+        if self.drain is not None:
+            self.drain.close()
+        else:
+            for sock in self.feeds:
+                sock.close(linger=0)
+        self._close_replay()
         if self.directory is not None and self._own_directory:
             self.directory.close()
 
@@ -385,12 +448,21 @@ class Subscriber:
     # --- the loop ---------------------------------------------------------------------------------------
 
     def pollables(self) -> list:
-        """What `poll` waits on now (sockets and file-like objects), for an event loop to watch instead."""
+        """What an event loop should wait on instead of calling `poll` (sockets and file-like objects): with a
+        drain, its queue instead of the feeds (call `drain.away()` before awaiting, so that its thread reads
+        them meanwhile)."""
         self._sync_poller()
-        return [sock for sock, _ in self._poller.sockets]
+        if self.drain is None:
+            return [sock for sock, _ in self._poller.sockets]
+        return [self.drain, *(sock for sock, _ in self._poller.sockets if sock not in self.feeds)]
+
+    def _replay_clients(self) -> tuple[ReplayClient, ...]:
+        starter = self.starter[0] if self.starter is not None else None
+        return tuple(c for c in (starter, self.catchup, self.fill) if c is not None)
 
     def _sync_poller(self) -> None:
-        replay = tuple(c.sock for c in (self.catchup, self.fill) if c is not None)
+        # A connection's monitor too: a connection that ends says so there, not on the socket.
+        replay = tuple(sock for c in self._replay_clients() for sock in (c.sock, c.handshake.monitor) if sock)
         if replay != self._polled_replay:  # connections come and go; the feeds stay registered
             for sock in self._polled_replay:
                 self._poller.unregister(sock)
@@ -400,56 +472,109 @@ class Subscriber:
 
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
+        if self.drain is None:
+            self._turn(timeout)
+            return
+        self.drain.acquire()  # the feeds are ours for this turn
+        try:
+            self._turn(timeout)
+        finally:
+            self.drain.release()
+
+    def _turn(self, timeout: float) -> None:
         self._sync_poller()
-        ready = dict(self._poller.poll(int(timeout * 1000)))
+        direct = True  # read the feeds themselves: not while older messages wait in the drain's queue
+        if self.drain is not None and self.drain.queue:
+            now = time.monotonic()
+            for feed, frames in self.drain.take(FEED_BURST):
+                self._on_feed(feed, frames, now)
+            direct, timeout = not self.drain.queue, 0.0
+        if self._poller.sockets:
+            ready = dict(self._poller.poll(int(timeout * 1000)))
+        else:  # nothing to wait on (replay only, between tries): sleep, never spin
+            time.sleep(timeout)
+            ready = {}
         now = time.monotonic()
-        for sock, feed in self.feeds.items():
-            if sock in ready:
-                self._drain_feed(sock, feed, now)
+        if direct:
+            for sock, feed in self.feeds.items():
+                if sock in ready:
+                    self._drain_feed(sock, feed, now)
         if self.directory is not None and self.directory in ready:
             self.directory.drain()
             self._follow_sidecar(now)
-        if self.catchup is not None and self.catchup.sock in ready:
-            self._drain_replay(self.catchup, now)
-        if self.fill is not None and self.fill.sock in ready:
-            self._drain_replay(self.fill, now)
-        if not self.replay_up and now >= self.reconnect_at:
+        for client in self._replay_clients():
+            # A handshake is looked at every turn (its deadline), a ready connection when it or its monitor stirs.
+            if not client.ready or client.sock in ready or client.handshake.monitor in ready:
+                self._drain_replay(client, now)
+        if self.failed is None and not self.replay_up and now >= self.reconnect_at:
             self._reconnect(now)
-        self._execute(self.reconciler.handle(R.Tick(), now))
+        if self.reconciler is None:
+            if self.starter is None and self.replay_up and self.failed is None:
+                self._start_probe()  # the replay endpoint may have been learnt from a heartbeat
+        else:
+            self._execute(self.reconciler.handle(R.Tick(), now))
 
-    def _drain_feed(self, sock: McastReceiver, feed: str, now: float, limit: int = 256) -> None:
-        name = self.stream.encode()
-        for _ in range(limit):
+    def _drain_feed(self, sock: Any, feed: str, now: float) -> None:
+        for _ in range(FEED_BURST):
+            frames: list[bytes] | McastError
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
-                if frames[0] != name:
-                    continue  # another stream sharing the group and prefix
-                item = parse_payload(self.verifier.open(frames))
             except zmq.Again:
                 return
-            except (McastError, UdpError) as exc:
-                self.stats.rejected_packets += 1
-                if isinstance(exc, Unauthenticated):
-                    self.stats.unauthenticated += 1
-                log.debug("feed %s: dropped a packet: %s", feed, exc)
-                continue
-            if isinstance(item, Heartbeat):
-                if self.replay_endpoint is None and item.replay:
-                    self.replay_endpoint = item.replay
-                    log.info("replay sidecar found from heartbeats: %s", item.replay)
+            except McastError as exc:  # a datagram that is no message (udp://)
+                frames = exc
+            self._on_feed(feed, frames, now)
+
+    def _on_feed(self, feed: str, frames: list[bytes] | McastError, now: float) -> None:
+        """One multicast message: a batch or a heartbeat of this stream, or something to drop and count."""
+        if isinstance(frames, McastError):  # the receiver's refusal (udp://)
+            self._reject(feed, frames)
+            return
+        if frames[0] != self.stream_name:
+            return  # another stream sharing the group and prefix
+        try:
+            item = parse_payload(self.verifier.open(frames))
+        except McastError as exc:
+            self._reject(feed, exc)
+            return
+        if isinstance(item, Heartbeat):
+            if self.replay_endpoint is None and item.replay:
+                self.replay_endpoint = item.replay
+                log.info("replay sidecar found from heartbeats: %s", item.replay)
+            if self.reconciler is not None:
                 self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed), now))
-            else:
-                self._execute(self.reconciler.handle(R.Live(item, feed), now))
+        elif self.reconciler is not None:  # before the start is known, replay covers what passes now
+            self._execute(self.reconciler.handle(R.Live(item, feed), now))
+
+    def _reject(self, feed: str, exc: McastError) -> None:
+        self.stats.rejected_packets += 1
+        if isinstance(exc, Unauthenticated):
+            self.stats.unauthenticated += 1
+        log.debug("feed %s: dropped a packet: %s", feed, exc)
 
     def _drain_replay(self, client: ReplayClient, now: float) -> None:
         try:
             # An action may close this connection mid-drain (Cancel of the catch-up): then stop reading it.
-            while client in (self.catchup, self.fill) and (event := client.recv(0)) is not None:
+            for _ in range(REPLAY_DRAIN_LIMIT):
+                if client not in self._replay_clients() or (event := client.recv(0)) is None:
+                    break
                 self._on_replay(client, event, now)
+        except ReplayRefused as exc:
+            self._fail(exc)
         except ReplayError as exc:
             self._replay_lost(now, exc.reason)
+        else:
+            if client.ready and client in self._replay_clients():
+                self.unready_since = None
+                if self.replay_state != "ready":
+                    self.backoff.reset()
+                    self._set_replay_state("ready", None)
 
-    def _on_replay(self, client: ReplayClient, event, now: float) -> None:
+    def _on_replay(self, client: ReplayClient, event: Event, now: float) -> None:
+        if self.starter is not None and client is self.starter[0]:
+            self._start_step(event, now)
+            return
+        assert self.reconciler is not None  # the starter is the only connection before it exists
         if client is self.catchup:
             request_id = self.catchup_id
         else:
@@ -474,6 +599,7 @@ class Subscriber:
     # --- actions ----------------------------------------------------------------------------------------
 
     def _execute(self, actions: list[R.Action]) -> None:
+        assert self.reconciler is not None
         for action in actions:
             match action:
                 case R.Emit(batch=batch, lo=lo, hi=hi, source=source):
@@ -532,8 +658,6 @@ class Subscriber:
                     self.fill = self._connect()
                 self.fill.fetch(req.lo, req.hi, self.pattern)
                 self.fills.append(req.request_id)
-        except NotGranted:
-            raise  # a server that cannot serve this (no snapshots): retrying will not help; the caller must know
         except ReplayError as exc:
             self._replay_lost(time.monotonic(), exc.reason)
 
@@ -544,21 +668,34 @@ class Subscriber:
         # A FETCH cannot be recalled; its answer is bounded and the reconciler ignores what it no longer needs.
 
     def _connect(self) -> ReplayClient:
+        """A new replay connection, handshaking in the background of the poll loop (never waits)."""
         info = self.directory.lookup(self.stream) if self.directory is not None else None
         if info is not None and info.sidecar and info.sidecar != self.replay_endpoint:
             log.info("%s: replay sidecar at %s (announced)", self.stream, info.sidecar)
             self.replay_endpoint = info.sidecar
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
+        # The handshake deadline runs from the first connection opened since one was ready, so that the
+        # reconciler re-issuing a request (a new connection) cannot keep a dead server looking "connecting".
+        now = time.monotonic()
+        if self.unready_since is None:
+            self.unready_since = now
         features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
         return ReplayClient(
             self.replay_endpoint,
             self.stream,
             features=features,
-            timeout=self.replay_timeout,
+            timeout=max(0.001, self.unready_since + self.replay_timeout - now),
             curve=self.curve,
             ctx=self.ctx,
         )
+
+    def _close_replay(self) -> None:
+        for client in self._replay_clients():
+            client.close()
+        self.catchup = self.fill = self.starter = None
+        self.catchup_id = None
+        self.fills.clear()
 
     def _follow_sidecar(self, now: float) -> None:
         """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a
@@ -570,38 +707,72 @@ class Subscriber:
             self._replay_lost(now, f"{self.replay_endpoint} is no longer announced; {info.sidecar} is")
 
     def _replay_lost(self, now: float, reason: str) -> None:
-        log.warning("replay connection lost (%s); reconnecting", reason)
-        for client in (self.catchup, self.fill):
-            if client is not None:
-                client.close()
-        self.catchup = self.fill = None
-        self.catchup_id = None
-        self.fills.clear()
+        # The first failure of a run is a warning; the retries that follow it are debug lines.
+        level = logging.WARNING if self.backoff.failures == 0 else logging.DEBUG
+        delay = self.backoff.next()
+        self.stats.replay_retries += 1
+        log.log(level, "%s: replay: %s; retrying in %.2f s", self.stream, reason, delay)
+        self._close_replay()
+        self.unready_since = None
         if self.replay_up:
             self.replay_up = False
-            self._execute(self.reconciler.handle(R.ReplayLost(), now))
-        self.reconnect_at = now + RECONNECT_S
+            if self.reconciler is not None:
+                self._execute(self.reconciler.handle(R.ReplayLost(), now))
+        self.reconnect_at = now + delay
+        self._set_replay_state("retrying", ReplayError(reason))
 
     def _reconnect(self, now: float) -> None:
+        if self.reconciler is None:
+            self.replay_up = True
+            self._start_probe()
+            return
         try:
             self.fill = self._connect()
-        except ReplayError:
-            self.reconnect_at = now + RECONNECT_S
+        except ReplayError:  # no endpoint known yet
+            self.reconnect_at = now + self.backoff.next()
             return
         self.replay_up = True
         self.stats.replay_reconnects += 1
+        self._set_replay_state("connecting", None)
         self._execute(self.reconciler.handle(R.ReplayRestored(), now))
 
-    def _seq_for_time(self, since_ns: int) -> int:
-        """The first sequence journaled at or after `since_ns`, asked of the replay sidecar."""
-        with self._connect() as client:
-            client.subscribe_time("", since_ns)
-            deadline = time.monotonic() + self.replay_timeout
-            while time.monotonic() < deadline:
-                event = client.recv(0.1)
-                if isinstance(event, B.Batch):
-                    return next((seq for seq, *_ in event.raw()), event.last_seq + 1)
-                if isinstance(event, ZepsDeliver):
-                    return event.sequence
-            # Nothing journaled since then yet: start with the next record.
-            return probe(client, B.MAX_SEQ)[0].last + 1
+    def _fail(self, exc: ReplayRefused) -> None:
+        """A final failure: no more tries; next() raises it once what came before is handed out."""
+        log.error("%s: %s", self.stream, exc)
+        self._close_replay()
+        self.failed = exc
+        self._set_replay_state("failed", exc)
+
+    def _set_replay_state(self, state: str, error: ZepsError | None) -> None:
+        if state == self.replay_state and error is None:
+            return
+        self.replay_state = state
+        if self.on_replay_state is not None:
+            self.on_replay_state(state, error)
+
+    # --- the start ----------------------------------------------------------------------------------------
+
+    def _start_probe(self) -> None:
+        """Ask the sidecar where to start (the journal's head, or the first record since a time)."""
+        try:
+            client = self._connect()
+        except ReplayError:
+            return  # no endpoint yet: a heartbeat will name one
+        steps = start_after(client, self.since_ns)
+        next(steps)
+        self.starter = (client, steps)
+
+    def _start_step(self, event: Event, now: float) -> None:
+        assert self.starter is not None
+        client, steps = self.starter
+        try:
+            steps.send(event)
+        except StopIteration as stop:
+            client.close()
+            self.starter = None
+            log.info("%s: starting at sequence %d", self.stream, stop.value)
+            self._begin(R.Start.at_seq(stop.value), now)
+
+    def _begin(self, begin: R.Start, now: float) -> None:
+        self.reconciler = R.Reconciler(begin, **self.options)  # type: ignore[arg-type]
+        self._execute(self.reconciler.handle(R.Tick(), now))

@@ -272,15 +272,19 @@ class Handshake:
     """Watches a client socket's handshakes, so that a server that does not answer can be explained.
 
     A refused CURVE handshake looks like silence to a ZeroMQ client (it retries for ever); the monitor
-    says why, at once. Start before connect; `close()` once the server has answered.
+    says why, at once. Start before connect; `close()` once the server has answered, or keep it open with
+    `watch_drops` to learn (`dropped`) when an established connection ends: a killed or silent server.
     """
 
     SLICE_S = 0.05  # how often a wait for the first answer looks at the monitor
     CONCLUSIVE = 3  # failed attempts after which even an unexplained refusal ends the wait
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, *, watch_drops: bool = False) -> None:
         self.sock = sock
-        self.monitor: zmq.Socket | None = sock.get_monitor_socket(_REFUSALS | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        events = _REFUSALS | zmq.EVENT_HANDSHAKE_SUCCEEDED | (zmq.EVENT_DISCONNECTED if watch_drops else 0)
+        self.monitor: zmq.Socket | None = sock.get_monitor_socket(events)
+        self.established = False  # a handshake succeeded
+        self.dropped = False  # an established connection ended (with watch_drops); refusals end none
         self.keyless = sock.get(zmq.MECHANISM) == zmq.NULL
         self.failure: str | None = None
         self.certainty = -1  # of `failure`: the most specific reason seen is kept
@@ -305,6 +309,9 @@ class Handshake:
             event = recv_monitor_message(self.monitor)
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failure, self.certainty, self.failed = None, -1, 0
+                self.established = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                self.dropped = self.established
             elif event["event"] & _REFUSALS:
                 self.failed += 1
                 certainty, reason = refusal(event["event"], event["value"], client=True, keyless=self.keyless)

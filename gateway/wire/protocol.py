@@ -579,6 +579,9 @@ def _decode_generic(mv: memoryview) -> Command:
     return compiled.spec.cls(*values)
 
 
+RETRY_LATER = "retry later"  # ends the reason of an INVALID that a client may retry (with backoff); others are final
+
+
 def invalid(reason: str) -> bytes:
     """An INVALID frame for any reason text, made printable and cut to fit, so sending it cannot fail."""
     return encode(Invalid(printable(reason)))

@@ -621,4 +621,5 @@ def test_zeps_history_errors_name_the_cause(sidecar: Sidecar, root: Path) -> Non
         pytest.raises(ReplayError, match="did not grant the 'range'"),
         ReplayClient(sidecar.endpoint, "hist-err", features=()) as plain,
     ):
-        plain.fetch(1, 2)
+        plain.fetch(1, 2)  # asked at once; the check waits for the handshake and raises from recv()
+        plain.recv()

@@ -203,6 +203,7 @@ def test_no_snapshots_refuses_them_and_says_why(root: Path) -> None:
         write(w, load(10, 3))
     with start_sidecar(root, "--no-snapshots") as side:
         with ReplayClient(side.endpoint, "s", features=WANT) as c:
+            c.wait_ready()
             assert c.features == {P.FEATURE_BATCH}
             with pytest.raises(NotGranted, match="did not grant the 'snapshot' extension"):
                 c.snapshot()
@@ -260,5 +261,10 @@ def test_subscriber_from_snapshot_keeps_its_view_current(root: Path) -> None:
 def test_subscriber_from_snapshot_without_snapshots_fails_at_once(root: Path) -> None:
     with JournalWriter.open(root, "s") as w:
         write(w, load(10, 3))
-    with start_sidecar(root, "--no-snapshots") as side, pytest.raises(NotGranted, match="'snapshot'"):
-        Subscriber("s", replay=side.endpoint, start="snapshot")
+    with start_sidecar(root, "--no-snapshots") as side, Subscriber("s", replay=side.endpoint, start="snapshot") as sub:
+        began = time.monotonic()
+        with pytest.raises(NotGranted, match="'snapshot'"):
+            sub.next(timeout=10)
+        assert time.monotonic() - began < 5
+        with pytest.raises(NotGranted):  # and at every later call
+            sub.next(timeout=0)

@@ -1,0 +1,376 @@
+"""The Subscriber against a replay sidecar that is dead, frozen, refusing, half-answering, killed and
+restarted, or started before its journal exists: real `zeps replay` processes on loopback.
+
+What must hold whatever the sidecar does: `next(timeout=t)` returns within t + 50 ms, final refusals raise
+within seconds, transient failures cost almost no CPU, and every record arrives once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from support.servers import Stream, free_port
+
+from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.subscriber import Subscriber
+from gateway.errors import ReplayRefused
+from gateway.tools.deployment import Keys
+from gateway.wire import protocol as P
+
+pytestmark = pytest.mark.timeout(120)
+
+SLACK_S = 0.05  # how late next(timeout) may return
+
+
+class Side:
+    """`zeps replay` on a fixed loopback port, so it can be killed and started again at the same address."""
+
+    def __init__(self, root: Path, port: int, *extra: str) -> None:
+        self.root, self.port, self.extra = root, port, extra
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.log = root.parent / f"replay-{port}-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(self.root), "--bind", self.endpoint]
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen([*argv, *self.extra], stdout=subprocess.PIPE, stderr=err)
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        assert sel.select(timeout=20), f"zeps replay printed nothing within 20 s: {self.stderr()}"
+        assert "serving" in self.proc.stdout.readline().decode()  # type: ignore[union-attr]
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        assert "Traceback" not in self.stderr(), self.stderr()
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def side(root: Path, *extra: str, port: int | None = None) -> Iterator[Side]:
+    s = Side(root, port or free_port(), *extra)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@contextlib.contextmanager
+def half_server() -> Iterator[str]:
+    """A ZEPS server that answers ATTACH and then nothing: a client stuck in the middle of its handshake."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            if router.poll(50):
+                identity, frame = router.recv_multipart()
+                if isinstance(P.decode(frame), P.Attach):
+                    router.send_multipart([identity, P.encode(P.AttachOk())])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        thread.join(5)
+        router.close()
+
+
+def timed_next(sub: Subscriber, timeout: float) -> float:
+    """How long next(timeout) took, raising or not; asserts it kept its deadline."""
+    began = time.monotonic()
+    with contextlib.suppress(ReplayRefused):
+        sub.next(timeout=timeout)
+    took = time.monotonic() - began
+    assert took <= timeout + SLACK_S, f"next(timeout={timeout}) took {took:.3f} s in state {sub.replay_state}"
+    return took
+
+
+def exercise_deadlines(sub: Subscriber, seconds: float) -> set[str]:
+    """next() with several timeouts for `seconds` (through handshake deadlines and retries); the replay
+    states seen."""
+    seen = {sub.replay_state}
+    end = time.monotonic() + seconds
+    timeouts = (0.0, 0.01, 0.1, 0.25)
+    i = 0
+    while time.monotonic() < end:
+        timed_next(sub, timeouts[i % len(timeouts)])
+        seen.add(sub.replay_state)
+        i += 1
+    return seen
+
+
+def new_subscriber(endpoint: str, **options) -> Subscriber:
+    began = time.monotonic()
+    sub = Subscriber("orders", replay=endpoint, start="earliest", replay_timeout=1.0, **options)
+    assert time.monotonic() - began < SLACK_S, "the constructor waited on the network"
+    return sub
+
+
+def test_next_keeps_its_deadline_whatever_the_sidecar_does(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(50)
+
+    # Dead: nothing listens.
+    with new_subscriber(f"tcp://127.0.0.1:{free_port()}") as sub:
+        assert exercise_deadlines(sub, 3.0) == {"connecting", "retrying"}
+        assert sub.summary()["replay_retries"] >= 2
+
+    # Mid-handshake: ATTACH-OK, then silence (EXTEND is never answered).
+    with half_server() as endpoint, new_subscriber(endpoint) as sub:
+        assert "retrying" in exercise_deadlines(sub, 3.0)
+
+    with side(root) as sidecar:
+        # Frozen before we come (SIGSTOP): TCP connects, ZeroMQ's greeting never comes.
+        sidecar.signal(signal.SIGSTOP)
+        with new_subscriber(sidecar.endpoint) as sub:
+            assert "retrying" in exercise_deadlines(sub, 2.5)
+            # Thawed: the records come, each once, in order.
+            sidecar.signal(signal.SIGCONT)
+            got = drain(sub, len(s.records))
+            assert got == s.expected()
+            # Frozen mid-stream (slow): the records so far are in; next() still keeps its deadline.
+            sidecar.signal(signal.SIGSTOP)
+            exercise_deadlines(sub, 2.0)
+            sidecar.signal(signal.SIGCONT)
+            s.write(10)
+            assert drain(sub, 100) == s.expected(after=500)
+
+    # Refusing: CURVE on the server, none here. Final: raised, and at every call after.
+    keys = Keys.create(tmp_path / "keys")
+    with side(root, *keys.server_args()) as sidecar, new_subscriber(sidecar.endpoint) as sub:
+        began = time.monotonic()
+        with pytest.raises(ReplayRefused, match="give --curve-key and --curve-server"):
+            while time.monotonic() - began < 10:
+                sub.next(timeout=0.1)
+        assert time.monotonic() - began < 5
+        assert sub.replay_state == "failed"
+        for t in (0.0, 0.1):
+            began = time.monotonic()
+            with pytest.raises(ReplayRefused):
+                sub.next(timeout=t)
+            assert time.monotonic() - began <= t + SLACK_S
+    s.writer.close()
+
+
+def drain(sub: Subscriber, count: int, within: float = 30.0) -> list[tuple]:
+    got: list[tuple] = []
+    deadline = time.monotonic() + within
+    while len(got) < count and time.monotonic() < deadline:
+        rec = sub.next(timeout=0.2)
+        if rec is not None:
+            got.append((rec.seq, rec.key, rec.body))
+    return got
+
+
+def cpu_seconds_while(action: Callable[[], None]) -> float:
+    began = time.process_time()
+    action()
+    return time.process_time() - began
+
+
+def keep_calling(sub: Subscriber, seconds: float, timeout: float = 0.5) -> Callable[[], None]:
+    def call() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            assert sub.next(timeout=timeout) is None
+
+    return call
+
+
+def test_a_restarted_sidecar_costs_little_cpu_while_down_and_loses_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(20)
+    states: list[tuple[str, str | None]] = []
+    port = free_port()
+    sidecar = Side(root, port)
+    try:
+        with Subscriber(
+            "orders",
+            replay=sidecar.endpoint,
+            start="earliest",
+            replay_timeout=1.0,
+            on_replay_state=lambda state, error: states.append((state, error and str(error))),
+        ) as sub:
+            assert drain(sub, 200) == s.expected()
+            sidecar.kill9()
+            s.write(20)  # journaled while the sidecar is down
+            # Replay only: nothing to poll between tries. The loop must sleep, not spin.
+            cpu = cpu_seconds_while(keep_calling(sub, 3.0))
+            assert cpu < 0.3, f"{cpu:.2f} s of CPU in 3 s while the sidecar was down"
+            assert sub.replay_state in ("connecting", "retrying")
+            sidecar.start()
+            s.write(10)
+            assert drain(sub, 300) == s.expected(after=200)
+            assert sub.replay_state == "ready"
+            assert sub.next(timeout=0.3) is None  # nothing twice
+    finally:
+        sidecar.stop()
+        s.writer.close()
+    assert ("retrying", None) not in states and any(state == "retrying" and error for state, error in states)
+    assert states[-1] == ("ready", None)
+
+
+def test_a_dead_endpoint_costs_little_cpu(tmp_path: Path) -> None:
+    with Subscriber("orders", replay=f"tcp://127.0.0.1:{free_port()}", start="earliest", replay_timeout=1.0) as sub:
+        cpu = cpu_seconds_while(keep_calling(sub, 3.0))
+    assert cpu < 0.3, f"{cpu:.2f} s of CPU in 3 s against a dead endpoint"
+
+
+def test_final_refusals_raise_within_seconds(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(40)
+    s.writer.close()
+    # A corrupt journal: a batch in the middle of the segment overwritten.
+    bad = Stream(root, "broken")
+    bad.write(40)
+    bad.writer.close()
+    (segment,) = sorted((root / "broken").glob("*.seg"))
+    with open(segment, "r+b") as f:
+        f.seek(segment.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+    with side(root) as sidecar:
+        cases = {
+            ("nosuch", "earliest"): "unknown stream 'nosuch'",
+            ("broken", "earliest"): "corrupt",
+            ("orders", "snapshot"): None,  # works: the control
+        }
+        for (stream, start), reason in cases.items():
+            began = time.monotonic()
+            with Subscriber(stream, replay=sidecar.endpoint, start=start, replay_timeout=1.0) as sub:
+                if reason is None:
+                    assert sub.next(timeout=10) is not None
+                    continue
+                with pytest.raises(ReplayRefused, match=reason):
+                    drain(sub, 10**6, within=10)
+            assert time.monotonic() - began < 5, f"{stream}: {reason} took {time.monotonic() - began:.1f} s"
+        # The command line: exit 1 and the reason, not 0 and nothing.
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "subscribe", "--replay", sidecar.endpoint, "--stream", "nosuch",
+             "--from", "earliest", "--timeout", "20"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1 and "unknown stream 'nosuch'" in done.stderr, done.stderr
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "subscribe", "--replay", sidecar.endpoint, "--stream", "orders",
+             "--from", "sometime"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2 and "sometime" in done.stderr, done.stderr
+
+
+def test_without_multicast_latest_is_the_journal_head_then_the_live_tail(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(30)
+    with side(root) as sidecar, Subscriber("orders", replay=sidecar.endpoint) as sub:
+        assert sub.state == "STARTING"
+        deadline = time.monotonic() + 10
+        while sub.state == "STARTING" and time.monotonic() < deadline:
+            assert sub.next(timeout=0.05) is None
+        assert sub.state != "STARTING"
+        s.write(5)
+        assert drain(sub, 50) == s.expected(after=300)
+        assert sub.next(timeout=0.3) is None
+    s.writer.close()
+
+
+def test_a_sidecar_started_before_its_journal_waits_for_it(tmp_path: Path) -> None:
+    root = tmp_path / "not-yet"
+    with side(root) as sidecar:
+        with Subscriber("orders", replay=sidecar.endpoint, start="earliest", replay_timeout=1.0) as sub:
+            exercise_deadlines(sub, 1.5)
+            assert sub.replay_state == "retrying"
+            s = Stream(root, "orders")  # the gateway comes up
+            s.write(20)
+            assert drain(sub, 200) == s.expected()
+            s.writer.close()
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "history", "--replay", sidecar.endpoint, "--stream", "orders"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0 and len(done.stdout.splitlines()) == 200
+    log = sidecar.stderr()
+    assert log.count("does not exist yet") == 1 and log.count("has appeared") == 1, log
+
+
+def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> None:
+    """A ticker on the same loop keeps ticking while the AsyncSubscriber waits on a dead, a frozen and a
+    half-answering server, and while it is handed records."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(100)
+
+    async def watch(endpoint: str, seconds: float, want: int = 0) -> tuple[float, int]:
+        """The longest gap between 10 ms ticks, and the records received."""
+        gaps: list[float] = []
+        got = 0
+        done = asyncio.Event()
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticker = asyncio.create_task(tick())
+        async with AsyncSubscriber("orders", replay=endpoint, start="earliest", replay_timeout=1.0) as sub:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and (not want or got < want):
+                if await sub.next(timeout=0.3) is not None:
+                    got += 1
+        done.set()
+        await ticker
+        return max(gaps), got
+
+    dead = asyncio.run(watch(f"tcp://127.0.0.1:{free_port()}", 3.0))
+    with half_server() as endpoint:
+        half = asyncio.run(watch(endpoint, 3.0))
+    with side(root) as sidecar:
+        flowing = asyncio.run(watch(sidecar.endpoint, 30.0, want=1000))
+        sidecar.signal(signal.SIGSTOP)
+        frozen = asyncio.run(watch(sidecar.endpoint, 3.0))
+        sidecar.signal(signal.SIGCONT)
+    s.writer.close()
+    assert flowing[1] == 1000
+    for name, (gap, _) in {"dead": dead, "half": half, "flowing": flowing, "frozen": frozen}.items():
+        assert gap < 0.01 + SLACK_S, f"{name}: the event loop stalled for {gap:.3f} s"
