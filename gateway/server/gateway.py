@@ -26,7 +26,7 @@ from pathlib import Path
 
 import zmq
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, JournalTrimmed
 from gateway.journal import Durability, JournalReader, JournalWriter, Retention
 from gateway.journal.layout import list_segments, seg_path
 from gateway.mcast import Endpoint, Tuning, open_pub
@@ -262,7 +262,13 @@ class Gateway:
         if since > lane.writer.last_seq:
             return
         with reader.cursor(max(since, reader.first_seq)) as cursor:
-            while (batch := cursor.next_batch()) is not None:
+            while True:
+                try:
+                    batch = cursor.next_batch()
+                except JournalTrimmed:  # a gap (a cut tail, segments removed): the cursor goes on after it
+                    continue
+                if batch is None:
+                    break
                 lane.producers.journaled(batch)
             scanned = cursor.bytes_read
         lane.producers.expire(time.time_ns())

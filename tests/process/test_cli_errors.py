@@ -163,10 +163,11 @@ def test_runtime_failures_are_one_line_exit_1(tmp_path: Path) -> None:
     try:
         taken = zeps("gateway", "--journal", str(tmp_path / "k"), "--stream", "s", "--ingest", gw.ingest)
         one_line_error(taken, 1, "Address already in use", gw.ingest, "choose another port")
+        # A record over the limit the publisher knows is refused before it is sent: the input's fault, exit 2.
         big = zeps("publish", "--ingest", gw.ingest, "--stream", STREAM, "--count", "1", "--size", "3MiB")
-        one_line_error(big, 1, "3145728 bytes", "--max-message-bytes")
+        one_line_error(big, 2, "3145734 bytes", "--max-message-bytes")
         over = zeps("publish", "--ingest", gw.ingest, "--stream", STREAM, "--count", "1", "--size", "1100KiB")
-        one_line_error(over, 1, "over the limit of 1048576")
+        one_line_error(over, 2, "over the gateway's limit of 1048576")
         unknown = zeps("publish", "--ingest", gw.ingest, "--stream", "nope", "--body", "x")
         one_line_error(unknown, 1, "'nope'")
     finally:

@@ -119,8 +119,9 @@ def test_a_two_stream_gateway_counts_per_stream_and_normal_use_moves_no_error_co
         assert value(after, "zeps_gateway_journaled_records_total", stream=stream) == records
         assert value(after, "zeps_gateway_head_sequence", stream=stream) == records
         assert value(after, "zeps_gateway_batch_records_sum", stream=stream) == records
-    # Bytes are record-batch bytes: a header per batch, then per record its overhead, key and body.
-    per_batch = B.HEADER_SIZE + B.RECORD_OVERHEAD + 1  # each short-lived publisher's record is a batch of its own
+    # Bytes are record-batch bytes: a header per batch (with the producer's id and number: exactly-once), then per
+    # record its overhead, key and body.
+    per_batch = B.PRODUCER_HEADER_SIZE + B.RECORD_OVERHEAD + 1  # each short-lived publisher's record: its own batch
     assert value(after, "zeps_gateway_journaled_bytes_total", stream=STREAM) == SHORT_LIVED * per_batch
     assert value(after, "zeps_gateway_journaled_bytes_total", stream=OTHER) >= 250 * (B.RECORD_OVERHEAD + 5)
     assert not moved(after, *GATEWAY_ERRORS)
