@@ -7,6 +7,7 @@ import json
 import sys
 
 from gateway.cli import discovery_opts
+from gateway.cli.options import duration
 
 COLUMNS = ("stream", "channels", "sidecar", "ingest", "nodes", "head", "rate")
 
@@ -19,7 +20,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "announce about once a second) and prints every stream announced: a table, or one JSON object per line.",
     )
     discovery_opts.add_client_options(p, timeout=False)
-    p.add_argument("--wait", type=float, default=2.5, help="listen this long (default 2.5 s)")
+    p.add_argument("--wait", type=duration, default=2.5, help="listen this long (default 2.5 s)")
     p.add_argument("--json", action="store_true", help="one JSON object per stream")
     p.add_argument(
         "--stream-key", action="append", default=[], metavar="FILE", help="list only announcements signed with it"

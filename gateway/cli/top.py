@@ -8,6 +8,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.cli.options import duration, host_port
+
 if TYPE_CHECKING:
     from gateway.tools.top import Top
 
@@ -21,10 +23,21 @@ def register(commands: argparse._SubParsersAction) -> None:
         "outputs; the sidecars' clients and credit; each subscriber's state, lag, gaps and losses; and every "
         "error counter that moved. --once --json prints one view as JSON (rates over one --interval) for scripts.",
     )
-    p.add_argument("--gateway", action="append", default=[], metavar="HOST:PORT", help="a gateway's --metrics")
-    p.add_argument("--replay", action="append", default=[], metavar="HOST:PORT", help="a sidecar's --metrics")
-    p.add_argument("--subscriber", action="append", default=[], metavar="HOST:PORT", help="a subscriber's --metrics")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    p.add_argument(
+        "--gateway", action="append", default=[], type=host_port, metavar="HOST:PORT", help="a gateway's --metrics"
+    )
+    p.add_argument(
+        "--replay", action="append", default=[], type=host_port, metavar="HOST:PORT", help="a sidecar's --metrics"
+    )
+    p.add_argument(
+        "--subscriber",
+        action="append",
+        default=[],
+        type=host_port,
+        metavar="HOST:PORT",
+        help="a subscriber's --metrics",
+    )
+    p.add_argument("--interval", type=duration, default=1.0, help="seconds between refreshes (default 1)")
     p.add_argument("--once", action="store_true", help="one view (two scrapes, --interval apart, for rates), then exit")
     p.add_argument("--json", action="store_true", help="JSON instead of tables: one object per refresh, one line each")
     p.set_defaults(handler=_run)

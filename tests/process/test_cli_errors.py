@@ -101,7 +101,24 @@ USAGE = [
     (("journal", "fix", "j"), ["'fix'"]),
     (("keygen",), ["--stream-key FILE, --curve DIR/NAME"]),
     (("nosuch",), ["'nosuch'"]),
+    # discovery, zeps top, snapshots
+    (("streams",), ["--interface"]),
+    (("streams", "--interface", "lo", "--discovery", "239.1.1.1"), ["239.1.1.1", "GROUP:PORT"]),
+    (("streams", "--interface", "lo", "--wait", "-1"), ["--wait", "'-1'"]),
+    (("subscribe", "--stream", "s", "--interface", "lo", "--discovery", "1.2.3.4:x"), ["1.2.3.4:x"]),
+    (("gateway", "--multicast", "bad name=udp://lo;239.1.1.1:5555"), ["--multicast", "bad name"]),
+    (("top",), ["--gateway, --replay or --subscriber"]),
+    (("top", "--gateway", "9100"), ["--gateway", "'9100'", "127.0.0.1:9100"]),
+    (("top", "--replay", "127.0.0.1:9", "--interval", "soon"), ["--interval", "'soon'"]),
+    (("snapshot", "--replay", "127.0.0.1:1", "--stream", "s"), ["--replay", "tcp://127.0.0.1:1"]),
 ]
+
+
+def test_the_walk_covers_every_subcommand() -> None:
+    from gateway.cli import MODULES
+
+    walked = {argv[0] for argv, _ in USAGE}
+    assert set(MODULES) <= walked, f"subcommands without a bad-input case: {sorted(set(MODULES) - walked)}"
 
 
 @pytest.mark.parametrize(("argv", "named"), USAGE, ids=[" ".join(a) for a, _ in USAGE])
