@@ -6,23 +6,9 @@ import argparse
 import base64
 import json
 from collections.abc import Iterable
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
-
-class Record(Protocol):
-    """What is printed of a record (gateway.wire.batch.Record, gateway.client.subscriber.Received)."""
-
-    @property
-    def seq(self) -> int: ...
-    @property
-    def ts_ns(self) -> int: ...
-    @property
-    def key(self) -> str: ...
-    @property
-    def body(self) -> bytes: ...
-    @property
-    def ttl_ms(self) -> int: ...
-
+from gateway.client.snapshot_view import KeyedRecord
 
 FORMATS = ("json", "raw", "text")
 
@@ -37,7 +23,7 @@ def add_format(p: argparse.ArgumentParser) -> None:
     )
 
 
-def write_records(records: Iterable[Record], out: BinaryIO, fmt: str = "json") -> int:
+def write_records(records: Iterable[KeyedRecord], out: BinaryIO, fmt: str = "json") -> int:
     """Write records to `out` in `fmt`; returns how many."""
     n = 0
     for rec in records:
@@ -46,18 +32,18 @@ def write_records(records: Iterable[Record], out: BinaryIO, fmt: str = "json") -
     return n
 
 
-def _json(rec: Record) -> bytes:
+def _json(rec: KeyedRecord) -> bytes:
     line = {"seq": rec.seq, "ts_ns": rec.ts_ns, "key": rec.key, "body_b64": base64.b64encode(rec.body).decode()}
     if rec.ttl_ms:
         line["ttl_ms"] = rec.ttl_ms
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-def _raw(rec: Record) -> bytes:
+def _raw(rec: KeyedRecord) -> bytes:
     return bytes(rec.body) + b"\n"
 
 
-def _text(rec: Record) -> bytes:
+def _text(rec: KeyedRecord) -> bytes:
     from gateway.journal import iso_utc
 
     text = bytes(rec.body).decode("utf-8", "backslashreplace")

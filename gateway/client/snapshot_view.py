@@ -16,7 +16,7 @@ from gateway.wire.ttl import Expiries, expires_at
 
 
 class KeyedRecord(Protocol):
-    """What the view needs of a record (gateway.wire.batch.Record and gateway.client.subscriber.Received fit)."""
+    """A record as the application sees it: gateway.wire.batch.Record and gateway.client.subscriber.Received fit."""
 
     @property
     def seq(self) -> int: ...
