@@ -80,7 +80,8 @@ class ReplayMetrics(Metrics):
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.ended, *((k,) for k in ENDED_REASONS))
         self.streams: dict[str, StreamSeries] = {}
-        for path in sorted(journal.iterdir()):
+        # The streams journaled so far, at 0 from the start (a root that does not exist yet has none).
+        for path in sorted(journal.iterdir()) if journal.is_dir() else ():
             if path.is_dir():
                 self.stream(path.name)
 

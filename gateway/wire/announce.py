@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from gateway.errors import McastError, ProtocolError, Unauthenticated
 from gateway.wire.protocol import validate_stream_name
-from gateway.wire.streamkey import AUTH, AUTH_MAGIC, AUTH_VERSION, StreamKey
+from gateway.wire.streamkey import AUTH, AUTH_MAGIC, AUTH_VERSION, StreamKey, parse_auth
 
 MAGIC = b"ZD"
 VERSION = 1
@@ -186,9 +186,7 @@ def _check_signature(signed: bytes, auth: bytes, keys: dict[int, StreamKey]) -> 
         return
     if not auth:
         raise Unauthenticated("unsigned", "an unsigned announcement (a rogue host, or a sender without the key)")
-    magic, version, key_id, tag = AUTH.unpack(auth)
-    if magic != AUTH_MAGIC or version != AUTH_VERSION:
-        raise Unauthenticated("malformed", f"an announcement authenticator with magic {magic!r} version {version}")
+    key_id, tag = parse_auth(auth)
     key = keys.get(key_id)
     if key is None:
         raise Unauthenticated("unknown-key", f"an announcement signed with key {key_id:08x}, not one held here")

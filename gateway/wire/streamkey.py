@@ -144,7 +144,7 @@ class Verifier:
         if len(frames) not in (2, 3):
             raise McastError(f"a multicast message has 2 or 3 frames, not {len(frames)}")
         stream, payload = frames[0], frames[1]
-        auth = _parse_auth(frames[2]) if len(frames) == 3 else None
+        auth = parse_auth(frames[2]) if len(frames) == 3 else None
         if not self.keys:
             if auth is not None:
                 self._warn_once(
@@ -174,12 +174,13 @@ class Verifier:
             log.warning("%s", text)
 
 
-def _parse_auth(frame: bytes | memoryview) -> tuple[int, bytes]:
+def parse_auth(frame: bytes | memoryview) -> tuple[int, bytes]:
+    """(key id, tag) of an authenticator frame; anything else, a non-zero pad byte included, is malformed."""
     if len(frame) != AUTH.size:
         raise Unauthenticated("malformed", f"an authenticator of {len(frame)} bytes, expected {AUTH.size}")
     magic, version, key_id, tag = AUTH.unpack(frame)
-    if magic != AUTH_MAGIC or version != AUTH_VERSION:
-        raise Unauthenticated("malformed", f"an authenticator with magic {magic!r} version {version}")
+    if magic != AUTH_MAGIC or version != AUTH_VERSION or frame[3] != 0:
+        raise Unauthenticated("malformed", f"an authenticator with magic {magic!r} version {version} pad {frame[3]}")
     return key_id, tag
 
 
