@@ -32,6 +32,7 @@ from gateway.mcast import Endpoint, Tuning, open_pub
 from gateway.server.metrics import GatewayMetrics
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
+from gateway.transport.pgm import PgmSender
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -132,7 +133,7 @@ class _Out:
 
     def __init__(
         self,
-        sock: zmq.Socket | NormSender | UdpSender,
+        sock: zmq.Socket | NormSender | UdpSender | PgmSender,
         endpoint: Endpoint,
         heads: dict[str, int],
         rooms: dict[str, int],
@@ -220,7 +221,7 @@ class Gateway:
             config.curve,
         )
 
-    def _rooms(self, sock: zmq.Socket | NormSender | UdpSender) -> dict[str, int]:
+    def _rooms(self, sock: zmq.Socket | NormSender | UdpSender | PgmSender) -> dict[str, int]:
         """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
         the authenticator, when signing); empty for the others (any size)."""
         if not isinstance(sock, UdpSender):
