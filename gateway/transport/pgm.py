@@ -178,9 +178,9 @@ class PgmSettings:
 
     rate_kbps: int = 100_000
     recovery_ivl_ms: int = 2_000
-    nak_bo_ivl_us: int = 1_000
-    nak_rpt_ivl_us: int = 5_000
-    nak_rdata_ivl_us: int = 5_000
+    nak_bo_ivl_us: int = 500
+    nak_rpt_ivl_us: int = 2_000
+    nak_rdata_ivl_us: int = 2_000
     nak_data_retries: int = 50
     nak_ncf_retries: int = 50
     ambient_spm_us: int = 1_000_000
