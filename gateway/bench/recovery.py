@@ -50,11 +50,8 @@ def run(settings: Settings, cases: Sequence[Case] = CASES) -> Result:
         with pipeline.deployed(["sub"], tmp=settings.tmp, feeds=feeds, transport=transport, options=options) as dep:
             for case in (c for c in cases if (c[0], c[2]) == (transport, feeds)):
                 stats[case] = _measure(dep, case, count, settings.runs, progress, failures)
-    rows = [
-        (_label(*case), *(Stat.of(stats[case].get(c), "ms", 2) for c in (*COLUMNS, "max")),
-         Stat.of(stats[case].get("from_replay")))  # fmt: skip
-        for case in cases
-    ]
+    rows = [(_label(*c), *(Stat.of(stats[c].get(k), "ms", 2) for k in (*COLUMNS, "max")),
+             Stat.of(stats[c].get("from_replay"))) for c in cases]  # fmt: skip
     targets = []
     for case in (c for c in cases if c[2] == 1 and c[1] in TARGET_P99_MS):
         goal, p99 = TARGET_P99_MS[case[1]], Stat.of(stats[case].get("p99"), "ms", 2)
