@@ -8,10 +8,10 @@ every timer a setting (`PgmSettings`, microseconds as OpenPGM takes them).
 
 Wire compatibility with libzmq's epgm:// and pgm:// (src/pgm_sender.cpp, src/pgm_receiver.cpp): every APDU is
 one TPDU (at most PGM_MSS bytes, never fragmented: libzmq's receiver asserts one buffer per APDU) made of a
-2-byte big-endian offset to the first message that starts in it (0xFFFF: none does) and a run of ZMTP/1 frames
-(`gateway.wire.framing.encode_v1`). A receiver that joins late or loses data for good skips to the next APDU
-with an offset. The sender starts every message in a new APDU (offset 0): a message goes out as soon as it is
-sent, and libzmq reads it the same. A plain pyzmq SUB reads our feed; our receiver reads a libzmq PUB.
+2-byte big-endian offset to the first message that starts in it (0xFFFF: none does) and a run of ZMTP/1 frames;
+`gateway.wire.apdu` holds those rules (packetising, and reassembling each sender's stream). The sender starts
+every message in a new APDU (offset 0): a message goes out as soon as it is sent, and libzmq reads it the same.
+A plain pyzmq SUB reads our feed; our receiver reads a libzmq PUB.
 
 OpenPGM has no thread of its own: its timers (NAKs, SPM heartbeats, repairs) advance only while someone calls
 into the socket. So each `PgmSender` and `PgmReceiver` owns one I/O thread that alone calls libpgm for its
@@ -44,7 +44,7 @@ import zmq
 
 from gateway.errors import PgmError
 from gateway.transport.pollable import PolledByFd
-from gateway.wire.framing import MORE, encode_v1, v1_frame_header
+from gateway.wire.apdu import Reassembler, packetise
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,6 @@ _GSR_SIZE = 392  # struct pgm_group_source_req
 _GROUP_REQ_SIZE = 136  # struct group_req, what PGM_JOIN_GROUP / PGM_SEND_GROUP read of it
 _MSGV_SIZE = 136  # struct pgm_msgv_t: uint32 msgv_len, 16 skb pointers
 _SKB = struct.Struct("<40x8sI52xH6xQ32xQ")  # pgm_sk_buff_t: tsi @40, sequence @48, len @104, pgm_header @112, data @152
-_U16 = struct.Struct(">H")
-NO_MESSAGE_START = 0xFFFF
 _MSGV_BATCH = 64  # APDUs per pgm_recvmsgv call
 
 
@@ -359,7 +357,7 @@ class PgmSender(_IoThread):
         super().__init__(f"pgm-send {group}:{port}")
         self._s = _Socket(interface, group, port, settings, sender=True, udp=udp)
         self.hwm, self.linger_ms = hwm, linger_ms
-        self.chunk = self._s.mss - _U16.size
+        self.mss = self._s.mss
         self._queue: deque[list[bytes]] = deque()  # messages as APDUs, oldest first
         self._room = threading.Condition(self.lock)
         self.stats = SenderStats()
@@ -368,11 +366,8 @@ class PgmSender(_IoThread):
         self.thread.start()
 
     def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
-        """One message as APDUs: the first carries offset 0 (a message starts here), the rest 0xFFFF."""
-        data, chunk = encode_v1(frames), self.chunk
-        out = [_U16.pack(0) + data[:chunk]]
-        out += [_U16.pack(NO_MESSAGE_START) + data[i : i + chunk] for i in range(chunk, len(data), chunk)]
-        return out
+        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
+        return packetise(frames, self.mss)
 
     def send_multipart(
         self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
@@ -469,25 +464,8 @@ class ReceiverStats:
     repairs: int = 0  # RDATA delivered: losses PGM repaired
     resets: int = 0  # times OpenPGM reported data lost for good
     lost: int = 0  # sequences lost for good (OpenPGM's lost_count, summed over senders)
-    junk: int = 0  # APDUs that are not libzmq's framing (the sender's stream is resynchronised)
+    junk: int = 0  # APDUs or frames that are not libzmq's framing (that sender's stream resynchronises)
     overruns: int = 0  # messages dropped because `hwm` messages waited for the consumer
-
-
-class _Peer:
-    """Parse state of one sender (TSI): joined at a message start, bytes not yet parsed, frames so far."""
-
-    __slots__ = ("data", "frames", "joined", "lost")
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.frames: list[bytes] = []
-        self.joined = False
-        self.lost = 0
-
-    def unjoin(self) -> None:
-        self.data.clear()
-        self.frames = []
-        self.joined = False
 
 
 class PgmReceiver(PolledByFd, _IoThread):
@@ -520,10 +498,10 @@ class PgmReceiver(PolledByFd, _IoThread):
     ) -> None:
         _IoThread.__init__(self, f"pgm-recv {group}:{port}")
         self._s = _Socket(interface, group, port, settings, sender=False, udp=udp)
-        self.subscriptions = tuple(subscriptions)
-        self.hwm, self.max_message_bytes = hwm, max_message_bytes
+        self.hwm = hwm
+        self._apdus = Reassembler(subscriptions, max_message_bytes)
         self.stats = ReceiverStats()
-        self._peers: dict[bytes, _Peer] = {}
+        self._lost: dict[bytes, int] = {}  # per sender, OpenPGM's lost_count at its last reset
         self._ready: deque[list[bytes]] = deque()
         self._room = threading.Condition(self.lock)
         self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # holds 1 while messages wait
@@ -593,7 +571,8 @@ class PgmReceiver(PolledByFd, _IoThread):
                 nbytes -= length
             at += _MSGV_SIZE
             self.stats.apdus += 1
-            self._parse(tsi, parts[0] if count == 1 else b"".join(parts), out)
+            self._apdus.feed(tsi, parts[0] if count == 1 else b"".join(parts), out)
+        self.stats.junk = self._apdus.junk
         if out:
             with self.lock:
                 room = max(0, self.hwm - len(self._ready))
@@ -611,65 +590,9 @@ class PgmReceiver(PolledByFd, _IoThread):
             return
         tsi, lost = _SKB.unpack(ctypes.string_at(skb, _SKB.size))[:2]
         self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
-        peer = self._peers.setdefault(tsi, _Peer())
-        self.stats.lost += max(0, lost - peer.lost)
-        peer.lost = lost
-        peer.unjoin()
-
-    def _parse(self, tsi: bytes, apdu: bytes, out: list[list[bytes]]) -> None:
-        """Add one APDU of sender `tsi` to its stream and move the messages it completes to `out`.
-
-        An APDU with an offset is a resynchronisation point: the bytes before the offset must end the message
-        in progress exactly, else the sender's framing is broken (junk) and what was buffered is dropped. So
-        a bad APDU costs at most the messages it touches, where libzmq would stay lost until a reset.
-        """
-        peer = self._peers.get(tsi)
-        if peer is None:
-            peer = self._peers[tsi] = _Peer()
-        if len(apdu) < _U16.size:
-            self.stats.junk += 1
-            peer.unjoin()
-            return
-        offset = _U16.unpack_from(apdu)[0]
-        body = memoryview(apdu)[_U16.size :]
-        if offset == NO_MESSAGE_START:
-            if not peer.joined:
-                return  # within a message whose start this receiver did not see
-            peer.data += body
-            self._frames(peer, out)
-            return
-        if offset > len(body):
-            self.stats.junk += 1
-            peer.unjoin()
-            return
-        if peer.joined and offset:
-            peer.data += body[:offset]
-            self._frames(peer, out)
-        if peer.joined and (peer.data or peer.frames):
-            self.stats.junk += 1  # the message in progress did not end where the next one starts
-        peer.unjoin()
-        peer.joined = True
-        peer.data += body[offset:]
-        self._frames(peer, out)
-
-    def _frames(self, peer: _Peer, out: list[list[bytes]]) -> None:
-        data, pos, end = peer.data, 0, len(peer.data)
-        while (header := v1_frame_header(data, pos, end)) is not None:
-            zflags, size, head = header
-            if size < 0 or size > self.max_message_bytes:
-                self.stats.junk += 1
-                peer.unjoin()  # not libzmq's framing: wait for the next message start
-                return
-            if end - pos < head + size:
-                break
-            frame = bytes(data[pos + head : pos + head + size])
-            pos += head + size
-            peer.frames.append(frame)
-            if not zflags & MORE:
-                frames, peer.frames = peer.frames, []
-                if frames[0].startswith(self.subscriptions):
-                    out.append(frames)
-        del data[:pos]
+        self.stats.lost += max(0, lost - self._lost.get(tsi, 0))
+        self._lost[tsi] = lost
+        self._apdus.lose(tsi)
 
     def close(self, linger: int | None = None) -> None:
         del linger
