@@ -227,26 +227,27 @@ ZMQ_SIZES = (0, 1, 254, 255, 1000, 4096, 9000)
 
 
 def zmq_sub(endpoint: str, count: int, ready: Any) -> dict[str, Any]:
-    """A plain libzmq epgm:// SUB, checking messages like `receive`."""
-    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:
-        sub.setsockopt(zmq.LINGER, 0)
-        Tuning().apply(sub, Endpoint.parse(endpoint))
-        sub.setsockopt(zmq.SUBSCRIBE, STREAM)
-        sub.connect(endpoint)
-        expect, problem, joined = 0, None, False
-        deadline = time.monotonic() + WAIT_S
-        while expect < count and problem is None and time.monotonic() < deadline:
-            if not sub.poll(100):
-                continue
-            frames = sub.recv_multipart()
-            if frames[1] == WARM_UP:
-                if not joined:
-                    joined = True
-                    ready.put(frames[2])
-                continue
-            if frames != message(expect, ZMQ_SIZES):
-                problem = f"message {number(frames)} (expected {expect})"
-            expect += 1
+    """libzmq's own epgm:// engine (a plain SUB, through `Tuning.libzmq_pgm`), checking messages like `receive`."""
+    with zmq.Context() as ctx:
+        sub = open_sub(ctx, Endpoint.parse(endpoint), Tuning(libzmq_pgm=True, linger_ms=0), [STREAM.decode()])
+        assert isinstance(sub, zmq.Socket)
+        try:
+            expect, problem, joined = 0, None, False
+            deadline = time.monotonic() + WAIT_S
+            while expect < count and problem is None and time.monotonic() < deadline:
+                if not sub.poll(100):
+                    continue
+                frames = sub.recv_multipart()
+                if frames[1] == WARM_UP:
+                    if not joined:
+                        joined = True
+                        ready.put(frames[2])
+                    continue
+                if frames != message(expect, ZMQ_SIZES):
+                    problem = f"message {number(frames)} (expected {expect})"
+                expect += 1
+        finally:
+            sub.close()
         return {"received": expect, "problem": problem}
 
 
