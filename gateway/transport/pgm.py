@@ -69,6 +69,7 @@ _GSR_SIZE = 392  # struct pgm_group_source_req
 _GROUP_REQ_SIZE = 136  # struct group_req, what PGM_JOIN_GROUP / PGM_SEND_GROUP read of it
 _MSGV_SIZE = 136  # struct pgm_msgv_t: uint32 msgv_len, 16 skb pointers
 _SKB = struct.Struct("<40x8sI52xH6xQ32xQ")  # pgm_sk_buff_t: tsi @40, sequence @48, len @104, pgm_header @112, data @152
+_MSGV_HEAD = struct.Struct("<I4xQ")  # pgm_msgv_t: msgv_len, msgv_skb[0]
 _MSGV_BATCH = 64  # APDUs per pgm_recvmsgv call
 
 
@@ -462,8 +463,8 @@ class ReceiverStats:
     messages: int = 0
     apdus: int = 0
     repairs: int = 0  # RDATA delivered: losses PGM repaired
-    resets: int = 0  # times OpenPGM reported data lost for good
-    lost: int = 0  # sequences lost for good (OpenPGM's lost_count, summed over senders)
+    resets: int = 0  # times OpenPGM reported data lost for good (each starts a new session)
+    lost: int = 0  # sequences lost for good (OpenPGM's lost_count)
     junk: int = 0  # APDUs or frames that are not libzmq's framing (that sender's stream resynchronises)
     overruns: int = 0  # messages dropped because `hwm` messages waited for the consumer
 
@@ -497,11 +498,11 @@ class PgmReceiver(PolledByFd, _IoThread):
         max_message_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         _IoThread.__init__(self, f"pgm-recv {group}:{port}")
-        self._s = _Socket(interface, group, port, settings, sender=False, udp=udp)
+        self._open = lambda: _Socket(interface, group, port, settings, sender=False, udp=udp)
+        self._s = self._open()
         self.hwm = hwm
         self._apdus = Reassembler(subscriptions, max_message_bytes)
         self.stats = ReceiverStats()
-        self._lost: dict[bytes, int] = {}  # per sender, OpenPGM's lost_count at its last reset
         self._ready: deque[list[bytes]] = deque()
         self._room = threading.Condition(self.lock)
         self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # holds 1 while messages wait
@@ -536,10 +537,11 @@ class PgmReceiver(PolledByFd, _IoThread):
             self.poll(None)
 
     def run(self) -> None:
-        s, recv = self._s, self._s.lib.pgm_recvmsgv
+        recv = self._s.lib.pgm_recvmsgv
         msgv = ctypes.create_string_buffer(_MSGV_SIZE * _MSGV_BATCH)
         base, n = ctypes.addressof(msgv), _SIZE()
         while not self.stopping:
+            s = self._s
             status = recv(s.sock, msgv, _MSGV_BATCH, _MSG_ERRQUEUE, ctypes.byref(n), None)
             if status == IO_NORMAL:
                 self._deliver(base, n.value)
@@ -558,20 +560,23 @@ class PgmReceiver(PolledByFd, _IoThread):
     def _deliver(self, base: int, nbytes: int) -> None:
         """Parse the APDUs pgm_recvmsgv put in the msgv array (their lengths add up to `nbytes`)."""
         out: list[list[bytes]] = []
-        at = base
+        at, string_at, feed, repairs, apdus = base, ctypes.string_at, self._apdus.feed, 0, 0
         while nbytes > 0:
-            count = ctypes.c_uint32.from_address(at).value
+            count, first = _MSGV_HEAD.unpack(string_at(at, _MSGV_HEAD.size))
             parts, tsi = [], b""
             for i in range(count):
-                skb = ctypes.c_void_p.from_address(at + 8 + 8 * i).value or 0
-                tsi, _, length, header, data = _SKB.unpack(ctypes.string_at(skb, _SKB.size))
-                if ctypes.string_at(header + 4, 1)[0] == _RDATA:
-                    self.stats.repairs += 1
-                parts.append(ctypes.string_at(data, length))
+                skb = first if i == 0 else ctypes.c_void_p.from_address(at + 8 + 8 * i).value or 0
+                tsi, _, length, header, data = _SKB.unpack(string_at(skb, _SKB.size))
+                # A received skb holds its packet right behind it (pgm_alloc_skb): one copy for type and payload.
+                packet = string_at(skb, data - skb + length)
+                repairs += packet[header - skb + 4] == _RDATA
+                parts.append(packet[data - skb :])
                 nbytes -= length
             at += _MSGV_SIZE
-            self.stats.apdus += 1
-            self._apdus.feed(tsi, parts[0] if count == 1 else b"".join(parts), out)
+            apdus += 1
+            feed(tsi, parts[0] if count == 1 else b"".join(parts), out)
+        self.stats.repairs += repairs
+        self.stats.apdus += apdus
         self.stats.junk = self._apdus.junk
         if out:
             with self.lock:
@@ -584,15 +589,21 @@ class PgmReceiver(PolledByFd, _IoThread):
                     self._signalled = True
 
     def _reset(self, skb: int | None) -> None:
-        """OpenPGM lost data of one sender for good: resume its stream at the next message start."""
+        """OpenPGM lost data for good: count it, then start a new session, which joins every sender afresh.
+
+        Measured: an OpenPGM receiver (libzmq's too) that has reported unrecoverable loss may deliver nothing
+        more, for good, while its senders go on (docs/pgm.md). A new socket joins like a late joiner, at each
+        sender's next message start; what passes meanwhile is a sequence gap, for replay to fill.
+        """
         self.stats.resets += 1
-        if not skb:
-            return
-        tsi, lost = _SKB.unpack(ctypes.string_at(skb, _SKB.size))[:2]
-        self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
-        self.stats.lost += max(0, lost - self._lost.get(tsi, 0))
-        self._lost[tsi] = lost
-        self._apdus.lose(tsi)
+        if skb:
+            self.stats.lost += _SKB.unpack(ctypes.string_at(skb, _SKB.size))[1]  # this session's lost_count
+            self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
+        fresh = self._open()
+        self._ep.close()
+        self._s.close()
+        self._s, self._ep = fresh, fresh.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+        self._apdus.lose_all()
 
     def close(self, linger: int | None = None) -> None:
         del linger

@@ -101,6 +101,10 @@ class Reassembler:
         if stream is not None:
             stream.unjoin()
 
+    def lose_all(self) -> None:
+        """Every sender's data may be gone (a new transport session): resume each at its next message start."""
+        self._streams.clear()
+
     def _parse(self, stream: _Stream, out: list[list[bytes]]) -> None:
         data, pos, end = stream.data, 0, len(stream.data)
         while (header := v1_frame_header(data, pos, end)) is not None:
