@@ -47,6 +47,7 @@ from gateway.errors import (
 from gateway.mcast import Endpoint, Tuning
 from gateway.reconcile import Start, State
 from gateway.transport.curve import CurveClientKeys, CurveServerKeys
+from gateway.transport.pgm import PgmSettings
 from gateway.wire.streamkey import StreamKey
 
 __version__ = "0.1.0"
@@ -75,6 +76,7 @@ __all__ = [
     "McastError",
     "NotAJournal",
     "NotGranted",
+    "PgmSettings",
     "ProtocolError",
     "PublishError",
     "Publisher",

@@ -77,6 +77,10 @@ class NormError(ZepsError, RuntimeError):
     """libnorm is missing or refused a setting; the message names the call and what to check."""
 
 
+class PgmError(ZepsError, RuntimeError):
+    """libpgm (OpenPGM) is missing or refused a setting; the message names the call and what to check."""
+
+
 class PublishError(ZepsError, RuntimeError):
     """The gateway refused something, or did not answer in time; `reason` says which."""
 

@@ -18,6 +18,11 @@ Traps measured on this platform (docs/gateway.md, docs/norm.md):
 - libzmq 4.3.4's norm:// engine cannot carry batches (a frame over 2,038 bytes hangs its sender for good,
   bursts stall it, a receiver aborts on loss): norm:// endpoints are served by `gateway.transport.norm`, which drives
   libnorm directly at a fixed rate with backpressure, on the same wire framing as libzmq.
+- libzmq 4.3.4's epgm:// compiles OpenPGM's NAK timers in (first NAK up to 50 ms after a loss, repeats and
+  repair waits of 200 ms): epgm:// and pgm:// endpoints are served by `gateway.transport.pgm`, which drives
+  libpgm directly with timers for a LAN, on libzmq's wire (plain ZeroMQ SUBs read it), when selected
+  (`Tuning.libzmq_pgm=False`, or ZEPS_PGM_ENGINE=openpgm); libzmq's own engine stays the default for now
+  (docs/pgm.md says when to choose which).
 - PGM and NORM hold everything behind a lost packet until it is repaired; udp:// (`gateway.transport.udp`) hands each
   datagram over as it comes and leaves the repair to the replay sidecar: the low-latency choice under loss.
 """
@@ -25,15 +30,18 @@ Traps measured on this platform (docs/gateway.md, docs/norm.md):
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import zmq
 
 from gateway.errors import McastError
 from gateway.transport.norm import NormReceiver, NormSender, NormSettings
+from gateway.transport.pgm import PgmReceiver, PgmSender, PgmSettings
 from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM, UdpReceiver, UdpSender
 
+DEFAULT_PGM = PgmSettings()
 TRANSPORTS = ("epgm", "pgm", "norm", "udp")
 
 
@@ -100,6 +108,21 @@ def interface_address(name: str) -> str:
     raise McastError(f"interface {name!r} has no IPv4 address; give the endpoint an address instead")
 
 
+PGM_ENGINE_ENV = "ZEPS_PGM_ENGINE"
+PGM_ENGINES = ("libzmq", "openpgm")
+
+
+def libzmq_pgm_default() -> bool:
+    """libzmq's PGM engine unless ZEPS_PGM_ENGINE=openpgm selects gateway.transport.pgm (docs/pgm.md says when).
+
+    libzmq's stays the default until the OpenPGM engine's I/O loops leave Python: that engine repairs loss in
+    milliseconds, but costs throughput near the link rate (docs/pgm.md, "Cost")."""
+    engine = os.environ.get(PGM_ENGINE_ENV, "libzmq")
+    if engine not in PGM_ENGINES:
+        raise McastError(f"{PGM_ENGINE_ENV}={engine!r}: give one of {', '.join(PGM_ENGINES)}")
+    return engine == "libzmq"
+
+
 @dataclass(frozen=True, slots=True)
 class Tuning:
     """Transport settings, configured once and applied as each transport needs.
@@ -110,6 +133,9 @@ class Tuning:
         (receivers size their buffer for that sender from it); at rate_kbps it drains in buffer*8/rate s.
     datagram_bytes: udp:// datagrams at most this large: batches are cut to fit (the default fits a 1,500-byte
         MTU; up to 65,507 lets the IP layer fragment, and then one lost fragment loses the datagram).
+    pgm: the OpenPGM timers for epgm:// and pgm:// (rate, recovery interval, buffers and hops come from here).
+    libzmq_pgm: serve epgm:// and pgm:// with libzmq's engine (its fixed timers) rather than gateway.transport.pgm
+        (default: libzmq's, unless the environment says ZEPS_PGM_ENGINE=openpgm).
     """
 
     rate_kbps: int = 100_000
@@ -121,6 +147,8 @@ class Tuning:
     linger_ms: int = 2_000
     norm_buffer_bytes: int = 8 * 1024 * 1024
     datagram_bytes: int = DATAGRAM_BYTES
+    pgm: PgmSettings = DEFAULT_PGM
+    libzmq_pgm: bool = field(default_factory=libzmq_pgm_default)
 
     def __post_init__(self) -> None:
         if not 256 <= self.datagram_bytes <= MAX_DATAGRAM:
@@ -144,16 +172,23 @@ class Tuning:
             ttl=self.hops,
         )
 
+    def pgm_settings(self) -> PgmSettings:
+        """The OpenPGM settings these stand for: `pgm`'s timers with this Tuning's rate, buffers and hops."""
+        return replace(self.pgm, rate_kbps=self.rate_kbps, recovery_ivl_ms=self.recovery_ivl_ms, sndbuf=self.sndbuf,
+                       rcvbuf=self.rcvbuf, hops=self.hops)  # fmt: skip
+
 
 # What open_pub / open_sub return, whichever the transport: each offers the socket calls the callers use.
-McastSender = zmq.Socket | NormSender | UdpSender
-McastReceiver = zmq.Socket | NormReceiver | UdpReceiver
+McastSender = zmq.Socket | NormSender | UdpSender | PgmSender
+McastReceiver = zmq.Socket | NormReceiver | UdpReceiver | PgmReceiver
 
 
 def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSender:
     """A sender on the multicast endpoint (interface resolved to its address).
 
-    PGM: an XPUB with XPUB_NODROP. A PUB drops silently at its high-water mark; this raises zmq.Again
+    PGM: a `PgmSender` (OpenPGM at tuning.rate_kbps), which raises zmq.Again when tuning.sndhwm messages wait
+    for its rate limiter; `ctx` is not used. With tuning.libzmq_pgm, an XPUB with XPUB_NODROP. A PUB drops
+    silently at its high-water mark; this raises zmq.Again
     instead, so a sender that outruns the transport's rate keeps its data and slows down rather than losing it.
     NORM: a `NormSender` (libnorm at tuning.rate_kbps), which raises zmq.Again the same way when its stream
     is full; `ctx` is not used. UDP: a `UdpSender` paced at tuning.rate_kbps, which does the same.
@@ -164,6 +199,9 @@ def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSende
     if endpoint.transport == "udp":
         return UdpSender(resolved.interface, resolved.group, resolved.port, rate_kbps=tuning.rate_kbps,
                          sndbuf=tuning.sndbuf, hops=tuning.hops)  # fmt: skip
+    if not tuning.libzmq_pgm:
+        return PgmSender(resolved.interface, resolved.group, resolved.port, tuning.pgm_settings(),
+                         udp=endpoint.transport == "epgm", hwm=tuning.sndhwm, linger_ms=tuning.linger_ms)  # fmt: skip
     sock = ctx.socket(zmq.XPUB)
     sock.setsockopt(zmq.XPUB_NODROP, 1)
     sock.setsockopt(zmq.SNDHWM, tuning.sndhwm)
@@ -175,7 +213,8 @@ def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSende
 def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> McastReceiver:
     """A receiver on the multicast endpoint, subscribed to whole streams (every sequence is seen).
 
-    PGM: a SUB socket. NORM and UDP: a `NormReceiver` or `UdpReceiver`, which offer the same poll /
+    PGM: a `PgmReceiver` (a SUB socket with tuning.libzmq_pgm). NORM and UDP: a `NormReceiver` or
+    `UdpReceiver`. All three offer the same poll /
     recv_multipart / close (and a fileno for zmq.Poller); `ctx` is not used.
     """
     resolved = endpoint.resolve()
@@ -184,6 +223,9 @@ def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list
         return NormReceiver(resolved.interface, resolved.group, resolved.port, tuning.norm(), names)
     if endpoint.transport == "udp":
         return UdpReceiver(resolved.interface, resolved.group, resolved.port, rcvbuf=tuning.rcvbuf, subscriptions=names)
+    if not tuning.libzmq_pgm:
+        return PgmReceiver(resolved.interface, resolved.group, resolved.port, tuning.pgm_settings(), names,
+                           udp=endpoint.transport == "epgm")  # fmt: skip
     sock = ctx.socket(zmq.SUB)
     tuning.apply(sock, endpoint)
     for name in names:

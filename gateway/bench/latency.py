@@ -66,7 +66,7 @@ def run(settings: Settings) -> Result:
                 try:
                     case = (loss, fsync, feeds, transport)
                     stats[case] = repeat(settings.runs, progress, f"{_label(*case)}, {count:,} records",
-                                                lambda _: _once(dep, count), failures)  # fmt: skip
+                                                lambda _: once(dep, count), failures)  # fmt: skip
                 finally:
                     clear(dep.lab, "sub")
     columns = tuple(f"p{p:g}" for p in PERCENTILES)
@@ -114,7 +114,8 @@ def _label(loss: float, fsync: str, feeds: int, transport: str) -> str:
     return f"{transport}, {loss:g}% loss, --fsync {fsync}" + (", A/B feeds" if feeds == 2 else "")
 
 
-def _once(dep: Deployment, count: int) -> dict[str, float]:
+def once(dep: Deployment, count: int) -> dict[str, float]:
+    """One run of `count` records through `dep`: percentiles, max (ms) and the records replay filled."""
     lab, ready = dep.lab, MP.Queue()
     sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
                                              latency=True))  # fmt: skip

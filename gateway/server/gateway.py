@@ -29,13 +29,14 @@ import zmq
 from gateway.errors import ConfigError, JournalTrimmed
 from gateway.journal import Durability, JournalReader, JournalWriter, Retention
 from gateway.journal.layout import list_segments, seg_path
-from gateway.mcast import Endpoint, Tuning, open_pub
+from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
+from gateway.transport.pgm import PgmSender
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -147,7 +148,7 @@ class _Out:
 
     def __init__(
         self,
-        sock: zmq.Socket | NormSender | UdpSender,
+        sock: zmq.Socket | NormSender | UdpSender | PgmSender,
         endpoint: Endpoint,
         heads: dict[str, int],
         rooms: dict[str, int],
@@ -281,7 +282,7 @@ class Gateway:
             time.monotonic() - started,
         )
 
-    def _rooms(self, sock: zmq.Socket | NormSender | UdpSender) -> dict[str, int]:
+    def _rooms(self, sock: McastSender) -> dict[str, int]:
         """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
         the authenticator, when signing); empty for the others (any size)."""
         if not isinstance(sock, UdpSender):

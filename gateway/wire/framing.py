@@ -1,7 +1,12 @@
-"""ZeroMQ messages in a byte buffer, framed as libzmq's norm:// frames them: the NORM stream and udp:// datagrams.
+"""ZeroMQ messages in a byte buffer, framed as libzmq frames them on its multicast transports.
 
-Each frame is one flag byte (FIRST_FRAME for a message's first frame, NEXT_FRAME for the next ones) and a
-ZMTP/2 frame: flags (bit 0 MORE, bit 1 LONG), the size in 1 byte (or 8 bytes big-endian when LONG), the data.
+norm:// (the NORM stream and udp:// datagrams): each frame is one flag byte (FIRST_FRAME for a message's first
+frame, NEXT_FRAME for the next ones) and a ZMTP/2 frame: flags (bit 0 MORE, bit 1 LONG), the size in 1 byte
+(or 8 bytes big-endian when LONG), the data.
+
+epgm:// and pgm:// (libzmq's v1 encoder, src/v1_encoder.cpp): each frame is a ZMTP/1 frame: the size of
+flags + data in 1 byte (or 0xFF and 8 bytes big-endian when it is 255 or more), the flags byte (bit 0 MORE),
+the data. The PGM packetisation around it is `gateway.transport.pgm`'s.
 """
 
 from __future__ import annotations
@@ -42,3 +47,30 @@ def frame_header(data: bytes | bytearray | memoryview, pos: int, end: int) -> tu
     if end - pos < 2 + _LONG_SIZE.size:
         return None
     return flag, zflags, _LONG_SIZE.unpack_from(data, pos + 2)[0], 2 + _LONG_SIZE.size
+
+
+def encode_v1(frames: Sequence[bytes | bytearray | memoryview]) -> bytes:
+    """One message as ZMTP/1 frames (libzmq's epgm:// encoding)."""
+    parts: list[bytes | bytearray | memoryview] = []
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = MORE if i < last else 0
+        size = len(frame) + 1
+        parts.append(bytes((size, more)) if size < 255 else b"\xff" + _LONG_SIZE.pack(size) + bytes((more,)))
+        parts.append(frame)
+    return b"".join(parts)
+
+
+def v1_frame_header(data: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[int, int, int] | None:
+    """(ZMTP flags, data size, header size) of the ZMTP/1 frame at `pos`; None if the header is cut off.
+
+    The data size is -1 for a frame that cannot be ZMTP/1 (a size of 0 leaves no room for its flags byte).
+    """
+    if end - pos < 2:
+        return None
+    size = data[pos]
+    if size != 0xFF:
+        return data[pos + 1], size - 1, 2
+    if end - pos < 10:
+        return None
+    return data[pos + 9], _LONG_SIZE.unpack_from(data, pos + 1)[0] - 1, 10

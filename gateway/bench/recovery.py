@@ -1,0 +1,100 @@
+"""Recovery: publish -> delivery at 10,000 records/s under random and burst loss, on every transport.
+
+The latency scenario's pipeline (host pub publishes paced 100-byte records with a 1 ms publisher linger, the
+gateway journals and multicasts them, a reconciling `Subscriber` on host sub takes them) under loss of the
+packets arriving at host sub, multicast and the replay connection alike: random loss of 0.1%, 1% and 5%, and
+1% lost in bursts of 1,000 packets on average (the Gilbert model). epgm:// runs through
+`gateway.transport.pgm` here (ZEPS_PGM_ENGINE=openpgm: OpenPGM with NAK timers for a LAN), udp:// fills every
+gap from the replay sidecar, norm:// repairs on the multicast with libnorm. Each with one feed and with A/B
+feeds (two groups, the subscriber takes the first copy of each batch). Every record must arrive once, in
+order; "records from replay" counts those the sidecar filled.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from unittest import mock
+
+from gateway.bench import latency, norm, pipeline
+from gateway.bench.runner import Progress, Result, Settings, Stat, Table, Target, repeat
+from gateway.mcast import PGM_ENGINE_ENV
+from gateway.tools.deployment import Deployment
+from netlab.impair import Impairment, clear, impair
+
+TITLE = "Recovery: publish -> delivery at 10,000 records/s under loss, every transport"
+LOSSES: dict[str, Impairment] = {
+    "0%": Impairment(),
+    "0.1%": Impairment(loss_pct=0.1),
+    "1%": Impairment(loss_pct=1.0),
+    "5%": Impairment(loss_pct=5.0),
+    "1% in bursts of 1,000": Impairment(loss_pct=1.0, loss_burst=1000),
+}
+TRANSPORTS = ("epgm", "udp", "norm")
+Case = tuple[str, str, int]  # (transport, loss, feeds)
+CASES: tuple[Case, ...] = tuple((t, loss, feeds) for t in TRANSPORTS for feeds in (1, 2) for loss in LOSSES)
+COLUMNS = ("p50", "p99", "p99.9")
+TARGET_P99_MS = {"0%": 5.0, "1%": 10.0, "5%": 20.0}  # one feed
+
+
+def estimate(settings: Settings) -> float:
+    return 30 + len(CASES) * settings.runs * (4 if settings.quick else 16)
+
+
+def run(settings: Settings, cases: Sequence[Case] = CASES) -> Result:
+    # epgm:// through gateway.transport.pgm in every process of the lab (they inherit the environment).
+    with mock.patch.dict(os.environ, {PGM_ENGINE_ENV: "openpgm"}):
+        return _run(settings, cases)
+
+
+def _run(settings: Settings, cases: Sequence[Case]) -> Result:
+    progress = Progress("recovery")
+    count = settings.size(100_000, 3_000)
+    failures: list[str] = []
+    stats: dict[Case, dict[str, list[float]]] = {}
+    for transport, feeds in dict.fromkeys((c[0], c[2]) for c in cases):
+        rate_kbps = norm.RATE_KBPS if transport == "norm" else pipeline.RATE_KBPS
+        options = pipeline.gateway_options(rate_kbps)
+        with pipeline.deployed(["sub"], tmp=settings.tmp, feeds=feeds, transport=transport, options=options) as dep:
+            for case in (c for c in cases if (c[0], c[2]) == (transport, feeds)):
+                stats[case] = _measure(dep, case, count, settings.runs, progress, failures)
+    rows = [(_label(*c), *(Stat.of(stats[c].get(k), "ms", 2) for k in (*COLUMNS, "max")),
+             Stat.of(stats[c].get("from_replay"))) for c in cases]  # fmt: skip
+    targets = []
+    for case in (c for c in cases if c[2] == 1 and c[1] in TARGET_P99_MS):
+        goal, p99 = TARGET_P99_MS[case[1]], Stat.of(stats[case].get("p99"), "ms", 2)
+        targets.append(Target(f"p99 <= {goal:g} ms: {_label(*case)}", str(p99), p99.median <= goal))
+    return Result(
+        "recovery",
+        TITLE,
+        method=__doc__.split("\n\n", 1)[1].strip(),
+        tables=[
+            Table(
+                f"publish -> delivery, {count:,} records per run, publisher linger {latency.LINGER_MS:g} ms",
+                ("case", *COLUMNS, "max", "records from replay"),
+                rows,
+            )
+        ],
+        targets=targets,
+        notes=failures,
+        runs=settings.runs,
+        seconds=time.monotonic() - progress.start,
+    )
+
+
+def _measure(
+    dep: Deployment, case: Case, count: int, runs: int, progress: Progress, failures: list[str]
+) -> dict[str, list[float]]:
+    loss = LOSSES[case[1]]
+    if not loss.is_clear:
+        impair(dep.lab, "sub", loss, "in")
+    try:
+        return repeat(runs, progress, f"{_label(*case)}, {count:,} records", lambda _: latency.once(dep, count),
+                      failures)  # fmt: skip
+    finally:
+        clear(dep.lab, "sub")
+
+
+def _label(transport: str, loss: str, feeds: int) -> str:
+    return f"{transport}, {loss} loss" + (", A/B feeds" if feeds == 2 else "")

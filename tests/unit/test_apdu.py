@@ -1,0 +1,69 @@
+"""libzmq's PGM packetisation (gateway.wire.apdu): joins, spans, packed APDUs, other senders, broken framing."""
+
+from __future__ import annotations
+
+from gateway.wire.apdu import NO_MESSAGE_START, Reassembler, packetise
+from gateway.wire.framing import encode_v1
+
+A, B = b"sender-A", b"sender-B"
+
+
+def apdu(offset: int, body: bytes) -> bytes:
+    return offset.to_bytes(2, "big") + body
+
+
+def feed(r: Reassembler, sender: bytes, apdus: list[bytes]) -> list[list[bytes]]:
+    out: list[list[bytes]] = []
+    for a in apdus:
+        r.feed(sender, a, out)
+    return out
+
+
+def test_a_message_larger_than_a_packet_spans_apdus_and_comes_back_whole() -> None:
+    message = [b"s.x", bytes(range(256)) * 40, b"tail"]
+    apdus = packetise(message, 1400)
+    assert len(apdus) == 8 and all(len(a) <= 1400 for a in apdus)
+    assert [a[:2] for a in apdus] == [b"\x00\x00"] + [b"\xff\xff"] * 7
+    assert feed(Reassembler([b"s."]), A, apdus) == [message]
+
+
+def test_a_libzmq_packed_apdu_and_a_late_join_at_the_offset() -> None:
+    first, second, third = [b"s.1", b"x" * 10], [b"s.2", b"y"], [b"s.3", b"z" * 300]
+    data = encode_v1(first) + encode_v1(second) + encode_v1(third)
+    cut = len(encode_v1(first)) // 2  # the first message started in an earlier APDU
+    packed = apdu(len(data[cut:]) - len(data) + len(encode_v1(first)), data[cut:])
+    assert feed(Reassembler([b"s."]), A, [packed]) == [second, third]
+
+
+def test_a_receiver_skips_until_a_message_starts_and_filters_by_prefix() -> None:
+    r = Reassembler([b"s."])
+    tail = apdu(NO_MESSAGE_START, encode_v1([b"s.lost", b"q"])[3:])
+    assert feed(r, A, [tail, *packetise([b"other", b"1"], 1400), *packetise([b"s.a", b"2"], 1400)]) == [[b"s.a", b"2"]]
+
+
+def test_senders_are_reassembled_apart_and_a_loss_waits_for_the_next_start() -> None:
+    r, out = Reassembler(), []
+    big_a, big_b = [b"a", bytes(3000)], [b"b", bytes(2000)]
+    pa, pb = packetise(big_a, 1400), packetise(big_b, 1400)
+    for x, y in zip(pa, [*pb, b""], strict=False):  # interleaved packets of two senders
+        r.feed(A, x, out)
+        if y:
+            r.feed(B, y, out)
+    assert sorted(out) == sorted([big_a, big_b])
+    out.clear()
+    r.feed(A, pa[0], out)
+    r.lose(A)  # the transport gave up on data after pa[0]
+    r.feed(A, pa[1], out)  # a continuation: skipped
+    r.feed(A, packetise([b"a", b"next"], 1400)[0], out)
+    assert out == [[b"a", b"next"]] and r.junk == 0
+
+
+def test_broken_framing_costs_only_the_messages_it_touches() -> None:
+    r = Reassembler()
+    good = packetise([b"s", b"ok"], 1400)[0]
+    truncated = apdu(0, encode_v1([b"s", bytes(500)])[:100])  # a frame that never ends
+    zero_size = apdu(0, b"\x00\x00")
+    bad_offset = apdu(50, b"short")
+    out = feed(r, A, [truncated, good, zero_size, good, bad_offset, good, b"\x01"])
+    assert out == [[b"s", b"ok"]] * 3
+    assert r.junk == 4
