@@ -10,6 +10,7 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 from netlab import ns, state
 from netlab.impair import nfqueue
@@ -26,7 +27,10 @@ DRAIN_GRACE = 2.0  # seconds an old process has, beyond its longest delay, to re
 def _start(lab: Lab, host: Host, queue: int, delay_us: int, jitter_us: int, reorder_pct: float) -> int:
     """Start the delay process in ``host`` and wait until it has bound its queue; return its pid."""
     settings = (queue, delay_us, jitter_us, reorder_pct / 100)
-    argv = [sys.executable, "-I", "-S", nfqueue.__file__, *map(str, settings)]  # stdlib only: starts at once
+    # Stdlib only, so it starts at once; its source goes on the command line, so that it also runs in a container
+    # (netlab's Docker backend) that has no copy of this file at this path.
+    source = Path(nfqueue.__file__).read_text()
+    argv = [sys.executable, "-I", "-S", "-c", source, *map(str, settings)]
     proc = lab.popen(
         host,
         argv,

@@ -1,6 +1,6 @@
 """The delay process: raw NFQUEUE over netlink (no libnetfilter_queue), holding each packet's verdict.
 
-Standard library only, and run by path (``python -I -S nfqueue.py QUEUE DELAY_US JITTER_US REORDER``), not
+Standard library only, and run as a script (``python -I -S -c SOURCE QUEUE DELAY_US JITTER_US REORDER``), not
 imported through netlab: a new delay process binds its queue in milliseconds, so a change of delay under
 traffic leaves no long stretch on the old settings. The constants are the kernel's ABI, from
 include/uapi/linux/netlink.h, include/uapi/linux/netfilter.h, include/uapi/linux/netfilter/nfnetlink.h and
