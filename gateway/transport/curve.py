@@ -150,6 +150,7 @@ _zap_lock = threading.Lock()
 _zap: dict[zmq.Context, tuple[ThreadAuthenticator, int]] = {}  # one ZAP handler per context, shared
 _domains = itertools.count(1)
 _plain_warned = False
+_monitors = itertools.count(1)  # Handshake monitor addresses
 
 
 def refusal(event: int, value: int, *, client: bool, keyless: bool = False) -> tuple[int, str]:
@@ -162,8 +163,10 @@ def refusal(event: int, value: int, *, client: bool, keyless: bool = False) -> t
         return 2, "client key not allowed (not in --curve-allow)"
     mismatch = event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
     if mismatch or (client and keyless):
+        # Certain only when libzmq says so: a keyless client's handshake also fails, with no detail, when the
+        # server goes away in the middle of it (killed, restarting), which retrying outlives.
         if client:
-            return 2, (
+            return 2 if mismatch else 0, (
                 "security mismatch: the server requires CURVE and this client has no keys, or the reverse: "
                 "give --curve-key and --curve-server, or neither"
             )
@@ -282,7 +285,9 @@ class Handshake:
     def __init__(self, sock: zmq.Socket, *, watch_drops: bool = False) -> None:
         self.sock = sock
         events = _REFUSALS | zmq.EVENT_HANDSHAKE_SUCCEEDED | (zmq.EVENT_DISCONNECTED if watch_drops else 0)
-        self.monitor: zmq.Socket | None = sock.get_monitor_socket(events)
+        # An address of its own: pyzmq's default names it after the socket's fd, which a new socket may reuse
+        # while a closed one's monitor is still bound ("Address already in use").
+        self.monitor: zmq.Socket | None = sock.get_monitor_socket(events, f"inproc://zeps.handshake.{next(_monitors)}")
         self.established = False  # a handshake succeeded
         self.dropped = False  # an established connection ended (with watch_drops); refusals end none
         self.keyless = sock.get(zmq.MECHANISM) == zmq.NULL

@@ -102,8 +102,10 @@ def test_replay_limits_clients_fetches_and_command_size(tmp_path: Path) -> None:
         two = ReplayClient(side.endpoint, "lim", timeout=5, window=1)
         one.wait_ready()
         two.wait_ready()
+        third = ReplayClient(side.endpoint, "lim", timeout=5)
         with pytest.raises(ReplayError, match=r"too many clients \(max 2\)"):
-            ReplayClient(side.endpoint, "lim", timeout=5).wait_ready()  # the handshake says so, not the constructor
+            third.wait_ready()  # the handshake says so, not the constructor
+        third.close()
         one.close()  # DETACH frees the slot at once
         one = ReplayClient(side.endpoint, "lim", timeout=5)
         one.wait_ready()
