@@ -8,7 +8,6 @@ checked messages start, except where joining late is the point.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
@@ -17,6 +16,7 @@ import zmq
 from support.feedlab import STREAM as FEED
 from support.feedlab import WAIT_S as FEED_WAIT_S
 from support.feedlab import expected, publish, subscribe
+from support.numbered import number, numbered
 
 from gateway.mcast import Endpoint, Tuning, open_pub, open_sub
 from gateway.tools.deployment import Deployment
@@ -35,16 +35,7 @@ WARM_UP = b"warm-up"
 
 
 def message(i: int, sizes: tuple[int, ...] = SIZES) -> list[bytes]:
-    """Message number i: the stream name, its number, and (every third message) a body of sizes[i % n] bytes."""
-    size = sizes[i % len(sizes)]
-    seed = hashlib.sha256(b"%d" % i).digest()
-    body = (seed * (size // 32 + 1))[:size]
-    head = b"%08d" % i
-    return [STREAM, head, body] if i % 3 == 0 else [STREAM, head + body]
-
-
-def number(frames: list[bytes]) -> int:
-    return int(frames[1][:8])
+    return numbered(STREAM, i, sizes)
 
 
 def receive(

@@ -9,13 +9,13 @@ is the point.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from typing import Any
 
 import pytest
 import zmq
+from support.numbered import number, numbered
 
 from gateway.mcast import Endpoint, Tuning, open_pub, open_sub
 from gateway.transport.pgm import PgmReceiver, PgmSender
@@ -41,16 +41,7 @@ ROGUE = b"rogue"
 
 
 def message(i: int, sizes: tuple[int, ...] = SIZES) -> list[bytes]:
-    """Message number i: the stream name, its number, and (every third message) a body of sizes[i % n] bytes."""
-    size = sizes[i % len(sizes)]
-    seed = hashlib.sha256(b"%d" % i).digest()
-    body = (seed * (size // 32 + 1))[:size]
-    head = b"%08d" % i
-    return [STREAM, head, body] if i % 3 == 0 else [STREAM, head + body]
-
-
-def number(frames: list[bytes]) -> int:
-    return int(frames[1][:8])
+    return numbered(STREAM, i, sizes)
 
 
 def receive(endpoint: str, count: int, ready: Any, progress: Any = None, sizes: tuple[int, ...] = SIZES,
