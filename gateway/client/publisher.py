@@ -1,11 +1,13 @@
 """`Publisher`: the ZEPS publishing client. Batches records, survives gateway restarts, publishes exactly once.
 
 Theory of operation. `publish()` checks the record (raising `BadRecord` there, so a bad call never harms what
-is queued) and appends it to a queue under a lock; it does no network I/O. One IO thread, started by the
-constructor, owns the ZeroMQ socket and does everything else:
+is queued) and appends it to a deque, whose appends and pops are atomic: no lock per record, and no network
+I/O. It wakes the IO thread when the queue was empty and each time a batch's worth of bytes has been queued.
+One IO thread, started by the constructor, owns the ZeroMQ socket and does everything else:
 
-- it seals the queue into a PUBLISH-BATCH when the batch is full, when `linger_ms` has passed since its first
-  record (a real timer: a lone record leaves on time though the application never calls again), or on flush();
+- it takes the queue's records as a PUBLISH-BATCH (gateway.wire.record_loops.take cuts them to the batch
+  limits) when a batch is full, when `linger_ms` has passed since its oldest record (a real timer: a lone record
+  leaves on time though the application never calls again), or on flush();
 - it numbers records per producer: each batch carries FLAG_PRODUCER with the Publisher's 64-bit producer id and
   the number of its first record (docs/batch-format.md). It keeps every batch until the gateway confirms it
   (PUBLISH-OK), within `buffer_bytes`: DAFKA's rule, a producer keeps records until acknowledged;
@@ -27,13 +29,14 @@ Connection states, all in the IO thread, each with its deadline::
     READY      other INVALID                        FAILED (publish/flush raise it from now on)
     any        connection dropped                   DOWN
 
-Threading contract: publish(), flush(), close() and abort() may be called from any one application thread
-at a time (the Publisher is not for concurrent callers). They touch only the queue and counters, under its
-lock; the socket is created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket
-rule holds. The IO thread never calls back into the application. publish() blocks only while the buffer is
-full, and never past its deadline (`timeout`), raising BufferFull; flush() never waits past its deadline.
-Against a gateway that does not grant "producer" the Publisher still reconnects and re-sends (at least once);
-without "confirm" it cannot know what arrived and re-sends nothing (at most once).
+Threading contract: publish(), flush(), close() and abort() may be called from any one application thread at a
+time (the Publisher is not for concurrent callers). They touch only the queue (publish() alone appends to it, the
+IO thread alone takes from it) and counters (each written by one side only, or under the lock); the socket is
+created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket rule holds. The IO thread never
+calls back into the application. publish() blocks only while the buffer is full, and never past its deadline
+(`timeout`), raising BufferFull; flush() never waits past its deadline. Against a gateway that does not grant
+"producer" the Publisher still reconnects and re-sends (at least once); without "confirm" it cannot know what
+arrived and re-sends nothing (at most once).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from gateway.errors import BadRecord, BufferFull, ConfigError, PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire import record_loops as loops
 from gateway.wire.streamkey import StreamKey
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ BACKOFF_MAX_S = 2.0
 HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying again
 WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 _ids = itertools.count()  # monitor addresses
+_HEAD = len(P.head_of(P.PublishBatch, 0))  # a PUBLISH-BATCH frame's bytes before its batch
 _SESSION_LOST = "before ATTACH"  # the gateway's INVALID for a session it no longer has
 
 
@@ -80,20 +85,10 @@ class _State(Enum):
 
 
 @dataclass(slots=True)
-class _Batch:
-    """Records queued by publish(), cut to the batch limits as they came."""
-
-    records: list[tuple[int, bytes, bytes, int]]  # (ts_ns, key, body, ttl_ms)
-    payload: int  # keys and bodies: the gateway's per-batch limit counts these
-    ttl: bool  # some record has a TTL: the batch needs FLAG_TTL
-    since: float  # time.monotonic() of its first record: the linger timer runs from there
-
-
-@dataclass(slots=True)
 class _Sent:
     """One batch handed to the IO thread: kept until confirmed, re-sent after a reconnect."""
 
-    frame: bytes
+    frame: bytes | bytearray  # never changed once built
     count: int
     nbytes: int  # charged to the buffer budget
 
@@ -158,16 +153,16 @@ class Publisher:
         self.producer_id = pid
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
+        # --- the queue: publish() appends (ts_ns, key, body, ttl_ms), the IO thread takes ---
+        self._queue: deque[tuple[int, bytes, bytes, int]] = deque()
+        self._queued_bytes = 0  # keys and bodies ever queued; written by publish() only
+        self._wake_at = self.batch_bytes  # publish() wakes the IO thread when _queued_bytes reaches it
         # --- shared with the IO thread, under _cond ---
-        self._lock = threading.Lock()  # publish() takes it directly: a Condition's own enter/exit are Python code
-        self._cond = threading.Condition(self._lock)
-        # The queue: batches cut by publish() as they fill (O(1) a record), then the open one.
-        self._sealed: list[_Batch] = []
-        self._filling = _Batch([], 0, False, 0.0)
-        self._buffered = 0  # bytes of batches handed to the IO thread and not confirmed yet: the budget
-        self._handed = 0  # records in those batches, and in all before them
+        self._cond = threading.Condition(threading.Lock())
+        self._taken = 0  # records the IO thread took from the queue
+        self._taken_bytes = 0  # their keys and bodies
+        self._released_bytes = 0  # of those, confirmed (or sent, without confirms): the budget is queued - released
         self._flush_wanted = False
-        self._signalled = False  # the IO thread was woken and has not looked at the queue since
         self._stopping: bool | None = None  # None: run; False: DETACH then stop; True: stop at once
         self.sent = 0  # records handed to the gateway at least once
         self.confirmed = 0  # records the gateway confirmed as journaled
@@ -187,6 +182,7 @@ class Publisher:
         self._backoff = BACKOFF_MIN_S
         self._retry_at = 0.0
         self._state_deadline = 0.0
+        self._due: float | None = None  # when the queue's oldest record must leave (its linger deadline)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name=f"zeps-publisher-{stream}", daemon=True)
         self._thread.start()
@@ -225,64 +221,45 @@ class Publisher:
             kb, data, ttl_ms = key.encode(), body, 0  # the common case, checked at the cost of one expression
         else:
             kb, data, ttl_ms = self._checked(key, body, ttl)
-        size = len(kb) + len(data)
-        wake = False
-        with self._lock:
-            if self._error is not None:
-                raise self._error
-            batch = self._filling
-            records = batch.records
-            if records and (len(records) >= self.batch_records or batch.payload + size > self.batch_bytes):
-                self._seal(self.timeout if timeout is None else timeout)  # the work per batch, not per record
-                batch = self._filling
-                records = batch.records
-                wake = True
-            if not records:
-                batch.since = time.monotonic()
-                wake = True  # arm the linger timer
-            records.append((time.time_ns(), kb, data, ttl_ms))
-            batch.payload += size
-            if ttl_ms:
-                batch.ttl = True
-            if wake:
-                wake = not self._signalled  # once, until the IO thread looks
-                self._signalled = True
-        if wake:
-            os.eventfd_write(self._wake_fd, 1)
-
-    def _seal(self, timeout: float) -> None:
-        """Under the lock: hand the full filling batch to the IO thread, once the buffer has room for it (waiting
-        up to `timeout`; BufferFull, and nothing changed, if it has not)."""
-        full = self._filling
-        if self._buffered + full.payload > self.buffer_bytes and not self._cond.wait_for(
-            lambda: self._buffered + full.payload <= self.buffer_bytes or self._error is not None, timeout
-        ):
-            raise BufferFull(
-                f"{self._buffered} bytes are unconfirmed, the buffer holds {self.buffer_bytes}, and the gateway "
-                f"confirmed too little for {timeout} s (down?): try again, or raise buffer_bytes"
-            )
         if self._error is not None:
             raise self._error
-        self._handed_over(full)
-        self._sealed.append(full)
-        self._filling = _Batch([], 0, False, 0.0)
+        queued = self._queued_bytes + len(kb) + len(data)
+        if queued - self._released_bytes > self.buffer_bytes:
+            self._wait_for_room(queued, self.timeout if timeout is None else timeout)
+        queue = self._queue
+        queue.append((time.time_ns(), kb, data, ttl_ms))
+        self._queued_bytes = queued
+        if queued >= self._wake_at or len(queue) == 1:  # a batch's worth more, or the IO thread may be idle
+            self._wake_at = queued + self.batch_bytes
+            os.eventfd_write(self._wake_fd, 1)
 
-    def _handed_over(self, batch: _Batch) -> None:
-        """Under the lock: `batch` leaves the filling slot; count it and charge it to the buffer."""
-        self._buffered += batch.payload
-        self._handed += len(batch.records)
+    def _wait_for_room(self, queued: int, timeout: float) -> None:
+        """Wait up to `timeout` until the buffer has room for `queued` bytes (BufferFull, nothing queued, if not)."""
+        os.eventfd_write(self._wake_fd, 1)  # what is queued must leave for confirms to free anything
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: queued - self._released_bytes <= self.buffer_bytes or self._error is not None, timeout
+            ):
+                raise BufferFull(
+                    f"{self._queued_bytes - self._released_bytes} bytes are unconfirmed, the buffer holds "
+                    f"{self.buffer_bytes}, and the gateway confirmed too little for {timeout} s (down?): try again, "
+                    "or raise buffer_bytes"
+                )
+            if self._error is not None:
+                raise self._error
 
     @property
     def accepted(self) -> int:
         """Records publish() has taken."""
-        return self._handed + len(self._filling.records)
+        with self._cond:
+            return self._taken + len(self._queue)
 
     def flush(self, timeout: float | None = None) -> int | None:
         """Send everything queued and wait (up to `timeout`, default the constructor's) until it is confirmed
         (confirm=True) or sent; return the sequence of the last record confirmed. Raises PublishError."""
         wait = self.timeout if timeout is None else timeout
         with self._cond:
-            target = self.accepted
+            target = self._taken + len(self._queue)
             self._flush_wanted = True
         os.eventfd_write(self._wake_fd, 1)
         with self._cond:
@@ -412,7 +389,7 @@ class Publisher:
                 return False
             if self._stopping or self._state is _State.FAILED:
                 return True
-            return not self._sealed and not self._filling.records and not (self._confirming and self._unconfirmed)
+            return not self._queue and not (self._confirming and self._unconfirmed)
 
     def _step(self, now: float) -> float:
         """Advance the connection state machine and the linger timer; seconds until the next deadline."""
@@ -436,32 +413,41 @@ class Publisher:
         return self._send_due(now)
 
     def _send_due(self, now: float) -> float:
-        """READY: seal and send the queue if it is due; seconds until the linger timer fires (1 s: idle)."""
+        """READY: take and send what is due (full batches at once, the rest `linger_ms` after its oldest record, or
+        at once on flush() and close()); seconds until the linger deadline (1 s: the queue is empty)."""
+        queue, batches = self._queue, []
         with self._cond:
-            self._signalled = False
-            batches, self._sealed, filling = self._sealed, [], self._filling
-            due = filling.since + self.linger
-            if (
-                filling.records
-                and (now >= due or self._flush_wanted or self._stopping is not None)
-                and self._buffered + filling.payload <= self.buffer_bytes  # else it waits for confirms, as publish()
-            ):
-                self._handed_over(filling)
-                batches.append(filling)
-                filling = self._filling = _Batch([], 0, False, 0.0)
-            if not filling.records:
+            hurry = self._flush_wanted or self._stopping is not None
+            while queue:
+                full = self._queued_bytes - self._taken_bytes >= self.batch_bytes or len(queue) >= self.batch_records
+                if not (full or hurry):
+                    if self._due is None:
+                        self._due = self._deadline(now, queue[0][0])
+                    if now < self._due:
+                        break
+                records, payload, ttl = loops.take(queue, self.batch_records, self.batch_bytes)
+                self._taken += len(records)
+                self._taken_bytes += payload
+                self._due = None
+                batches.append((records, payload, ttl))
+            if not queue:
                 self._flush_wanted = False
-            if not batches:  # idle, lingering, or over the budget (a confirm's arrival wakes the poll)
-                return due - now if filling.records and due > now else 1.0
-        for batch in batches:
-            self._send_batch(batch)
-        return 0.0
+        for records, payload, ttl in batches:
+            self._send_batch(records, payload, ttl)
+        return 1.0 if self._due is None else max(0.0, self._due - now)
 
-    def _send_batch(self, batch: _Batch) -> None:
-        records, n, payload, ttl = batch.records, len(batch.records), batch.payload, batch.ttl
+    def _deadline(self, now: float, ts_ns: int) -> float:
+        """The monotonic time by which a record queued at wall-clock `ts_ns` must leave: `linger_ms` after it,
+        never later than `linger_ms` from now (a clock stepped back cannot hold it)."""
+        age = (time.time_ns() - ts_ns) / 1e9
+        return now + self.linger - min(max(age, 0.0), self.linger)
+
+    def _send_batch(self, records: list[tuple[int, bytes, bytes, int]], payload: int, ttl: bool) -> None:
+        n = len(records)
         if P.FEATURE_BATCH in self.features:
             producer = (self.producer_id, self._next_pseq) if P.FEATURE_PRODUCER in self.features else None
-            frame = P.encode(P.PublishBatch(B.encode(0, records, ttl=ttl, producer=producer)))
+            frame = B.encode_after(_HEAD, 0, records, ttl=ttl, producer=producer)  # records copied once, here
+            frame[:_HEAD] = P.head_of(P.PublishBatch, len(frame) - _HEAD)
             kept = [_Sent(frame, n, payload)]
         else:  # plain ZEPS: one PUBLISH per record
             kept = [_Sent(P.encode(P.Publish(kb.decode(), data)), 1, len(kb) + len(data)) for _, kb, data, _ in records]
@@ -473,7 +459,7 @@ class Publisher:
         with self._cond:
             self.sent += n
             if not self._confirming:
-                self._buffered -= payload
+                self._released_bytes += payload
             self._cond.notify_all()
 
     def _refusal(self) -> str | None:
@@ -572,7 +558,7 @@ class Publisher:
         with self._cond:
             self.confirmed += n - left
             self.last_seq = last_seq
-            self._buffered -= freed
+            self._released_bytes += freed
             self._cond.notify_all()
 
     def _watch_drops(self, sock: zmq.Socket) -> None:
@@ -619,7 +605,7 @@ class Publisher:
             self._state = state
             self._state_deadline = time.monotonic() + within
 
-    def _send(self, frame: bytes) -> None:
+    def _send(self, frame: bytes | bytearray) -> None:
         assert self._sock is not None
         self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: never Again. Copied: cheaper than zero-copy at 60 KB
 

@@ -1,6 +1,6 @@
 /* gateway.wire._record_loops: the per-record loops of gateway.wire.batch, compiled.
 
-gateway/wire/record_loops.py holds the same three functions in Python, says what each does and why, and picks
+gateway/wire/record_loops.py holds the same four functions in Python, says what each does and why, and picks
 this module when it was built. Both give the same results and the same error messages
 (tests/test_record_loops.py checks it on generated and corrupted batches). Everything here works on one
 batch at a time and holds no state; integers in a batch are little-endian.
@@ -287,10 +287,82 @@ done:
     return Py_BuildValue("(Nn)", out, n);
 }
 
+PyDoc_STRVAR(take_doc,
+             "take(queue, max_records, max_payload) -> (records, payload, ttl): (ts_ns, key, body, ttl_ms) tuples "
+             "popped from the left of a deque, at most max_records of them and max_payload bytes of keys and bodies "
+             "(but at least one); payload is their keys' and bodies' bytes, ttl whether one has a TTL.");
+
+static PyObject *take(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *queue;
+    Py_ssize_t max_records, max_payload;
+    if (!PyArg_ParseTuple(args, "Onn:take", &queue, &max_records, &max_payload))
+        return NULL;
+    PyObject *popleft = PyObject_GetAttrString(queue, "popleft");
+    if (popleft == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0), *rec = NULL;
+    Py_ssize_t payload = 0;
+    int ttl = 0;
+    if (out == NULL)
+        goto fail;
+    while (PyList_GET_SIZE(out) < max_records) {
+        const Py_ssize_t left = PyObject_Length(queue);
+        if (left < 0)
+            goto fail;
+        if (left == 0)
+            break;
+        rec = PyObject_CallNoArgs(popleft);
+        if (rec == NULL)
+            goto fail;
+        if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != 4 || !PyBytes_Check(PyTuple_GET_ITEM(rec, 1)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(rec, 2))) {
+            PyErr_Format(PyExc_TypeError, "queued record %R is not (ts_ns, key bytes, body bytes, ttl_ms)", rec);
+            goto fail;
+        }
+        const Py_ssize_t size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(rec, 1)) + PyBytes_GET_SIZE(PyTuple_GET_ITEM(rec, 2));
+        if (PyList_GET_SIZE(out) > 0 && payload + size > max_payload)
+            break; /* rec goes back to the front below */
+        const int has_ttl = PyObject_IsTrue(PyTuple_GET_ITEM(rec, 3));
+        if (has_ttl < 0 || PyList_Append(out, rec) < 0)
+            goto fail;
+        Py_CLEAR(rec);
+        payload += size;
+        ttl |= has_ttl;
+    }
+    if (rec != NULL) {
+        PyObject *r = PyObject_CallMethod(queue, "appendleft", "(O)", rec);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+        Py_CLEAR(rec);
+    }
+    Py_DECREF(popleft);
+    return Py_BuildValue("(NnO)", out, payload, ttl ? Py_True : Py_False);
+fail:;
+    /* Put back what was popped, in order, so an error loses no record. */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    if (rec != NULL) {
+        PyObject *r = PyObject_CallMethod(queue, "appendleft", "(O)", rec);
+        Py_XDECREF(r);
+        Py_DECREF(rec);
+    }
+    for (Py_ssize_t i = out ? PyList_GET_SIZE(out) - 1 : -1; i >= 0; i--) {
+        PyObject *r = PyObject_CallMethod(queue, "appendleft", "(O)", PyList_GET_ITEM(out, i));
+        Py_XDECREF(r);
+    }
+    PyErr_Restore(type, value, traceback);
+    Py_XDECREF(out);
+    Py_DECREF(popleft);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, check_doc},
     {"entries", entries, METH_VARARGS, entries_doc},
     {"pack", pack, METH_VARARGS, pack_doc},
+    {"take", take, METH_VARARGS, take_doc},
     {NULL, NULL, 0, NULL},
 };
 

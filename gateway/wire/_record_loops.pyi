@@ -1,4 +1,5 @@
-# The compiled twins of record_loops.py_check / py_entries / py_pack (_record_loops.c): same signatures.
+# The compiled twins of record_loops.py_check / py_entries / py_pack / py_take (_record_loops.c): same signatures.
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 def check(buf: memoryview, count: int, span: int, overhead: int, start: int, /) -> str | None: ...
@@ -6,3 +7,6 @@ def entries(
     buf: memoryview, first: int, count: int, overhead: int, start: int, lo: int, hi: int, with_ttl: bool, /
 ) -> Iterator[tuple]: ...
 def pack(records: Iterable[tuple], ttl: bool, reserve: int, max_batch: int, /) -> tuple[bytearray, int]: ...
+def take(
+    queue: deque[tuple[int, bytes, bytes, int]], max_records: int, max_payload: int, /
+) -> tuple[list[tuple[int, bytes, bytes, int]], int, bool]: ...

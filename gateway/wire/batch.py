@@ -73,6 +73,9 @@ FLAG_PRODUCER = 0x04
 KNOWN_FLAGS = FLAG_TTL | FLAG_PRODUCER
 MAX_PRODUCER = 2**64 - 1
 MAX_SEQ = 2**64 - 1
+# crc32c keeps the GIL: a batch is at most a few MiB (about 100 µs at the hardware CRC's speed), and releasing it
+# hands the GIL to a busy thread and then waits to get it back (the Publisher's IO thread did, once a batch).
+_KEEP_GIL = 0
 MAX_BATCH = 64 * 1024 * 1024
 Bytes = bytes | memoryview  # a key or body as given to encode(): a copy or a view into another batch
 _CRC_FROM = 12
@@ -265,16 +268,38 @@ def encode(
     producer=(producer_id, producer_seq) the batch has FLAG_PRODUCER: those are its first record's.
     Publishers encode with first_seq=0; the gateway then assigns real sequences with `resequence`.
     """
+    return bytes(encode_after(0, first_seq, records, ts_ns=ts_ns, ttl=ttl, producer=producer))
+
+
+def encode_after(
+    reserve: int,
+    first_seq: int,
+    records: Iterable[tuple[int, Bytes, Bytes]] | Iterable[tuple[int, Bytes, Bytes, int]],
+    *,
+    ts_ns: int = 0,
+    ttl: bool = False,
+    producer: tuple[int, int] | None = None,
+) -> bytearray:
+    """encode()'s batch after `reserve` free bytes, in the buffer it was built in: a sender writes its frame's
+    head there and sends the whole, the records copied once (the Publisher's PUBLISH-BATCH)."""
     flags = (FLAG_TTL if ttl else 0) | (FLAG_PRODUCER if producer is not None else 0)
+    rows: Iterable[tuple] = records if reserve == 0 or isinstance(records, list) else list(records)  # read twice
     try:
-        out, n = loops.pack(records, ttl, _header_size(flags), MAX_BATCH)
+        out, n = loops.pack(rows, ttl, reserve + _header_size(flags), reserve + MAX_BATCH)
     except ValueError as exc:
-        raise BatchError(str(exc)) from None
+        message = str(exc)
+        if reserve:  # its sizes count the reserve: the message without it
+            try:
+                loops.pack(rows, ttl, _header_size(flags), MAX_BATCH)
+            except ValueError as plain:
+                message = str(plain)
+        raise BatchError(message) from None
     if n == 0:
         raise BatchError("a batch of records needs at least one record (use empty() to cover a range)")
     if producer is not None:
-        PRODUCER.pack_into(out, HEADER_SIZE, *producer)
-    return _finish(out, n, first_seq, first_seq + n - 1, ts_ns, flags)
+        PRODUCER.pack_into(out, reserve + HEADER_SIZE, *producer)
+    _write_header(out, reserve, n, first_seq, first_seq + n - 1, ts_ns, flags)
+    return out
 
 
 def empty(first_seq: int, last_seq: int, ts_ns: int = 0) -> bytes:
@@ -329,9 +354,14 @@ def _seal(parts: list, count: int, first_seq: int, last_seq: int, ts_ns: int, fl
 
 def _finish(out: bytearray, count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int) -> bytes:
     """The batch whose records fill `out` after HEADER_SIZE reserved bytes: its header and CRC written."""
-    HEADER.pack_into(out, 0, MAGIC, VERSION, flags, len(out), 0, count, first_seq, last_seq, ts_ns)
-    struct.pack_into("<I", out, 8, crc32c(memoryview(out)[_CRC_FROM:]))
+    _write_header(out, 0, count, first_seq, last_seq, ts_ns, flags)
     return bytes(out)
+
+
+def _write_header(out: bytearray, at: int, count: int, first_seq: int, last_seq: int, ts_ns: int, flags: int) -> None:
+    """Header and CRC of the batch that fills `out` from byte `at` to its end."""
+    HEADER.pack_into(out, at, MAGIC, VERSION, flags, len(out) - at, 0, count, first_seq, last_seq, ts_ns)
+    struct.pack_into("<I", out, at + 8, crc32c(memoryview(out)[at + _CRC_FROM :], gil_release_mode=_KEEP_GIL))
 
 
 def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int, int]:
@@ -354,6 +384,6 @@ def _check_header(buf: memoryview, available: int) -> tuple[int, int, int, int, 
 
 def _check_crc(buf: memoryview) -> None:
     (stored,) = _LENGTH.unpack_from(buf, 8)
-    actual = crc32c(buf[_CRC_FROM:])
+    actual = crc32c(buf[_CRC_FROM:], gil_release_mode=_KEEP_GIL)
     if stored != actual:
         raise BatchError(f"CRC32C mismatch: stored 0x{stored:08x}, computed 0x{actual:08x}")

@@ -543,6 +543,17 @@ def encode(cmd: Command) -> bytes:
     return b"".join(out)
 
 
+def head_of(cls: type[Command], chunk_size: int) -> bytes:
+    """The frame of `cls`, a command whose one field is a chunk of `chunk_size` bytes, up to that chunk: a sender
+    that builds the chunk in its own buffer writes this in front and sends the same bytes encode() would."""
+    compiled = _BY_CLASS[cls]
+    if [wire for _, wire in compiled.spec.fields] != [Wire.CHUNK]:
+        raise TypeError(f"{cls.__name__} is not a command of one chunk field")
+    if not 0 <= chunk_size <= MAX_CHUNK:
+        raise ProtocolError(f"{compiled.spec.name} chunk of {chunk_size} bytes, max {MAX_CHUNK}")
+    return compiled.header + _U32.pack(chunk_size)
+
+
 def decode(frame: Buffer) -> Command:
     """The command in one frame; ProtocolError for anything but exactly one well-formed command.
 

@@ -1,12 +1,13 @@
 """The per-record loops of the batch format: the only Python work per record left on the hot path.
 
-Everything else in `gateway.wire.batch` costs the same for a batch of one record or of ten thousand. These three
+Everything else in `gateway.wire.batch` costs the same for a batch of one record or of ten thousand. These four
 cost per record, so they set how many records per second one core parses, hands out and builds:
 
 - `check`: the structure walk of `Batch.parse`, on every batch the gateway ingests from a publisher and
   every batch a subscriber takes off the wire (a rogue or corrupt batch must never be walked out of bounds);
 - `entries`: what `Batch.raw()` / `Batch.entries()` yield, the records an application iterates;
-- `pack`: the record layout of `encode`, what every `Publisher` batch is built with.
+- `pack`: the record layout of `encode`, what every `Publisher` batch is built with;
+- `take`: how a `Publisher` cuts its queue into batches (records popped up to the batch limits).
 
 They are compiled from gateway/_record_loops.c when the package was built with a C compiler (pip does it;
 the extension is optional, so an install without one still works) and are the Python below otherwise, as
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import deque
 from collections.abc import Iterable, Iterator
 from types import ModuleType
 
@@ -104,6 +106,28 @@ def py_pack(records: Iterable[tuple], ttl: bool, reserve: int, max_batch: int) -
     return bytearray(b"".join(parts)), n
 
 
+def py_take(queue: deque[tuple[int, bytes, bytes, int]], max_records: int, max_payload: int) -> tuple[list, int, bool]:
+    """(ts_ns, key, body, ttl_ms) records popped from the left of `queue`: at most max_records of them and
+    max_payload bytes of keys and bodies, but at least one; and their keys' and bodies' bytes, and whether one
+    has a TTL. A deque's appends and pops are atomic, so one thread may append while another takes."""
+    out: list[tuple[int, bytes, bytes, int]] = []
+    payload, ttl = 0, False
+    while queue and len(out) < max_records:
+        rec = queue.popleft()
+        if type(rec) is not tuple or len(rec) != 4 or not isinstance(rec[1], bytes) or not isinstance(rec[2], bytes):
+            queue.appendleft(rec)
+            queue.extendleft(reversed(out))
+            raise TypeError(f"queued record {rec!r} is not (ts_ns, key bytes, body bytes, ttl_ms)")
+        size = len(rec[1]) + len(rec[2])
+        if out and payload + size > max_payload:
+            queue.appendleft(rec)
+            break
+        out.append(rec)
+        payload += size
+        ttl = ttl or rec[3] > 0
+    return out, payload, ttl
+
+
 def _compiled() -> ModuleType | None:
     if os.environ.get("ZEPS_PURE_PYTHON") == "1":
         return None
@@ -119,3 +143,4 @@ IMPLEMENTATION = "compiled" if _c else "python"
 check = _c.check if _c else py_check
 entries = _c.entries if _c else py_entries
 pack = _c.pack if _c else py_pack
+take = _c.take if _c else py_take

@@ -83,6 +83,24 @@ def test_producer_header_survives_sequencing_and_cuts(recs, pid, pseq, ttl) -> N
     assert picked.producer is None and picked.count == n
 
 
+@given(records.filter(bool), st.integers(0, 64), st.booleans(), st.integers(0, 2**40))
+def test_encode_after_is_encode_behind_a_reserve(recs, reserve, producer, first) -> None:
+    """The Publisher's in-place PUBLISH-BATCH: the same batch bytes, `reserve` bytes in, the reserve untouched."""
+    pid = (7, 9) if producer else None
+    out = B.encode_after(reserve, first, recs, ts_ns=3, producer=pid)
+    assert bytes(out[reserve:]) == B.encode(first, recs, ts_ns=3, producer=pid)
+    assert out[:reserve] == bytes(reserve)
+
+
+def test_encode_after_names_the_sizes_of_the_batch_not_of_the_reserve() -> None:
+    big = [(0, b"k", b"x" * (B.MAX_BATCH // 3))] * 3
+    with pytest.raises(B.BatchError) as plain:
+        B.encode(0, big)
+    with pytest.raises(B.BatchError) as after:
+        B.encode_after(100, 0, iter(big))
+    assert str(after.value) == str(plain.value) and f"limit of {B.MAX_BATCH}" in str(plain.value)
+
+
 def test_producer_flag_needs_its_header() -> None:
     raw = bytearray(B.encode(1, [(0, b"", b"")]))  # 40 + 17 bytes: claims a producer header it lacks
     raw[3] = B.FLAG_PRODUCER

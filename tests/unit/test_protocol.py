@@ -333,3 +333,10 @@ def test_invalid_stream_names(name: str, words: str) -> None:
         validate_stream_name(name)
     assert words in info.value.reason
     _assert_sendable(info.value.reason)
+
+
+def test_head_of_a_one_chunk_command_is_what_encode_puts_before_the_chunk() -> None:
+    chunk = bytes(range(200))
+    assert p.head_of(p.PublishBatch, len(chunk)) + chunk == p.encode(p.PublishBatch(chunk))
+    with pytest.raises(TypeError, match="not a command of one chunk field"):
+        p.head_of(p.Publish, 3)

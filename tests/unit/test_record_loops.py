@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import deque
 
 import pytest
 from hypothesis import given, settings
@@ -113,6 +114,37 @@ def test_pack_takes_any_iterable_and_refuses_what_is_not_a_record() -> None:
         C.pack([(5, b"a")], False, 0, B.MAX_BATCH)
     with pytest.raises(TypeError):
         C.pack([(5, "not bytes", b"b")], False, 0, B.MAX_BATCH)
+
+
+queued = st.tuples(st.integers(0, 2**64 - 1), keys, st.binary(max_size=60), st.integers(0, B.MAX_TTL_MS))
+
+
+@given(st.lists(queued, max_size=30), st.integers(1, 12), st.integers(0, 200))
+def test_take_cuts_the_same_batches(recs: list[tuple], max_records: int, max_payload: int) -> None:
+    """Batch after batch until the queue is empty: the same records, in order, within both limits (a record
+    bigger than max_payload goes alone)."""
+    cut = {}
+    for take in (C.take, L.py_take):
+        queue, batches = deque(recs), []
+        while queue:
+            batches.append(take(queue, max_records, max_payload))
+        cut[take] = batches
+        assert [r for records, _, _ in batches for r in records] == recs
+        for records, payload, ttl in batches:
+            assert 1 <= len(records) <= max_records
+            assert payload == sum(len(k) + len(b) for _, k, b, _ in records)
+            assert payload <= max_payload or len(records) == 1
+            assert ttl == any(t > 0 for *_, t in records)
+    assert cut[C.take] == cut[L.py_take]
+
+
+def test_take_puts_back_everything_when_a_record_is_not_one() -> None:
+    for take in (C.take, L.py_take):
+        recs = [(1, b"a", b"b", 0), (2, b"c", b"d", 5), (3, "not bytes", b"e", 0), (4, b"f", b"g", 0)]
+        queue = deque(recs)
+        with pytest.raises(TypeError, match="is not \\(ts_ns, key bytes, body bytes, ttl_ms\\)"):
+            take(queue, 10, 1000)
+        assert list(queue) == recs
 
 
 def test_the_environment_can_force_the_python_loops() -> None:
