@@ -22,7 +22,7 @@ from gateway.client.etcd_directory import EtcdDirectory
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DiscoveryError
-from gateway.server.registrar import DEFAULT_TTL_S
+from gateway.server.registrar import DEFAULT_TTL_S, Registrar
 from gateway.transport.etcd import Etcd
 from gateway.wire import announce as A
 from gateway.wire.streamkey import StreamKey
@@ -294,3 +294,20 @@ def test_a_static_directory_file(tmp_path: Path) -> None:
         assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     missing = zeps("subscribe", "--directory", str(tmp_path / "streams.toml"), "--stream", "nope")
     assert missing.returncode == 1 and "not in" in missing.stderr, missing.stderr
+
+
+def test_a_registrar_whose_lease_was_lost_registers_again(etcd: EtcdProcess) -> None:
+    client = Etcd(etcd.url)
+    registrar = Registrar([etcd.url], A.GATEWAY, "n1", ingest="tcp://10.0.0.1:5570")
+    try:
+        registrar.register(time.monotonic(), [A.StreamAd(STREAM), A.StreamAd("other")])
+        both = sorted(A.etcd_key(name, A.GATEWAY, registrar.node_id) for name in (STREAM, "other"))
+        wait_for(lambda: [e.key for e in client.get_prefix(A.ETCD_PREFIX)] == both)
+        client.revoke(registrar._lease)  # as if it had lapsed while etcd was out of reach
+        assert client.get_prefix(A.ETCD_PREFIX) == []
+        wait_for(lambda: [e.key for e in client.get_prefix(A.ETCD_PREFIX)] == both, DEFAULT_TTL_S + 5)
+        registrar.register(time.monotonic(), [A.StreamAd(STREAM)])  # no longer serves "other": its key goes
+        wait_for(lambda: [e.key for e in client.get_prefix(A.ETCD_PREFIX)] == [k for k in both if "/other/" not in k])
+    finally:
+        registrar.close()
+    assert client.get_prefix(A.ETCD_PREFIX) == []
