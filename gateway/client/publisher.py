@@ -139,33 +139,6 @@ class Publisher:
             and restarts with the same id; default a random 64-bit id numbered from 0.
         """
         P.validate_stream_name(stream)
-        self._directory: Directory | None = None  # the IO thread's, once it runs
-        self._own_directory = directory is None
-        if endpoint is None:
-            keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
-            self._directory, endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
-        try:
-            self._start(endpoint, stream, confirm, batch_records, batch_bytes, linger_ms, timeout, buffer_bytes,
-                        max_message_bytes, producer, curve, ctx)  # fmt: skip
-        except BaseException:
-            self._close_directory()
-            raise
-
-    def _start(
-        self,
-        endpoint: str,
-        stream: str,
-        confirm: bool,
-        batch_records: int,
-        batch_bytes: int,
-        linger_ms: float,
-        timeout: float,
-        buffer_bytes: int,
-        max_message_bytes: int,
-        producer: tuple[int, int] | None,
-        curve: CurveClientKeys | None,
-        ctx: zmq.Context | None,
-    ) -> None:
         for name, value in (("batch_records", batch_records), ("batch_bytes", batch_bytes)):
             if value < 1:
                 raise ConfigError(f"{name} {value!r} must be at least 1")
@@ -173,7 +146,6 @@ class Publisher:
             raise ConfigError(
                 f"buffer_bytes {buffer_bytes} must hold at least one message of max_message_bytes {max_message_bytes}"
             )
-        self.endpoint = endpoint
         self.stream = stream
         self.confirm = confirm
         self.batch_records = batch_records
@@ -185,6 +157,12 @@ class Publisher:
         pid, next_pseq = producer if producer is not None else (secrets.randbits(64), 0)
         if not (0 <= pid <= B.MAX_PRODUCER and 0 <= next_pseq <= B.MAX_SEQ):
             raise ConfigError(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
+        self._directory: Directory | None = None  # the IO thread's once it runs; closed by _stop if its own
+        self._own_directory = directory is None
+        if endpoint is None:
+            keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
+            self._directory, endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
+        self.endpoint = endpoint
         self.producer_id = pid
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
@@ -529,7 +507,8 @@ class Publisher:
         assert self._directory is not None
         self._directory.drain()
         info = self._directory.lookup(self.stream)
-        if info is not None and info.ingests and self.endpoint not in info.ingests and self._state is not _State.DOWN:
+        attached = self._state in (_State.ATTACHING, _State.EXTENDING, _State.READY)
+        if attached and info is not None and info.ingests and self.endpoint not in info.ingests:
             self._lost(f"{self.endpoint} is no longer listed; {info.ingest} is")
 
     def _open(self) -> None:
