@@ -128,8 +128,9 @@ class Etcd:
             except (ConnectionFailedError, ConnectionTimeoutError) as exc:
                 failures.append(f"{self.url} {_unreachable(exc, self.timeout_s)}")
                 self._first = (self._first + 1) % len(self._clients)
-            except Etcd3Exception as exc:
-                raise CoordinatorError(f"etcd at {self.url}: {exc.detail_text or exc}") from exc
+            except Etcd3Exception as exc:  # etcd answers with a JSON body; an empty one is something else
+                detail = exc.detail_text or f"HTTP {exc}, not an answer of etcd: is this its client URL?"
+                raise CoordinatorError(f"etcd at {self.url}: {detail}") from exc
         raise CoordinatorError(f"etcd unreachable ({'; '.join(failures)}): is etcd running there? Check the --etcd URL")
 
 
