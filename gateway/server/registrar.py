@@ -144,6 +144,8 @@ class Registrar:
 
     def _write(self, wanted: dict[str, bytes]) -> None:
         for key, value in wanted.items():
+            if self._stopping:  # close() waits for this thread: one request more at most, not one per stream
+                return
             if self._written.get(key) != value:
                 self._etcd.put(key, value, self._lease)
                 self._written[key] = value
