@@ -114,8 +114,9 @@ def test_registered_gateway_and_sidecar_serve_clients_that_name_the_stream(
             ):
                 assert pub.endpoint == gateway.ingest
                 publish(pub, 1, COUNT)
+            dead = f"http://127.0.0.1:{free_port()}"  # a cluster member that is down: the next one answers
             with (
-                EtcdDirectory([etcd.url], keys=[stream_key]) as directory,
+                EtcdDirectory([dead, etcd.url], keys=[stream_key]) as directory,
                 Subscriber(STREAM, directory=directory, start="earliest", stream_key=stream_key) as sub,
             ):
                 assert receive(sub, COUNT) == bodies(1, COUNT)
@@ -126,6 +127,10 @@ def test_registered_gateway_and_sidecar_serve_clients_that_name_the_stream(
             printed = [json.loads(line) for line in cli.stdout.splitlines()]
             assert [row["seq"] for row in printed] == list(range(1, COUNT + 1))
             assert [base64.b64decode(row["body_b64"]) for row in printed] == bodies(1, COUNT)
+            more = zeps("publish", "--etcd", f"{dead},{etcd.url}", "--stream", STREAM, "--count", "10",
+                        "--stream-key", str(key_file))  # fmt: skip
+            assert more.returncode == 0, more.stderr
+            assert len(journal_records(journal)) == COUNT + 10
             listing = zeps("streams", "--etcd", etcd.url, "--json", "--stream-key", str(key_file))
             assert listing.returncode == 0, listing.stderr
             rows = {row["stream"]: row for row in map(json.loads, listing.stdout.splitlines())}
