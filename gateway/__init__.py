@@ -18,6 +18,8 @@ The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gatew
 from gateway.client.async_publisher import AsyncPublisher
 from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.directory import Directory, LanDirectory, StreamInfo
+from gateway.client.etcd_directory import EtcdDirectory
+from gateway.client.file_directory import FileDirectory
 from gateway.client.publisher import Publisher
 from gateway.client.replay_client import ReplayClient, history, snapshot
 from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
@@ -68,6 +70,8 @@ __all__ = [
     "Directory",
     "DiscoveryError",
     "Endpoint",
+    "EtcdDirectory",
+    "FileDirectory",
     "JournalCorrupt",
     "JournalError",
     "JournalLocked",

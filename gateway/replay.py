@@ -33,6 +33,7 @@ from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
 from gateway.server.announcer import Announcer, Discovery, journal_streams
+from gateway.server.registrar import node_registrar
 from gateway.server.replay_metrics import ReplayMetrics
 from gateway.server.session import Session
 from gateway.server.snapshots import SnapshotIndexes
@@ -73,6 +74,7 @@ class ReplayConfig:
     snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
     announce: Discovery | None = None  # announce this sidecar's streams and endpoint (server.announcer)
     stream_key: StreamKey | None = None  # signs the announcements
+    etcd: tuple[str, ...] = ()  # etcd client URLs: register in the directory beyond one subnet (server.registrar)
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -147,6 +149,9 @@ class ReplayServer:
         self.announcer: Announcer | None = None
         if config.announce is not None and config.announce.interval_ms:
             self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
+        discovery = config.announce or Discovery()
+        self.registrar = node_registrar(config.etcd, discovery, discovery.interfaces, A.SIDECAR, sidecar=self.endpoint,
+                                        key=config.stream_key)  # fmt: skip
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
         # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.
         self._root_missing = not config.journal.is_dir()
@@ -201,6 +206,10 @@ class ReplayServer:
             if now >= self.announcer.due:
                 self.announcer.announce(now, journal_streams(self.config.journal))
             deadline = min(deadline, self.announcer.due)
+        if self.registrar is not None:
+            if now >= self.registrar.due:
+                self.registrar.register(now, journal_streams(self.config.journal))
+            deadline = min(deadline, self.registrar.due)
         if any(s.tailing for s in self.sessions.values()):
             deadline = min(deadline, self._next_tail)
         if self.snapshots is not None:
@@ -418,4 +427,6 @@ class ReplayServer:
         self.router.close()
         if self.announcer is not None:
             self.announcer.close()
+        if self.registrar is not None:
+            self.registrar.close()
         self.metrics.close()

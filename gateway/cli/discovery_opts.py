@@ -1,4 +1,4 @@
-"""Discovery options shared by the commands (docs/discovery.md): where servers announce, where clients listen."""
+"""Discovery options shared by the commands (docs/discovery.md): where servers announce, where clients look."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the library is imported when a command runs, not for `zeps --help`
-    from gateway.client.directory import LanDirectory
+    from gateway.client.directory import Directory
     from gateway.server.announcer import Discovery
     from gateway.wire.streamkey import StreamKey
 
 _WHERE = "discovery group and port (default 239.192.0.1:5569)"
+ETCD_SERVER_HELP = "also register in the directory kept in etcd at URL (repeatable or comma-separated: one cluster)"
 
 
 def add_server_options(p: argparse.ArgumentParser, default: str) -> None:
@@ -24,6 +25,10 @@ def add_server_options(p: argparse.ArgumentParser, default: str) -> None:
 def add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> None:
     p.add_argument("--interface", metavar="IF", help="find the stream by its announcements heard on this interface")
     p.add_argument("--discovery", metavar="GROUP:PORT", help=_WHERE)
+    p.add_argument(
+        "--etcd", action="append", metavar="URL", help="find the stream in the directory kept in etcd (repeatable)"
+    )
+    p.add_argument("--directory", metavar="FILE", help="find the stream in this TOML/JSON file (docs/discovery.md)")
     if timeout:
         p.add_argument("--discovery-timeout", type=float, default=3.0, help="wait this long for announcements (3 s)")
 
@@ -45,12 +50,34 @@ def server_discovery(settings: dict[str, Any]) -> Discovery:
     return Discovery(**given)
 
 
-def client_directory(args: argparse.Namespace, keys: Sequence[StreamKey]) -> LanDirectory | None:
-    """The LAN directory on --interface (None without one)."""
+def etcd_urls(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """--etcd as given (repeated, comma-separated, or a TOML string or list): the URLs, checked (ConfigError)."""
+    from gateway.errors import ConfigError, CoordinatorError
+    from gateway.transport.etcd import check_url
+
+    given = [value] if isinstance(value, str) else list(value or ())
+    urls = tuple(url.strip() for text in given for url in text.split(",") if url.strip())
+    try:
+        return tuple(check_url(url) for url in urls)
+    except CoordinatorError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def client_directory(args: argparse.Namespace, keys: Sequence[StreamKey]) -> Directory | None:
+    """Where to resolve stream names: etcd (--etcd), else a file (--directory), else the LAN's announcements on
+    --interface (which, with the others, is where channels are joined); None with none of them."""
     from gateway.client.directory import LanDirectory
     from gateway.server.announcer import parse_group
     from gateway.wire.announce import DISCOVERY_GROUP, DISCOVERY_PORT
 
+    if args.etcd:
+        from gateway.client.etcd_directory import EtcdDirectory
+
+        return EtcdDirectory(etcd_urls(args.etcd), keys=keys)
+    if args.directory:
+        from gateway.client.file_directory import FileDirectory
+
+        return FileDirectory(args.directory)
     if not args.interface:
         return None
     group, port = parse_group(args.discovery) if args.discovery else (DISCOVERY_GROUP, DISCOVERY_PORT)

@@ -51,6 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "only (repeatable: A/B feeds, a channel per stream)",
     )
     discovery_opts.add_server_options(p, "default: the interfaces of the --multicast channels")
+    p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
     p.add_argument("--replay-endpoint", type=tcp_endpoint, help="replay sidecar endpoint advertised in heartbeats")
     p.add_argument("--rate-kbps", type=positive, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (100000)")
     p.add_argument("--recovery-ivl-ms", type=positive, help="PGM recovery interval in ms (default 2000)")
@@ -135,6 +136,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
         discovery=discovery_opts.server_discovery(given),
+        etcd=discovery_opts.etcd_urls(given.get("etcd")),
         **{k: given[k] for k in _PASSED_ON if k in given},
     )
 

@@ -26,7 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         p.add_argument(
             "--ingest",
             type=tcp_endpoint,
-            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (default: found on --interface)",
+            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (default: found by name)",
         ),
         "ZEPS_INGEST",
     )
@@ -59,8 +59,11 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _modes(args: argparse.Namespace) -> str | None:
-    if args.ingest is None and args.interface is None:
-        return "give --ingest ENDPOINT (or ZEPS_INGEST), or --interface IF to find the stream's gateway by its name"
+    if args.ingest is None and not (args.interface or args.etcd or args.directory):
+        return (
+            "give --ingest ENDPOINT (or ZEPS_INGEST), or --interface IF, --etcd URL or --directory FILE to find the "
+            "stream's gateway by its name"
+        )
     if args.count is None:
         given = [f"--{name}" for name in _LOAD_ONLY if getattr(args, name) is not None]
         if given:

@@ -42,6 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     discovery_opts.add_server_options(p, "default: none, do not announce")
     p.add_argument("--stream-key", metavar="FILE", help="sign the announcements with this key (zeps keygen)")
+    p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
     p.set_defaults(handler=_run)
 
 
@@ -56,12 +57,18 @@ def _run(args: argparse.Namespace) -> int:
     if missing:
         raise ConfigError(f"missing {', '.join(missing)}: give it on the command line or in the --config file")
     fields = {f.name for f in dataclasses.fields(ReplayConfig)}
-    skip = ("curve", "announce", "stream_key")  # built below from their own options
+    skip = ("curve", "announce", "stream_key", "etcd")  # built below from their own options
     given = {k: v for k, v in vars(args).items() if k in fields and v is not None and k not in skip}
     announce = discovery_opts.server_discovery(vars(args)) if args.announce_interface else None
     stream_key = StreamKey.load(args.stream_key) if args.stream_key else None
     server = ReplayServer(
-        ReplayConfig(**given, curve=keyopts.server_curve(args), announce=announce, stream_key=stream_key)
+        ReplayConfig(
+            **given,
+            curve=keyopts.server_curve(args),
+            announce=announce,
+            stream_key=stream_key,
+            etcd=discovery_opts.etcd_urls(args.etcd),
+        )
     )
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())

@@ -1,4 +1,4 @@
-"""`zeps streams`: what is announced on the LAN (docs/discovery.md)."""
+"""`zeps streams`: what is announced on the LAN, or registered in etcd or a directory file (docs/discovery.md)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ COLUMNS = ("stream", "channels", "sidecar", "ingest", "nodes", "head", "rate")
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "streams",
-        help="list the streams announced on the LAN: channels, sidecar, ingest, nodes, head, rate",
+        help="list the streams announced on the LAN (or in etcd, a file): channels, sidecar, ingest, nodes, head, rate",
         description="Listens to the discovery group on --interface for --wait seconds (gateways and sidecars "
-        "announce about once a second) and prints every stream announced: a table, or one JSON object per line.",
+        "announce about once a second), or reads the directory in etcd (--etcd) or a file (--directory), and "
+        "prints every stream found: a table, or one JSON object per line.",
     )
     discovery_opts.add_client_options(p, timeout=False)
-    p.add_argument("--wait", type=duration, default=2.5, help="listen this long (default 2.5 s)")
+    p.add_argument("--wait", type=duration, default=2.5, help="listen (or wait for etcd) this long (default 2.5 s)")
     p.add_argument("--json", action="store_true", help="one JSON object per stream")
     p.add_argument(
         "--stream-key", action="append", default=[], metavar="FILE", help="list only announcements signed with it"
@@ -31,14 +32,19 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gateway.wire.streamkey import StreamKey
 
-    if not args.interface:
-        print("zeps streams: give --interface IF: the LAN to listen on", file=sys.stderr)
+    if not (args.interface or args.etcd or args.directory):
+        print(
+            "zeps streams: give --interface IF (the LAN to listen on), --etcd URL or --directory FILE",
+            file=sys.stderr,
+        )
         return 2
     directory = discovery_opts.client_directory(args, [StreamKey.load(path) for path in args.stream_key])
     assert directory is not None
-    with directory:
+    try:
         infos = directory.listen(args.wait)
         dropped = dict(directory.dropped)
+    finally:
+        directory.close()
     rows = [
         {
             "stream": i.name,
@@ -59,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     if dropped:
         print("zeps streams: dropped " + ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())), file=sys.stderr)
     if not rows:
-        print(f"zeps streams: nothing announced on {directory.where} in {args.wait:g} s", file=sys.stderr)
+        print(f"zeps streams: nothing found in {directory.where} in {args.wait:g} s", file=sys.stderr)
         return 1
     return 0
 

@@ -66,10 +66,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _sources(args: argparse.Namespace) -> str | None:
-    if not args.multicast and not args.replay and not args.interface:
+    if not args.multicast and not args.replay and not (args.interface or args.etcd or args.directory):
         return (
             "give --multicast, --replay or both (or set ZEPS_MULTICAST / ZEPS_REPLAY), "
-            "or --interface IF to find the stream by its name"
+            "or --interface IF, --etcd URL or --directory FILE to find the stream by its name"
         )
     if args.start is not None and args.start.back is not None and not args.replay:
         return f"--from -{args.start.back} asks the sidecar for the stream's head: give --replay"

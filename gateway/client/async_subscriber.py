@@ -11,6 +11,10 @@ application thread (its contract: gateway.client.subscriber); the only other thr
     async with AsyncSubscriber("feed", multicast=[...], replay="tcp://...", start="earliest") as sub:
         async for rec in sub:
             ...
+
+A stream named without endpoints is found in a directory first, which may take up to `discovery_timeout`: the
+`Subscriber` is then built in a worker thread (asyncio.to_thread) on the first await (`async with`, `next`),
+so the event loop never waits for it. Until then `state` is "resolving"; a failed resolution raises there.
 """
 
 from __future__ import annotations
@@ -32,15 +36,41 @@ class AsyncSubscriber:
     """Same arguments, records, errors (`DataLoss`, `SlowConsumer`) and statistics as `Subscriber`."""
 
     def __init__(self, stream: str, **options: Any) -> None:
-        self.sync = Subscriber(stream, **options)
+        self._stream, self._options = stream, options
+        self._sync: Subscriber | None = None
+        self._opening: asyncio.Future[Subscriber] | None = None
+        self._closed = False
+        if options.get("multicast") or options.get("replay"):
+            self._sync = Subscriber(stream, **options)  # nothing to resolve: built without waiting
+
+    @property
+    def sync(self) -> Subscriber:
+        """The Subscriber this wraps (once resolved: after the first await)."""
+        if self._sync is None:
+            raise RuntimeError("the stream is not resolved yet: await next() or use `async with` first")
+        return self._sync
+
+    async def open(self) -> Subscriber:
+        """The Subscriber, resolving the stream in a worker thread first if it was named without endpoints."""
+        if self._sync is None:
+            if self._closed:
+                raise RuntimeError("this AsyncSubscriber is closed")
+            if self._opening is None:
+                self._opening = asyncio.ensure_future(asyncio.to_thread(Subscriber, self._stream, **self._options))
+            sync = await asyncio.shield(self._opening)
+            if self._closed:  # closed while it was resolving
+                sync.close()
+                raise RuntimeError("this AsyncSubscriber is closed")
+            self._sync = sync
+        return self._sync
 
     async def next(self, timeout: float | None = None) -> Received | None:
         """The next record, or None after `timeout` seconds (None: wait for ever)."""
-        return await self._awaiting(self.sync.next, timeout)
+        return await self._awaiting((await self.open()).next, timeout)
 
     async def next_batch(self, timeout: float | None = None) -> Delivery | None:
         """The next records as one Delivery (see `Subscriber.next_batch`), or None after `timeout` seconds."""
-        return await self._awaiting(self.sync.next_batch, timeout)
+        return await self._awaiting((await self.open()).next_batch, timeout)
 
     async def _awaiting(self, take: Callable[[float], T | None], timeout: float | None) -> T | None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -68,14 +98,15 @@ class AsyncSubscriber:
         return self._records()
 
     async def _records(self) -> AsyncIterator[Received]:
-        while not self.sync.closed:
+        sync = await self.open()
+        while not sync.closed:
             item = await self.next()
             if item is not None:
                 yield item
 
     @property
     def state(self) -> str:
-        return self.sync.state
+        return "resolving" if self._sync is None else self._sync.state
 
     @property
     def lag(self) -> int:
@@ -85,10 +116,20 @@ class AsyncSubscriber:
         return self.sync.summary()
 
     def close(self) -> None:
-        self.sync.close()
+        self._closed = True
+        if self._sync is not None:
+            self._sync.close()
+        elif self._opening is not None:  # resolving still: the Subscriber is closed as soon as it exists
+            self._opening.add_done_callback(_close_opened)
 
     async def __aenter__(self) -> AsyncSubscriber:
+        await self.open()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_opened(opening: asyncio.Future[Subscriber]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

@@ -1,9 +1,9 @@
 """Where a stream is served, by its name alone: the directory clients resolve streams with.
 
 `Directory` is what a client asks: a stream's channels, sidecar and ingest (`StreamInfo`). `LanDirectory` is
-the one kept from the announcements heard on this LAN's discovery group (gateway.wire.announce); a directory
-kept in etcd for what multicast does not reach (routed networks, hosts in different Docker networks) will be
-another class with the same methods.
+the one kept from the announcements heard on this LAN's discovery group (gateway.wire.announce); beyond one
+subnet (routed networks, hosts in different Docker networks), `EtcdDirectory` (gateway.client.etcd_directory)
+reads the same announcements from etcd, and `FileDirectory` (gateway.client.file_directory) a static file.
 
 `Table` is the LAN directory's sans-IO core. Its rules:
 - Every announcement (one datagram) refreshes what its node (node id and role) says of the streams in it; a
@@ -69,7 +69,13 @@ class StreamInfo:
 
 
 class Directory(Protocol):
-    """What clients resolve streams with (the LAN's announcements; etcd later)."""
+    """What clients resolve streams with (the LAN's announcements, etcd, a static file).
+
+    Threading: a directory is driven by one thread, its user's (a Subscriber's application thread, a Publisher's
+    IO thread); whatever it runs in the background of its own stays behind `fileno()`."""
+
+    where: str  # where it looks, for messages
+    dropped: dict[str, int]  # announcements refused, by kind (malformed, unsigned, bad-tag, unknown-key, ...)
 
     def lookup(self, stream: str) -> StreamInfo | None:
         """What is known of `stream` now (no waiting), or None."""
@@ -87,7 +93,26 @@ class Directory(Protocol):
         """Readable when `drain` has something to take in (for the caller's poller; the object compares equal to
         it, as zmq.Poller reports it by its fd: gateway.transport.pollable)."""
 
+    def listen(self, seconds: float) -> list[StreamInfo]:
+        """Every stream known within `seconds` (for listing: it waits the whole time only where it must)."""
+
     def close(self) -> None: ...
+
+
+def merged(stream: str, said: Sequence[tuple[A.Announcement, A.StreamAd]]) -> StreamInfo:
+    """`stream` as every node says it (newest node first): the rules of the module docstring."""
+    gateways = [(ann, ad) for ann, ad in said if ann.role == A.GATEWAY]
+    return StreamInfo(
+        stream,
+        channels=tuple(dict.fromkeys(ch for _, ad in gateways for ch in ad.channels)),
+        sidecars=tuple(dict.fromkeys(ann.sidecar for ann, _ in said if ann.role == A.SIDECAR and ann.sidecar)),
+        named=tuple(dict.fromkeys(ann.sidecar for ann, _ in gateways if ann.sidecar)),
+        ingests=tuple(dict.fromkeys(ann.ingest for ann, _ in gateways if ann.ingest)),
+        nodes=tuple(dict.fromkeys(f"{A.ROLES[ann.role]} {ann.node}" for ann, _ in said)),
+        head=max((ad.head for _, ad in gateways), default=0),
+        rate=max((ad.rate for _, ad in gateways), default=0),
+        epoch=max(ann.epoch for ann, _ in said),
+    )
 
 
 @dataclass
@@ -131,18 +156,7 @@ class Table:
         if not said:
             return None
         said.sort(key=lambda s: self.first_heard[(s.ann.node_id, s.ann.role)], reverse=True)  # newest node first
-        gateways = [s for s in said if s.ann.role == A.GATEWAY]
-        return StreamInfo(
-            stream,
-            channels=tuple(dict.fromkeys(ch for s in gateways for ch in s.ad.channels)),
-            sidecars=tuple(dict.fromkeys(s.ann.sidecar for s in said if s.ann.role == A.SIDECAR and s.ann.sidecar)),
-            named=tuple(dict.fromkeys(s.ann.sidecar for s in gateways if s.ann.sidecar)),
-            ingests=tuple(dict.fromkeys(s.ann.ingest for s in gateways if s.ann.ingest)),
-            nodes=tuple(dict.fromkeys(f"{A.ROLES[s.ann.role]} {s.ann.node}" for s in said)),
-            head=max((s.ad.head for s in gateways), default=0),
-            rate=max((s.ad.rate for s in gateways), default=0),
-            epoch=max(s.ann.epoch for s in said),
-        )
+        return merged(stream, [(s.ann, s.ad) for s in said])
 
     def streams(self, now: float) -> list[StreamInfo]:
         self.expire(now)
@@ -186,9 +200,7 @@ class LanDirectory(PolledByFd):
                 self._drop("stale", f"an announcement of {ann.node} older than one heard before")
 
     def _drop(self, kind: str, what: str) -> None:
-        self.dropped[kind] = self.dropped.get(kind, 0) + 1
-        level = logging.WARNING if self.dropped[kind] == 1 else logging.DEBUG
-        log.log(level, "discovery %s: dropped %s; further ones are counted", self.where, what)
+        count_drop(self.dropped, self.where, kind, what)
 
     def lookup(self, stream: str) -> StreamInfo | None:
         self.drain()
@@ -231,6 +243,13 @@ class LanDirectory(PolledByFd):
         self.close()
 
 
+def count_drop(dropped: dict[str, int], where: str, kind: str, what: str) -> None:
+    """Count an announcement refused; the first of each kind is a warning, the rest are counted."""
+    dropped[kind] = dropped.get(kind, 0) + 1
+    level = logging.WARNING if dropped[kind] == 1 else logging.DEBUG
+    log.log(level, "discovery %s: dropped %s; further ones are counted", where, what)
+
+
 def resolve_feeds(
     stream: str,
     interface: str | None,
@@ -259,8 +278,9 @@ def resolve_feeds(
 
 def resolve_ingest(
     stream: str, interface: str | None, directory: Directory | None, keys: Sequence[StreamKey], timeout: float
-) -> str:
-    """For a Publisher given no endpoint: the ingest of `stream`, found within `timeout`."""
+) -> tuple[Directory, str]:
+    """For a Publisher given no endpoint: the directory (`directory`, or the LAN's on `interface`) and the ingest
+    of `stream` found in it within `timeout`."""
     own = directory is None
     if directory is None:
         if interface is None:
@@ -268,8 +288,9 @@ def resolve_ingest(
         directory = LanDirectory(interface, keys=keys)
     try:
         info = directory.wait(stream, time.monotonic() + timeout, lambda i: i.ingest is not None)
-    finally:
+    except BaseException:
         if own:
             directory.close()
+        raise
     assert info.ingest is not None
-    return info.ingest
+    return directory, info.ingest

@@ -14,7 +14,10 @@ One IO thread, started by the constructor, owns the ZeroMQ socket and does every
 - when the connection drops (the gateway was killed, restarted, or ended the session) it reconnects with capped
   exponential backoff and jitter, attaches again and re-sends every unconfirmed batch, in order. The gateway
   keeps, in its journal, the highest number journaled per producer and drops what it already has (confirming
-  it), so a record journaled just before a crash is not journaled twice: exactly once, end to end.
+  it), so a record journaled just before a crash is not journaled twice: exactly once, end to end;
+- a Publisher that found its ingest by name keeps the directory (its fd in the IO thread's poll) and attaches
+  where it says at each attach (a gateway restarted elsewhere); when the directory stops listing the endpoint
+  it is attached to, it drops that connection (DOWN) for the one listed.
 
 Connection states, all in the IO thread, each with its deadline::
 
@@ -28,15 +31,18 @@ Connection states, all in the IO thread, each with its deadline::
     READY      INVALID "before ATTACH"              DOWN (the gateway ended the session: attach again)
     READY      other INVALID                        FAILED (publish/flush raise it from now on)
     any        connection dropped                   DOWN
+    any        the directory no longer lists it     DOWN (attach where it lists now)
 
 Threading contract: publish(), flush(), close() and abort() may be called from any one application thread at a
 time (the Publisher is not for concurrent callers). They touch only the queue (publish() alone appends to it, the
 IO thread alone takes from it) and counters (each written by one side only, or under the lock); the socket is
-created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket rule holds. The IO thread never
-calls back into the application. publish() blocks only while the buffer is full, and never past its deadline
-(`timeout`), raising BufferFull; flush() never waits past its deadline. Against a gateway that does not grant
-"producer" the Publisher still reconnects and re-sends (at least once); without "confirm" it cannot know what
-arrived and re-sends nothing (at most once).
+created, used and closed by the IO thread alone, so ZeroMQ's one-thread-per-socket rule holds, and so is the
+directory once the constructor has resolved the stream (a directory handed in is the Publisher's to use until it
+is closed: share it with no other thread meanwhile). The IO thread never calls back into the application.
+publish() blocks only while the buffer is full, and never past its deadline (`timeout`), raising BufferFull;
+flush() never waits past its deadline. Against a gateway that does not grant "producer" the Publisher still
+reconnects and re-sends (at least once); without "confirm" it cannot know what arrived and re-sends nothing (at
+most once).
 """
 
 from __future__ import annotations
@@ -128,9 +134,6 @@ class Publisher:
             and restarts with the same id; default a random 64-bit id numbered from 0.
         """
         P.validate_stream_name(stream)
-        if endpoint is None:
-            keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
-            endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
         for name, value in (("batch_records", batch_records), ("batch_bytes", batch_bytes)):
             if value < 1:
                 raise ConfigError(f"{name} {value!r} must be at least 1")
@@ -138,7 +141,6 @@ class Publisher:
             raise ConfigError(
                 f"buffer_bytes {buffer_bytes} must hold at least one message of max_message_bytes {max_message_bytes}"
             )
-        self.endpoint = endpoint
         self.stream = stream
         self.confirm = confirm
         self.batch_records = batch_records
@@ -150,6 +152,12 @@ class Publisher:
         pid, next_pseq = producer if producer is not None else (secrets.randbits(64), 0)
         if not (0 <= pid <= B.MAX_PRODUCER and 0 <= next_pseq <= B.MAX_SEQ):
             raise ConfigError(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
+        self._directory: Directory | None = None  # the IO thread's once it runs; closed by _stop if its own
+        self._own_directory = directory is None
+        if endpoint is None:
+            keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
+            self._directory, endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
+        self.endpoint = endpoint
         self.producer_id = pid
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
@@ -305,6 +313,12 @@ class Publisher:
         if not self._thread.is_alive():
             os.close(self._wake_fd)
             self._wake_fd = -1
+            self._close_directory()
+
+    def _close_directory(self) -> None:
+        if self._directory is not None and self._own_directory:
+            self._directory.close()
+        self._directory = None
 
     def __enter__(self) -> Publisher:
         return self
@@ -354,6 +368,8 @@ class Publisher:
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_fd, zmq.POLLIN)
+        if self._directory is not None:
+            poller.register(self._directory, zmq.POLLIN)
         watched: tuple[zmq.Socket | None, zmq.Socket | None] = (None, None)
         try:
             while not self._finished():
@@ -370,6 +386,8 @@ class Publisher:
                 events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
                 if self._wake_fd in events:
                     os.eventfd_read(self._wake_fd)
+                if self._directory is not None and self._directory in events:
+                    self._follow_ingest()
                 if sock is not None and sock in events:
                     self._receive()
                 if monitor is not None and monitor in events and monitor is self._monitor:
@@ -469,9 +487,24 @@ class Publisher:
             return None
         return shake.failure if shake.certainty > 0 or shake.failed >= Handshake.CONCLUSIVE else None
 
+    def _follow_ingest(self) -> None:
+        """The directory changed: leave an ingest it no longer lists (its gateway died or moved) for the one it
+        does; a connection to a dead host may never fail by itself."""
+        assert self._directory is not None
+        self._directory.drain()
+        info = self._directory.lookup(self.stream)
+        attached = self._state in (_State.ATTACHING, _State.EXTENDING, _State.READY)
+        if attached and info is not None and info.ingests and self.endpoint not in info.ingests:
+            self._lost(f"{self.endpoint} is no longer listed; {info.ingest} is")
+
     def _open(self) -> None:
-        """DOWN -> ATTACHING: a fresh socket (nothing of the old session's pipes survives), ATTACH sent."""
+        """DOWN -> ATTACHING: a fresh socket (nothing of the old session's pipes survives), ATTACH sent, to the
+        ingest the directory lists now when the stream was found by name."""
         self._close_socket(linger=0)
+        info = self._directory.lookup(self.stream) if self._directory is not None else None
+        if info is not None and info.ingest is not None and info.ingest != self.endpoint:
+            log.info("publisher %016x: %s is at %s now (directory)", self.producer_id, self.stream, info.ingest)
+            self.endpoint = info.ingest
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails

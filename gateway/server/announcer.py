@@ -149,7 +149,9 @@ def gateway_streams(heads: dict[str, int], outputs: list[tuple[Endpoint, Collect
 
 
 def journal_streams(root: Path) -> list[A.StreamAd]:
-    """A sidecar's streams as announced: every stream directory under the journal root."""
+    """A sidecar's streams as announced: every stream directory under the journal root (none before it exists)."""
+    if not root.is_dir():
+        return []
     return [A.StreamAd(p.name) for p in sorted(root.iterdir()) if p.is_dir() and _is_stream(p.name)]
 
 

@@ -34,10 +34,12 @@ from gateway.server.announcer import Discovery, gateway_announcer, gateway_strea
 from gateway.server.channels import plan
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
+from gateway.server.registrar import node_registrar
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.udp import UdpSender, batch_room
+from gateway.wire import announce as A
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
@@ -81,6 +83,7 @@ class GatewayConfig:
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
     discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
+    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (server.registrar)
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -230,6 +233,9 @@ class Gateway:
             self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series))
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
+        interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
+        self.registrar = node_registrar(config.etcd, config.discovery, interfaces, A.GATEWAY, ingest=config.ingest,
+                                        sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -347,6 +353,11 @@ class Gateway:
                 heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
                 self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
             deadline = min(deadline, self.announcer.due)
+        if self.registrar is not None:
+            if now >= self.registrar.due:
+                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+                self.registrar.register(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
+            deadline = min(deadline, self.registrar.due)
         return max(0.0, deadline - time.monotonic())
 
     def _expire_producers(self) -> None:
@@ -708,6 +719,8 @@ class Gateway:
             out.sock.close()
         if self.announcer is not None:
             self.announcer.close()
+        if self.registrar is not None:
+            self.registrar.close()
         self.metrics.close()
 
 

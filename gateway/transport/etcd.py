@@ -1,19 +1,24 @@
-"""etcd as the coordinator: leases and create-if-absent keys, every call bounded by a timeout.
+"""etcd as the coordinator: leases, create-if-absent keys, and the directory's entries, every call bounded by a
+timeout.
 
 We talk to etcd through its HTTP/JSON gateway with etcd3gw: it is maintained, needs only `requests`, is typed,
 and takes a per-request timeout, which our deadlines need. (python-etcd3 is unmaintained and breaks with
 protobuf >= 4; aetcd is asyncio and grpc, more than a lease and a transaction need.)
+
+Given several URLs (the members of one cluster), a request that cannot reach one tries the next, once each;
+the one that answered is used first from then on. Errors are one CoordinatorError naming every URL tried.
 """
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import etcd3gw
-from etcd3gw.exceptions import Etcd3Exception
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
 from gateway.errors import CoordinatorError
 
@@ -31,28 +36,51 @@ class Holder:
     lease: int
 
 
-class Etcd:
-    """One etcd endpoint (`http://HOST:PORT`). Not thread-safe: one per thread."""
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key under a prefix: its value and the revisions that created and last changed it."""
 
-    def __init__(self, url: str, timeout_s: float = 0.5) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
-            raise CoordinatorError(f"etcd URL {url!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:2379")
-        self.url = url
-        self._client = etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s)
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+
+
+def check_url(url: str) -> str:
+    """`url` if it is an etcd client URL we can use (http[s]://HOST:PORT), else CoordinatorError saying so."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise CoordinatorError(f"etcd URL {url!r}: expected http://HOST:PORT, e.g. http://127.0.0.1:2379")
+    return url
+
+
+class Etcd:
+    """etcd at `url` (`http://HOST:PORT`, or several members of one cluster). Not thread-safe: one per thread."""
+
+    def __init__(self, url: str | Sequence[str], timeout_s: float = 0.5) -> None:
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise CoordinatorError("no etcd URL given: give --etcd http://HOST:PORT")
+        self.urls = [check_url(u) for u in urls]
+        self.timeout_s = timeout_s
+        self._clients = [_client(u, timeout_s) for u in self.urls]
+        self._first = 0  # the member that answered last
+
+    @property
+    def url(self) -> str:
+        return self.urls[self._first]
 
     def grant(self, ttl_s: int) -> int:
         """A new lease of `ttl_s` seconds (etcd's unit); returns its id."""
-        return int(self._call(self._client.lease, ttl_s).id)
+        return int(self._call(lambda c: c.lease(ttl_s).id))
 
     def keepalive(self, lease: int) -> int:
         """Renews `lease`; returns its TTL from now, or -1 when etcd no longer has it."""
-        url = self._client.get_url("/lease/keepalive")
-        result = self._call(self._client.post, url, json={"ID": lease})
+        result = self._call(lambda c: c.post(c.get_url("/lease/keepalive"), json={"ID": lease}))
         return int(result.get("result", {}).get("TTL", -1))
 
     def revoke(self, lease: int) -> None:
-        self._call(self._client.post, self._client.get_url("/kv/lease/revoke"), json={"ID": lease})
+        self._call(lambda c: c.post(c.get_url("/kv/lease/revoke"), json={"ID": lease}))
 
     def create(self, key: str, value: str, lease: int) -> int | None:
         """Creates `key` bound to `lease` if it does not exist: the revision it was created at, or None."""
@@ -62,19 +90,61 @@ class Etcd:
             "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
             "failure": [],
         }
-        result = self._call(self._client.transaction, txn)
+        result = self._call(lambda c: c.transaction(txn))
         return int(result["header"]["revision"]) if result.get("succeeded") else None
 
     def holder(self, key: str) -> Holder | None:
-        found = self._call(self._client.get, key, metadata=True)
+        found = self._call(lambda c: c.get(key, metadata=True))
         if not found:
             return None
         value, meta = found[0]
         text = value.decode() if isinstance(value, bytes) else str(value)
         return Holder(text, int(meta["create_revision"]), int(meta.get("lease", 0)))
 
-    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Etcd3Exception as exc:
-            raise CoordinatorError(f"etcd at {self.url}: {exc.detail_text or exc}; is etcd running there?") from exc
+    def put(self, key: str, value: bytes, lease: int) -> None:
+        """Sets `key` to `value`, bound to `lease` (0: none)."""
+        request: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
+        if lease:
+            request["lease"] = lease
+        self._call(lambda c: c.post(c.get_url("/kv/put"), json=request))
+
+    def delete(self, key: str) -> None:
+        self._call(lambda c: c.delete(key))
+
+    def get_prefix(self, prefix: str) -> list[Entry]:
+        """Every key under `prefix`, in key order."""
+        found = self._call(lambda c: c.get_prefix(prefix))
+        return [
+            Entry(_text(meta["key"]), value, int(meta["create_revision"]), int(meta["mod_revision"]))
+            for value, meta in found
+        ]
+
+    def _call(self, request: Callable[[Any], Any]) -> Any:
+        """`request` of the member that answered last; one that cannot be reached leaves it to the next, once each."""
+        failures = []
+        for _ in self._clients:
+            try:
+                return request(self._clients[self._first])
+            except (ConnectionFailedError, ConnectionTimeoutError) as exc:
+                failures.append(f"{self.url} {_unreachable(exc, self.timeout_s)}")
+                self._first = (self._first + 1) % len(self._clients)
+            except Etcd3Exception as exc:  # etcd answers with a JSON body; an empty one is something else
+                detail = exc.detail_text or f"HTTP {exc}, not an answer of etcd: is this its client URL?"
+                raise CoordinatorError(f"etcd at {self.url}: {detail}") from exc
+        raise CoordinatorError(f"etcd unreachable ({'; '.join(failures)}): is etcd running there? Check the --etcd URL")
+
+
+def _client(url: str, timeout_s: float) -> Any:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None  # check_url
+    return etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s)
+
+
+def _unreachable(exc: Etcd3Exception, timeout_s: float) -> str:
+    if isinstance(exc, ConnectionTimeoutError):
+        return f"did not answer within {timeout_s:g} s"
+    return "refused the connection or cannot be reached"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

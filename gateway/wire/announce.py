@@ -20,6 +20,10 @@ integers little-endian like the other multicast formats:
     authenticator (24 bytes, only with a stream key): as on the multicast feeds (gateway.wire.streamkey), the
         tag computed over header and body under the pseudo stream name DOMAIN, which no stream can have.
 
+Beyond one subnet the same announcements are kept in etcd (gateway.server.registrar, docs/discovery.md): one
+entry per stream and node, at `etcd_key(stream, role, node_id)` under ETCD_PREFIX, its value the announcement of
+that one stream, signed as on the LAN, bound to the node's lease.
+
 str8 is a length u8 then that many bytes of printable ASCII. Endpoints are what a peer on the LAN connects to
 (tcp://ADDRESS:PORT); channels carry no interface, since each listener joins a group on its own interface.
 A sender with more streams than fit one datagram sends several announcements (`encode_all`); listeners merge
@@ -49,6 +53,7 @@ DISCOVERY_GROUP = "239.192.0.1"
 DISCOVERY_PORT = 5569
 DISCOVERY_INTERVAL_MS = 1000
 MAX_BYTES = 1472  # the UDP payload of one 1,500-byte Ethernet frame
+ETCD_PREFIX = "/zeps/directory/"  # etcd: ETCD_PREFIX + STREAM + "/" + ROLE.NODEID (etcd_key)
 DOMAIN = b"/zeps-discovery"  # signs announcements apart from every stream ('/' is never in a stream name)
 
 # Transport codes on the wire (the multicast transports of gateway.mcast); append only.
@@ -141,6 +146,11 @@ class Announcement:
             batch.append(ad)
         out.append(replace(self, streams=tuple(batch)).encode(key))
         return out
+
+
+def etcd_key(stream: str, role: int, node_id: int) -> str:
+    """The etcd key of what node `node_id` (in `role`) says of `stream`: /zeps/directory/px/gateway.1a2b3c4d."""
+    return f"{ETCD_PREFIX}{stream}/{ROLES[role]}.{node_id:08x}"
 
 
 def decode(data: bytes | memoryview, keys: Iterable[StreamKey] = ()) -> Announcement:
