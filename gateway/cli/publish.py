@@ -25,8 +25,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.from_env(
         p.add_argument(
             "--ingest",
+            action="append",
+            default=[],
             type=tcp_endpoint,
-            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (default: found on --interface)",
+            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (repeat: the nodes of a replicated gateway, tried "
+            "in turn; default: found on --interface)",
         ),
         "ZEPS_INGEST",
     )
@@ -59,7 +62,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _modes(args: argparse.Namespace) -> str | None:
-    if args.ingest is None and args.interface is None:
+    if not args.ingest and args.interface is None:
         return "give --ingest ENDPOINT (or ZEPS_INGEST), or --interface IF to find the stream's gateway by its name"
     if args.count is None:
         given = [f"--{name}" for name in _LOAD_ONLY if getattr(args, name) is not None]
@@ -85,11 +88,11 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.wire.streamkey import StreamKey
 
     keys = [StreamKey.load(args.stream_key)] if args.stream_key else []
-    directory = discovery_opts.client_directory(args, keys) if args.ingest is None else None
+    directory = discovery_opts.client_directory(args, keys) if not args.ingest else None
     n = 0
     try:
         with Publisher(
-            args.ingest,
+            args.ingest or None,
             args.stream,
             confirm=args.confirm,
             curve=keyopts.client_curve(args),
