@@ -416,7 +416,7 @@ class Publisher:
             if now < self._retry_at:
                 return self._retry_at - now
             self._open()
-            return HANDSHAKE_S
+            return 0.0  # ATTACHING next: its monitor is looked at every Handshake.SLICE_S
         if state in (_State.ATTACHING, _State.EXTENDING):
             refused = self._refusal()
             if refused:

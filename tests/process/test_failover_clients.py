@@ -1,0 +1,255 @@
+"""Clients with several endpoints (issue 18, "clients follow"), against real processes on loopback.
+
+Two independent gateways would keep two different journals, so they cannot stand in for a replicated pair.
+What can: for the Publisher, one gateway killed -9 and started again on the journal at the *other* listed
+address, and listed endpoints where nothing listens or where a gateway of other streams refuses ATTACH; for
+the Subscriber, two `zeps replay` processes serving one journal directory, one killed -9 mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from support.deadlines import SLACK_S, exercise_deadlines
+from support.servers import STREAM, GatewayProcess, Side, Stream, free_port, journal_records, side
+
+from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.publisher import Publisher
+from gateway.client.subscriber import Subscriber
+from gateway.errors import PublishError, ReplayRefused
+from gateway.tools.deployment import Keys
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def dead() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+def assert_journal_exactly_once(root: Path, bodies: list[bytes]) -> None:
+    records = journal_records(root)
+    assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1))
+    got = [body for _, _, body in records]
+    assert len(set(got)) == len(got), f"{len(got) - len(set(got))} records journaled twice"
+    assert got == bodies, f"{len(bodies) - len(got)} records missing or out of order"
+
+
+# --- Publisher ------------------------------------------------------------------------------------------------
+
+
+def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path / "gw")
+    others = GatewayProcess(tmp_path / "others", streams=("elsewhere",))  # refuses ATTACH to STREAM
+    try:
+        began = time.monotonic()
+        with Publisher([dead(), others.ingest, gw.ingest], STREAM, confirm=True) as pub:
+            attached = time.monotonic() - began
+            assert pub.endpoint == gw.ingest
+            for i in range(100):
+                pub.publish("k", b"%d" % i)
+            assert pub.flush() == 100
+        assert attached < 1.0, f"{attached:.2f} s to get past a dead and a refusing endpoint"
+
+        # Refused by every endpoint: final, and promptly; the error names each refusal.
+        began = time.monotonic()
+        with pytest.raises(PublishError, match="every endpoint refused") as refused:
+            Publisher([others.ingest, gw.ingest], "nosuch", timeout=10)
+        assert time.monotonic() - began < 1.0
+        assert refused.value.reason.count("unknown stream") == 2, refused.value.reason
+
+        # A dead endpoint refuses nothing (it may come back): the deadline ends the wait.
+        with pytest.raises(PublishError, match=r"no answer within 1\.0 s"):
+            Publisher([dead(), others.ingest], STREAM, timeout=1.0)
+    finally:
+        others.stop()
+        gw.stop()
+    assert_journal_exactly_once(tmp_path / "gw", [b"%d" % i for i in range(100)])
+
+
+def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_once(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path, "--fsync-ms", "20")  # confirms wait for the group commit: re-sends are many
+    first, second = gw.ingest, dead()  # it moves between the two
+    bodies = [b"r%06d" % i for i in range(60_000)]
+    errors: list[BaseException] = []
+
+    def load(pub: Publisher) -> None:
+        try:
+            began = time.monotonic()
+            for i, body in enumerate(bodies):
+                pub.publish("k", body)
+                if i % 100 == 0:  # 10,000 records/s for 6 s, so that every kill lands mid-stream
+                    time.sleep(max(0.0, began + i / 10_000 - time.monotonic()))
+            pub.flush(timeout=60)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    outages = []
+    try:
+        pub = Publisher([first, second], STREAM, confirm=True, batch_records=200, timeout=30)
+        worker = threading.Thread(target=load, args=(pub,))
+        worker.start()
+        for address in (second, first, second):
+            time.sleep(0.8)
+            assert worker.is_alive(), "the load ended before the kill"
+            gw.kill9()
+            killed, confirmed = time.monotonic(), pub.confirmed
+            time.sleep(0.2)
+            gw.restart(address)  # returns once it answers PING there
+            up = time.monotonic()
+            while pub.confirmed == confirmed and time.monotonic() - up < 10:
+                time.sleep(0.002)
+            outages.append((time.monotonic() - killed, time.monotonic() - up))
+            assert pub.endpoint == address
+        worker.join(90)
+        assert not worker.is_alive() and not errors, errors
+        assert pub.reconnects >= 3 and pub.confirmed == len(bodies)
+        pub.close()
+    finally:
+        gw.stop()
+    assert_journal_exactly_once(tmp_path, bodies)
+    print("kill -9 -> next confirm at the other address (after it answered PING):")
+    print(", ".join(f"{total * 1000:.0f} ms ({after * 1000:.0f} ms)" for total, after in outages))
+    assert max(after for _, after in outages) < 1.0, outages
+
+
+# --- Subscriber -----------------------------------------------------------------------------------------------
+
+
+def take(sub: Subscriber, got: list[int], until: int, within: float = 30.0) -> float:
+    """next() until record `until` (asserting each call keeps its deadline); the longest wait between records."""
+    longest, last = 0.0, time.monotonic()
+    end = last + within
+    while (not got or got[-1] < until) and time.monotonic() < end:
+        timeout = (0.0, 0.02, 0.1)[len(got) % 3]
+        began = time.monotonic()
+        rec = sub.next(timeout=timeout)
+        now = time.monotonic()
+        assert now - began <= timeout + SLACK_S, f"next(timeout={timeout}) took {now - began:.3f} s"
+        if rec is not None:
+            got.append(rec.seq)
+            longest, last = max(longest, now - last), now
+    return longest
+
+
+def test_sidecars_on_one_journal_a_kill_9_mid_stream_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, STREAM)
+    s.write(20)
+    stop = threading.Event()
+
+    def write() -> None:  # the gateway's part: 10 records every 5 ms, bounded
+        for _ in range(1200):
+            if stop.wait(0.005):
+                return
+            s.write(1)
+
+    a, b = Side(root, free_port()), Side(root, free_port())
+    writer = threading.Thread(target=write)
+    got: list[int] = []
+    try:
+        sub = Subscriber(STREAM, replay=[a.endpoint, b.endpoint], start="earliest", replay_timeout=1.0)
+        writer.start()
+        stalls = []
+        for victim, spare in ((a, b), (b, a)):
+            take(sub, got, got[-1] + 1000 if got else 1000)
+            assert sub.replay_endpoint == victim.endpoint
+            victim.kill9()
+            stalls.append(take(sub, got, got[-1] + 1000))
+            assert sub.replay_endpoint == spare.endpoint
+            victim.start()
+        stop.set()
+        writer.join(10)
+        take(sub, got, s.head)
+        assert sub.next(timeout=0.3) is None  # nothing twice
+        assert sub.summary()["replay_retries"] == 2
+        sub.close()
+    finally:
+        stop.set()
+        a.stop()
+        b.stop()
+        s.writer.close()
+    assert got == list(range(1, s.head + 1))
+    print(f"longest wait for a record after a sidecar's kill -9: {', '.join(f'{t * 1000:.0f} ms' for t in stalls)}")
+    assert max(stalls) < 1.0, stalls
+
+
+def test_the_subscriber_keeps_its_deadlines_while_sidecars_rotate(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, STREAM)
+    s.write(30)
+    s.writer.close()
+    with Subscriber(STREAM, replay=[dead(), dead()], start="earliest", replay_timeout=1.0) as sub:
+        assert exercise_deadlines(sub, 2.0) == {"connecting", "retrying"}
+        assert sub.summary()["replay_retries"] >= 4  # both, several rounds: nothing listening fails at once
+
+    # CURVE-only sidecars refuse a keyless client: the next one is tried, and only all of them refusing is final.
+    keys = Keys.create(tmp_path / "keys")
+    with side(root, *keys.server_args()) as curved, side(root) as plain:
+        with Subscriber(STREAM, replay=[dead(), curved.endpoint, plain.endpoint], start="earliest") as sub:
+            got: list[int] = []
+            take(sub, got, 300, within=5.0)
+            assert got == list(range(1, 301)) and sub.replay_endpoint == plain.endpoint
+        with side(root, *keys.server_args()) as curved2:
+            sub = Subscriber(STREAM, replay=[curved.endpoint, curved2.endpoint], start="earliest")
+            began = time.monotonic()
+            with pytest.raises(ReplayRefused, match="every replay sidecar refused"):
+                while time.monotonic() - began < 10:
+                    sub.next(timeout=0.1)
+            assert time.monotonic() - began < 2.0
+            sub.close()
+
+
+def test_the_async_subscriber_follows_too(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, STREAM)
+    s.write(50)
+    s.writer.close()
+
+    async def run(endpoints: list[str]) -> list[int]:
+        got: list[int] = []
+        async with AsyncSubscriber(STREAM, replay=endpoints, start="earliest", replay_timeout=1.0) as sub:
+            end = time.monotonic() + 10
+            while len(got) < 500 and time.monotonic() < end:
+                began = time.monotonic()
+                rec = await sub.next(timeout=0.05)
+                assert time.monotonic() - began <= 0.05 + SLACK_S
+                if rec is not None:
+                    got.append(rec.seq)
+        return got
+
+    with side(root) as sidecar:
+        assert asyncio.run(run([dead(), sidecar.endpoint])) == list(range(1, 501))
+
+
+# --- the command line -------------------------------------------------------------------------------------------
+
+
+def test_zeps_publish_and_subscribe_take_several_endpoints(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path)
+    zeps = [sys.executable, "-m", "gateway.cli"]
+    try:
+        pub = subprocess.run(
+            [*zeps, "publish", "--ingest", dead(), "--ingest", gw.ingest, "--stream", STREAM, "--count", "200"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert pub.returncode == 0 and "published 200 records" in pub.stderr, pub.stderr
+    finally:
+        gw.stop()
+    with side(tmp_path) as sidecar:
+        argv = [*zeps, "subscribe", "--replay", dead(), "--replay", sidecar.endpoint, "--stream", STREAM]
+        sub = subprocess.run(
+            [*argv, "--from", "earliest", "--count", "200", "--format", "text"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert sub.returncode == 0, sub.stderr
+    assert [line.split()[0] for line in sub.stdout.splitlines()] == [str(i) for i in range(1, 201)]
