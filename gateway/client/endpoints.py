@@ -7,7 +7,10 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   listed endpoint (a follower naming the leader) sends the client there next instead;
 - waiting between tries with capped exponential backoff and jitter (`Backoff`) that grows once per *round*
   (every endpoint tried and failed once), not per try: a client whose server died goes on to the next one
-  after the first delay, while a client cut off from them all does not knock on every door at full speed;
+  after the first delay, while a client cut off from them all does not knock on every door at full speed.
+  A server that answers "not me, try elsewhere" (a follower while the group elects its leader) is alive:
+  that answer starts the rounds again from the first delay, so the client finds the new leader within about
+  that delay of its election rather than after a wait that grew during it;
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
   becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
@@ -57,12 +60,16 @@ class Endpoints:
             self.refusals[self.current] = reason
         return self.all_refused
 
-    def failed(self, hint: str = "") -> float:
+    def failed(self, hint: str = "", *, answered: bool = False) -> float:
         """The current endpoint failed: move to the next one (to a listed endpoint that `hint`, the server's
-        reason, names, if any); the delay before trying it, in seconds."""
+        reason, names, if any); the delay before trying it, in seconds. `answered`: it is up and sent the
+        client elsewhere (the backoff starts again)."""
         current = self.current
         if current is None:
             return self.backoff.next()
+        if answered:
+            self.backoff.reset()
+            self._tried = 0
         if self._tried % len(self.all) == 0:  # a new round
             self._delay = self.backoff.next()
         self._tried += 1
@@ -86,8 +93,8 @@ class Endpoints:
         self.at = self.all.index(endpoint)
 
     def refused_text(self) -> str:
-        """Every refusal, one clause per endpoint."""
-        return "; ".join(f"{e}: {why}" for e, why in self.refusals.items())
+        """Every refusal, one clause per endpoint (named, unless the refusal does)."""
+        return "; ".join(why if e in why else f"{e}: {why}" for e, why in self.refusals.items())
 
 
 def _names(text: str, endpoint: str) -> bool:

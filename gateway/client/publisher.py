@@ -538,7 +538,7 @@ class Publisher:
             case P.Invalid(reason=reason) if _SESSION_LOST in reason:
                 self._lost(f"the gateway ended the session ({reason})")
             case P.Invalid(reason=reason) if _elsewhere(reason):
-                self._lost(f"the gateway refused ({reason})", hint=reason)
+                self._lost(f"the gateway sent us elsewhere ({reason})", hint=reason, answered=True)
             case P.Invalid(reason=reason):
                 self._fail(PublishError(f"gateway: {reason}"))
             case P.PublishOk(sequence=seq, count=n) if state is _State.READY:
@@ -608,8 +608,11 @@ class Publisher:
 
     def _refused(self, reason: str) -> None:
         """The current endpoint refused ATTACH (INVALID, or the CURVE handshake): the next one is tried, unless
-        this is the first attach and every endpoint has refused, which is final."""
-        if not self._endpoints.refused(reason) or self._attached_once:
+        this is the first attach and every endpoint has refused, which is final. "Not the leader" is no refusal:
+        a node that says so is up, and the group may be electing."""
+        if _elsewhere(reason):
+            self._lost(f"ATTACH sent elsewhere ({reason})", hint=reason, answered=True)
+        elif not self._endpoints.refused(reason) or self._attached_once:
             self._lost(f"ATTACH refused ({reason})", hint=reason)
         elif self._endpoints.several:
             self._fail(
@@ -620,12 +623,12 @@ class Publisher:
         else:
             self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {reason}"))
 
-    def _lost(self, why: str, *, hint: str = "") -> None:
+    def _lost(self, why: str, *, hint: str = "", answered: bool = False) -> None:
         """-> DOWN: close the socket; try the next endpoint after a backoff that doubles each round of them up to
         BACKOFF_MAX_S, with jitter (gateway.client.endpoints)."""
         self._close_socket(linger=0)
         failed = self.endpoint
-        delay = self._endpoints.failed(hint)
+        delay = self._endpoints.failed(hint, answered=answered)
         self._retry_at = time.monotonic() + delay
         with self._cond:
             self.reconnects += 1

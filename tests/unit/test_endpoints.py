@@ -74,3 +74,12 @@ def test_learnt_endpoints_join_the_rotation() -> None:
     assert e.current == C and e.all == [A, B, C]
     with pytest.raises(ConfigError, match="non-empty strings"):
         Endpoints([A, ""], first=0.1, cap=5.0)
+
+
+def test_a_server_that_sends_the_client_elsewhere_starts_the_rounds_again() -> None:
+    e = Endpoints([A, B], first=0.1, cap=5.0)
+    for _ in range(6):
+        e.failed()
+    assert e.failed() >= 0.4  # nothing answered for three rounds
+    assert e.failed("not the leader: retry later", answered=True) <= 0.1  # a follower: the group is electing
+    assert e.failed() <= 0.1 and e.failed() <= 0.2  # the dead one, then a round of its own
