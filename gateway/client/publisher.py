@@ -506,7 +506,9 @@ class Publisher:
         sock.connect(self.endpoint)
         self._sock = sock
         self._send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, self.stream)))
-        self._set_state(_State.ATTACHING, HANDSHAKE_S if self._attached_once else self.timeout)
+        # The first attach to a lone endpoint may wait the whole timeout; with others to try, each gets HANDSHAKE_S.
+        first_and_only = not self._attached_once and not self._endpoints.several
+        self._set_state(_State.ATTACHING, self.timeout if first_and_only else HANDSHAKE_S)
 
     def _receive(self) -> None:
         assert self._sock is not None

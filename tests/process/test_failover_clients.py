@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import subprocess
 import sys
 import threading
@@ -70,7 +71,14 @@ def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -
         # A dead endpoint refuses nothing (it may come back): the deadline ends the wait.
         with pytest.raises(PublishError, match=r"no answer within 1\.0 s"):
             Publisher([dead(), others.ingest], STREAM, timeout=1.0)
+
+        # A frozen one (SIGSTOP: TCP connects, nothing answers) is left after the handshake deadline (2 s).
+        others.proc.send_signal(signal.SIGSTOP)
+        began = time.monotonic()
+        with Publisher([others.ingest, gw.ingest], STREAM, timeout=10) as pub:
+            assert pub.endpoint == gw.ingest and 1.9 < time.monotonic() - began < 3.0
     finally:
+        others.proc.send_signal(signal.SIGCONT)
         others.stop()
         gw.stop()
     assert_journal_exactly_once(tmp_path / "gw", [b"%d" % i for i in range(100)])
@@ -201,8 +209,10 @@ def take(sub: Subscriber, got: list[int], until: int, within: float = 30.0) -> f
     """next() until record `until` (asserting each call keeps its deadline); the longest wait between records."""
     longest, last = 0.0, time.monotonic()
     end = last + within
+    calls = 0
     while (not got or got[-1] < until) and time.monotonic() < end:
-        timeout = (0.0, 0.02, 0.1)[len(got) % 3]
+        timeout = (0.0, 0.02, 0.1)[calls % 3]
+        calls += 1
         began = time.monotonic()
         rec = sub.next(timeout=timeout)
         now = time.monotonic()
@@ -271,6 +281,16 @@ def test_the_subscriber_keeps_its_deadlines_while_sidecars_rotate(tmp_path: Path
             got: list[int] = []
             take(sub, got, 300, within=5.0)
             assert got == list(range(1, 301)) and sub.replay_endpoint == plain.endpoint
+        # Frozen (SIGSTOP): left at the handshake deadline (replay_timeout), next() on time meanwhile.
+        with side(root) as frozen:
+            frozen.signal(signal.SIGSTOP)
+            with Subscriber(
+                STREAM, replay=[frozen.endpoint, plain.endpoint], start="earliest", replay_timeout=1.0
+            ) as sub:
+                got = []
+                began = time.monotonic()
+                take(sub, got, 300, within=5.0)
+                assert got == list(range(1, 301)) and 0.9 < time.monotonic() - began < 2.0
         with side(root, *keys.server_args()) as curved2:
             sub = Subscriber(STREAM, replay=[curved.endpoint, curved2.endpoint], start="earliest")
             began = time.monotonic()
