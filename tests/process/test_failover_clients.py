@@ -23,6 +23,7 @@ import zmq
 from support.deadlines import SLACK_S, exercise_deadlines
 from support.servers import STREAM, GatewayProcess, Side, Stream, free_port, journal_records, side
 
+from gateway.client.async_publisher import AsyncPublisher
 from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
@@ -60,6 +61,12 @@ def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -
                 pub.publish("k", b"%d" % i)
             assert pub.flush() == 100
         assert attached < 1.0, f"{attached:.2f} s to get past a dead and a refusing endpoint"
+
+        async def attach_async() -> str:
+            async with await AsyncPublisher.attach([dead(), gw.ingest], STREAM) as apub:
+                return apub.sync.endpoint
+
+        assert asyncio.run(attach_async()) == gw.ingest
 
         # Refused by every endpoint: final, and promptly; the error names each refusal.
         began = time.monotonic()
