@@ -354,5 +354,10 @@ def test_zeps_publish_and_subscribe_take_several_endpoints(tmp_path: Path) -> No
             text=True,
             timeout=60,
         )
+        last = subprocess.run(
+            [*argv, "--from", "-5", "--count", "5", "--format", "text"], capture_output=True, text=True, timeout=60
+        )
     assert sub.returncode == 0, sub.stderr
     assert [line.split()[0] for line in sub.stdout.splitlines()] == [str(i) for i in range(1, 201)]
+    assert last.returncode == 0, last.stderr  # the head asked of the first sidecar that answers
+    assert [line.split()[0] for line in last.stdout.splitlines()] == [str(i) for i in range(196, 201)]
