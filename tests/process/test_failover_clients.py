@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -344,6 +345,9 @@ def test_zeps_publish_and_subscribe_take_several_endpoints(tmp_path: Path) -> No
             timeout=60,
         )
         assert pub.returncode == 0 and "published 200 records" in pub.stderr, pub.stderr
+        env = {**os.environ, "ZEPS_INGEST": f"{dead()},{gw.ingest}", "ZEPS_STREAM": STREAM}
+        one = subprocess.run([*zeps, "publish", "--body", "x"], capture_output=True, text=True, timeout=60, env=env)
+        assert one.returncode == 0 and "last sequence 201" in one.stderr, one.stderr
     finally:
         gw.stop()
     with side(tmp_path) as sidecar:
@@ -360,4 +364,4 @@ def test_zeps_publish_and_subscribe_take_several_endpoints(tmp_path: Path) -> No
     assert sub.returncode == 0, sub.stderr
     assert [line.split()[0] for line in sub.stdout.splitlines()] == [str(i) for i in range(1, 201)]
     assert last.returncode == 0, last.stderr  # the head asked of the first sidecar that answers
-    assert [line.split()[0] for line in last.stdout.splitlines()] == [str(i) for i in range(196, 201)]
+    assert [line.split()[0] for line in last.stdout.splitlines()] == [str(i) for i in range(197, 202)]
