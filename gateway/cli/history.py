@@ -75,9 +75,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def head(args: argparse.Namespace, timeout: float) -> int:
-    """The last sequence of the stream, asked of the sidecar at --replay (for --from -N)."""
+    """The last sequence of the stream, asked of the sidecar at --replay (for --from -N); of several
+    (`zeps subscribe --replay A --replay B`), the first that answers."""
     from gateway.client.replay_client import ReplayClient, probe
+    from gateway.errors import ReplayError
     from gateway.wire.batch import MAX_SEQ
 
-    with ReplayClient(args.replay, args.stream, timeout=timeout, curve=keyopts.client_curve(args)) as client:
-        return probe(client, MAX_SEQ)[0].last
+    endpoints = [args.replay] if isinstance(args.replay, str) else args.replay
+    curve = keyopts.client_curve(args)
+    for i, endpoint in enumerate(endpoints, 1):
+        last = i == len(endpoints)
+        try:
+            with ReplayClient(endpoint, args.stream, timeout=timeout, curve=curve, fail_unreachable=not last) as client:
+                return probe(client, MAX_SEQ)[0].last
+        except ReplayError:
+            if last:
+                raise
+    raise AssertionError("--replay is required, so there is an endpoint")

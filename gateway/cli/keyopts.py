@@ -19,8 +19,15 @@ def add_stream(p: Parser, help: str | None = None) -> None:
     p.require("stream")
 
 
-def add_replay(p: Parser, *, required: bool, help: str = "replay sidecar endpoint, e.g. tcp://127.0.0.1:5571") -> None:
-    p.from_env(p.add_argument("--replay", type=tcp_endpoint, help=help), "ZEPS_REPLAY")
+def add_replay(
+    p: Parser, *, required: bool, many: bool = False, help: str = "replay sidecar endpoint, e.g. tcp://127.0.0.1:5571"
+) -> None:
+    """--replay; `many`: repeatable (a list; the variable separates them with commas)."""
+    if many:
+        option = p.add_argument("--replay", action="append", default=[], type=tcp_endpoint, help=help)
+    else:
+        option = p.add_argument("--replay", type=tcp_endpoint, help=help)
+    p.from_env(option, "ZEPS_REPLAY")
     if required:
         p.require("replay")
 

@@ -25,8 +25,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.from_env(
         p.add_argument(
             "--ingest",
+            action="append",
+            default=[],
             type=tcp_endpoint,
-            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (default: found by name)",
+            help="gateway endpoint, e.g. tcp://127.0.0.1:5570 (repeat: the nodes of a replicated gateway, tried "
+            "in turn; default: found by name)",
         ),
         "ZEPS_INGEST",
     )
@@ -59,7 +62,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _modes(args: argparse.Namespace) -> str | None:
-    if args.ingest is None and not (args.interface or args.etcd or args.directory):
+    if not args.ingest and not (args.interface or args.etcd or args.directory):
         return (
             "give --ingest ENDPOINT (or ZEPS_INGEST), or --interface IF, --etcd URL or --directory FILE to find the "
             "stream's gateway by its name"
@@ -88,11 +91,11 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.wire.streamkey import StreamKey
 
     keys = [StreamKey.load(args.stream_key)] if args.stream_key else []
-    directory = discovery_opts.client_directory(args, keys) if args.ingest is None else None
+    directory = discovery_opts.client_directory(args, keys) if not args.ingest else None
     n = 0
     try:
         with Publisher(
-            args.ingest,
+            args.ingest or None,
             args.stream,
             confirm=args.confirm,
             curve=keyopts.client_curve(args),

@@ -31,7 +31,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="multicast endpoint (repeat: A/B; default: found on --interface by the stream's name)",
     )
     p.from_env(multicast, "ZEPS_MULTICAST")
-    keyopts.add_replay(p, required=False, help="replay sidecar, e.g. tcp://10.0.0.2:5580 (default: from heartbeats)")
+    keyopts.add_replay(
+        p,
+        required=False,
+        many=True,
+        help="replay sidecar, e.g. tcp://10.0.0.2:5580 (repeat: sidecars serving the stream, tried in turn; "
+        "default: from heartbeats)",
+    )
     keyopts.add_stream(p)
     p.add_argument("--topic", action="append", default=[], help="key prefix to deliver (repeatable; default all)")
     start = p.add_mutually_exclusive_group()

@@ -13,6 +13,7 @@ the event loop never stalls and every wait keeps its deadline.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -28,8 +29,9 @@ class AsyncPublisher:
         self.sync = sync
 
     @classmethod
-    async def attach(cls, endpoint: str, stream: str, **options: Any) -> AsyncPublisher:
-        """Attach (Publisher's constructor, waiting up to its `timeout`) in a worker thread."""
+    async def attach(cls, endpoint: str | Sequence[str] | None, stream: str, **options: Any) -> AsyncPublisher:
+        """Attach (Publisher's constructor, waiting up to its `timeout`; one endpoint or several) in a worker
+        thread."""
         return cls(await asyncio.to_thread(Publisher, endpoint, stream, **options))
 
     async def publish(self, key: str, body: bytes | bytearray | memoryview, ttl: float | None = None) -> None:

@@ -15,6 +15,10 @@ One IO thread, started by the constructor, owns the ZeroMQ socket and does every
   exponential backoff and jitter, attaches again and re-sends every unconfirmed batch, in order. The gateway
   keeps, in its journal, the highest number journaled per producer and drops what it already has (confirming
   it), so a record journaled just before a crash is not journaled twice: exactly once, end to end;
+- given several ingest endpoints (the nodes of a replicated gateway), it attaches to the first and, whenever
+  the connection is lost, cannot be made (nothing listens) or is refused (a follower: "not the leader"), to
+  the next, in the order of `gateway.client.endpoints`; the re-send goes to the new node under the same
+  producer id, whose journal (replicated) holds the same per-producer numbers: exactly once across failover;
 - a Publisher that found its ingest by name keeps the directory (its fd in the IO thread's poll) and attaches
   where it says at each attach (a gateway restarted elsewhere); when the directory stops listing the endpoint
   it is attached to, it drops that connection (DOWN) for the one listed.
@@ -24,13 +28,16 @@ Connection states, all in the IO thread, each with its deadline::
     state      on                                   next
     DOWN       backoff deadline passed              ATTACHING (new socket, ATTACH sent)
     ATTACHING  ATTACH-OK                            EXTENDING (EXTEND sent)
-    ATTACHING  INVALID / CURVE refusal, first time  FAILED (the constructor raises it)
-    ATTACHING  INVALID, later / deadline / drop     DOWN (backoff doubles, capped at BACKOFF_MAX_S)
+    ATTACHING  INVALID / CURVE refusal, before the  FAILED (the constructor raises it)
+               first attach, by every endpoint
+    ATTACHING  other INVALID / refusal / deadline   DOWN (next endpoint; backoff doubles each round of them)
+               / drop / unreachable (several)
     EXTENDING  EXTEND-OK / INVALID (old gateway)    READY (every unconfirmed batch re-sent, in order)
     READY      PUBLISH-OK                           READY (confirmed batches dropped, space freed)
-    READY      INVALID "before ATTACH"              DOWN (the gateway ended the session: attach again)
+    READY      INVALID "before ATTACH", or one      DOWN (the gateway ended the session, or sends us to
+               ending "retry later" / on leaders    its leader: attach again, there if it named one)
     READY      other INVALID                        FAILED (publish/flush raise it from now on)
-    any        connection dropped                   DOWN
+    any        connection dropped                   DOWN (next endpoint)
     any        the directory no longer lists it     DOWN (attach where it lists now)
 
 Threading contract: publish(), flush(), close() and abort() may be called from any one application thread at a
@@ -51,7 +58,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import secrets
 import threading
 import time
@@ -64,6 +70,7 @@ from types import TracebackType
 import zmq
 
 from gateway.client.directory import Directory, resolve_ingest
+from gateway.client.endpoints import Endpoints
 from gateway.errors import BadRecord, BufferFull, ConfigError, PublishError
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
@@ -80,6 +87,12 @@ WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 _ids = itertools.count()  # monitor addresses
 _HEAD = len(P.head_of(P.PublishBatch, 0))  # a PUBLISH-BATCH frame's bytes before its batch
 _SESSION_LOST = "before ATTACH"  # the gateway's INVALID for a session it no longer has
+
+
+def _elsewhere(reason: str) -> bool:
+    """An INVALID that sends the publisher to another node rather than failing it: a retryable refusal, or a
+    follower's "not the leader" (which may name the leader's endpoint)."""
+    return reason.endswith(P.RETRY_LATER) or "leader" in reason
 
 
 class _State(Enum):
@@ -102,7 +115,7 @@ class _Sent:
 class Publisher:
     def __init__(
         self,
-        endpoint: str | None,
+        endpoint: str | Sequence[str] | None,
         stream: str,
         *,
         confirm: bool = False,
@@ -122,6 +135,8 @@ class Publisher:
     ) -> None:
         """Attach to `stream` at `endpoint` (waiting up to `timeout` s) and start the IO thread.
 
+        endpoint: one ingest endpoint, or several (the nodes of a replicated gateway), tried in the order given
+            and, after each loss or refusal, the next one (the module docstring; docs/client.md).
         endpoint None: the stream's ingest is found by name (gateway.client.directory), on the announcements
             heard on `interface` (or in `directory`) within `discovery_timeout` s, signed with `stream_key` if given.
 
@@ -157,7 +172,11 @@ class Publisher:
         if endpoint is None:
             keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
             self._directory, endpoint = resolve_ingest(stream, interface, directory, keys, discovery_timeout)
-        self.endpoint = endpoint
+        self._endpoints = Endpoints(endpoint, first=BACKOFF_MIN_S, cap=BACKOFF_MAX_S)  # IO thread only, once started
+        if self._endpoints.current is None:
+            raise ConfigError("no ingest endpoint given: pass one, or a list of the gateway nodes' endpoints")
+        self.endpoints = tuple(self._endpoints.all)
+        self.endpoint: str = self._endpoints.current  # the one in use (or next to try)
         self.producer_id = pid
         self._curve = curve
         self._ctx = ctx or zmq.Context.instance()
@@ -187,7 +206,6 @@ class Publisher:
         self._monitor: zmq.Socket | None = None
         self._handshake: Handshake | None = None
         self._attached_once = False
-        self._backoff = BACKOFF_MIN_S
         self._retry_at = 0.0
         self._state_deadline = 0.0
         self._due: float | None = None  # when the queue's oldest record must leave (its linger deadline)
@@ -198,9 +216,9 @@ class Publisher:
             ready = self._cond.wait_for(lambda: self._state in (_State.READY, _State.FAILED), timeout)
             if ready and self._state is _State.READY:
                 return
+            where = " or ".join(self.endpoints)
             error = self._error or PublishError(
-                f"ATTACH to stream {stream!r} at {endpoint}: no answer within {timeout} s; "
-                "is the gateway running there?"
+                f"ATTACH to stream {stream!r} at {where}: no answer within {timeout} s; is the gateway running there?"
             )
         self.abort()
         raise error
@@ -416,12 +434,15 @@ class Publisher:
             if now < self._retry_at:
                 return self._retry_at - now
             self._open()
-            return HANDSHAKE_S
+            return 0.0  # ATTACHING next: its monitor is looked at every Handshake.SLICE_S
         if state in (_State.ATTACHING, _State.EXTENDING):
             refused = self._refusal()
             if refused:
-                self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {refused}"))
-                return 1.0
+                self._refused(refused)
+                return 0.0
+            if self._handshake is not None and self._handshake.unreachable:
+                self._lost("nothing listens there")
+                return 0.0
             if now >= self._state_deadline:
                 self._lost(f"no {'ATTACH-OK' if state is _State.ATTACHING else 'EXTEND-OK'} within {HANDSHAKE_S} s")
                 return 0.0
@@ -504,6 +525,7 @@ class Publisher:
         info = self._directory.lookup(self.stream) if self._directory is not None else None
         if info is not None and info.ingest is not None and info.ingest != self.endpoint:
             log.info("publisher %016x: %s is at %s now (directory)", self.producer_id, self.stream, info.ingest)
+            self._endpoints.move_to(info.ingest)
             self.endpoint = info.ingest
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -514,11 +536,13 @@ class Publisher:
         if self._attached_once:
             self._watch_drops(sock)
         else:  # the first attach explains a silent gateway (CURVE refusals); one monitor per socket at a time
-            self._handshake = Handshake(sock)
+            self._handshake = Handshake(sock, watch_connects=self._endpoints.several)
         sock.connect(self.endpoint)
         self._sock = sock
         self._send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, self.stream)))
-        self._set_state(_State.ATTACHING, HANDSHAKE_S if self._attached_once else self.timeout)
+        # The first attach to a lone endpoint may wait the whole timeout; with others to try, each gets HANDSHAKE_S.
+        first_and_only = not self._attached_once and not self._endpoints.several
+        self._set_state(_State.ATTACHING, self.timeout if first_and_only else HANDSHAKE_S)
 
     def _receive(self) -> None:
         assert self._sock is not None
@@ -545,10 +569,12 @@ class Publisher:
                 self._ready(frozenset(granted))
             case P.Invalid() if state is _State.EXTENDING:
                 self._ready(frozenset())  # a gateway that knows no extension: plain ZEPS
-            case P.Invalid(reason=reason) if state is _State.ATTACHING and not self._attached_once:
-                self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {reason}"))
-            case P.Invalid(reason=reason) if _SESSION_LOST in reason or state is _State.ATTACHING:
+            case P.Invalid(reason=reason) if state is _State.ATTACHING:
+                self._refused(reason)
+            case P.Invalid(reason=reason) if _SESSION_LOST in reason:
                 self._lost(f"the gateway ended the session ({reason})")
+            case P.Invalid(reason=reason) if _elsewhere(reason):
+                self._lost(f"the gateway sent us elsewhere ({reason})", hint=reason, answered=True)
             case P.Invalid(reason=reason):
                 self._fail(PublishError(f"gateway: {reason}"))
             case P.PublishOk(sequence=seq, count=n) if state is _State.READY:
@@ -567,12 +593,17 @@ class Publisher:
         self._head_confirmed = 0  # a re-sent batch is confirmed whole
         for kept in self._unconfirmed:
             self._send(kept.frame)
+        self._endpoints.succeeded()
         if self._attached_once:
-            log.info("publisher %016x: attached again, %d batches re-sent", self.producer_id, len(self._unconfirmed))
+            log.info(
+                "publisher %016x: attached again at %s, %d batches re-sent",
+                self.producer_id,
+                self.endpoint,
+                len(self._unconfirmed),
+            )
         with self._cond:
             self.features = features
             self._attached_once = True
-            self._backoff = BACKOFF_MIN_S
             self._state = _State.READY
             self._cond.notify_all()
 
@@ -596,7 +627,9 @@ class Publisher:
 
     def _watch_drops(self, sock: zmq.Socket) -> None:
         # A fresh address each time: an earlier monitor's may not be released yet (libzmq closes lazily).
-        self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED, f"inproc://zeps-pub-{next(_ids)}")
+        # With other endpoints to try, a connect that fails (nothing listens) counts as a drop.
+        events = zmq.EVENT_DISCONNECTED | (zmq.EVENT_CONNECT_RETRIED if self._endpoints.several else 0)
+        self._monitor = sock.get_monitor_socket(events, f"inproc://zeps-pub-{next(_ids)}")
 
     def _drain_monitor(self) -> None:
         assert self._monitor is not None
@@ -607,23 +640,44 @@ class Publisher:
         if dropped:
             self._receive()  # what the gateway answered before the drop still counts
             if self._state not in (_State.FAILED, _State.DOWN):
-                self._lost("the connection dropped")
+                self._lost("the connection dropped (or could not be made)")
 
-    def _lost(self, why: str) -> None:
-        """-> DOWN: close the socket; try again after a backoff that doubles up to BACKOFF_MAX_S, with jitter."""
+    def _refused(self, reason: str) -> None:
+        """The current endpoint refused ATTACH (INVALID, or the CURVE handshake): the next one is tried, unless
+        this is the first attach and every endpoint has refused, which is final. "Not the leader" is no refusal:
+        a node that says so is up, and the group may be electing."""
+        if _elsewhere(reason):
+            self._lost(f"ATTACH sent elsewhere ({reason})", hint=reason, answered=True)
+        elif not self._endpoints.refused(reason) or self._attached_once:
+            self._lost(f"ATTACH refused ({reason})", hint=reason)
+        elif self._endpoints.several:
+            self._fail(
+                PublishError(
+                    f"ATTACH to stream {self.stream!r}: every endpoint refused: {self._endpoints.refused_text()}"
+                )
+            )
+        else:
+            self._fail(PublishError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {reason}"))
+
+    def _lost(self, why: str, *, hint: str = "", answered: bool = False) -> None:
+        """-> DOWN: close the socket; try the next endpoint after a backoff that doubles each round of them up to
+        BACKOFF_MAX_S, with jitter (gateway.client.endpoints)."""
         self._close_socket(linger=0)
-        self._retry_at = time.monotonic() + self._backoff * random.uniform(0.5, 1.5)
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        failed = self.endpoint
+        delay = self._endpoints.failed(hint, answered=answered)
+        self._retry_at = time.monotonic() + delay
         with self._cond:
             self.reconnects += 1
+            self.endpoint = self._endpoints.current or failed
             self._state = _State.DOWN
             self._cond.notify_all()
         log.info(
-            "publisher %016x on %s: %s; attaching again in %.2f s (%d batches unconfirmed)",
+            "publisher %016x on %s: %s; attaching at %s in %.2f s (%d batches unconfirmed)",
             self.producer_id,
-            self.endpoint,
+            failed,
             why,
-            self._retry_at - time.monotonic(),
+            self.endpoint,
+            delay,
             len(self._unconfirmed),
         )
 

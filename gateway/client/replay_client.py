@@ -75,8 +75,11 @@ class ReplayClient:
         timeout: float = 10.0,
         curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
+        fail_unreachable: bool = False,
     ) -> None:
-        """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s)."""
+        """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s).
+        `fail_unreachable`: raise ReplayError once a TCP connect fails (nothing listens), not at the deadline:
+        for a caller with other servers to try."""
         P.validate_stream_name(stream)
         self.endpoint = endpoint
         self.stream = stream
@@ -93,7 +96,7 @@ class ReplayClient:
         # monitor explains a silent handshake (CURVE refusals) and tells when a connection ends.
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        self.handshake = Handshake(self.sock, watch_drops=True)
+        self.handshake = Handshake(self.sock, watch_drops=True, watch_connects=fail_unreachable)
         self.sock.connect(endpoint)
         self._queued: list[P.Command | str] = []  # requests (and required features) held until READY
         self._window_open = False  # the initial window has been granted
@@ -220,6 +223,8 @@ class ReplayClient:
             raise ReplayRefused(f"replay server at {self.endpoint}: {why}")
         if self.handshake.dropped:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
+        if self.handshake.unreachable:
+            raise ReplayError(f"nothing listens at {self.endpoint} (connection refused)")
         if not self.ready and now >= self.deadline:
             why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
             raise ReplayError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {why}")

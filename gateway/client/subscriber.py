@@ -11,8 +11,12 @@ Sockets, all driven by the caller's thread (and the feeds by a drain thread whil
   closing it) and the *fill* connection carries bounded gap fills (FETCH), which the sidecar answers in
   order, each closed by FETCH-END.
 
-The replay endpoint may be given, or learnt from the multicast heartbeats. Records the application asked
-not to see (topic prefixes) are filtered here; the reconciler still sees every sequence.
+The replay endpoint may be given, or several (sidecars on one journal, or on the nodes of a replicated
+gateway), or learnt from the multicast heartbeats (each sidecar they name is added to the list). Replay uses
+one at a time and moves on to the next (`gateway.client.endpoints`) whenever a connection to it is lost,
+cannot be made, is refused or times out; the reconciler then asks the new one for what it still needs, so
+the application sees only a pause. Records the application asked not to see (topic prefixes) are filtered
+here; the reconciler still sees every sequence.
 
 With a stream key, multicast that does not check out with it (a rogue sender, junk) never reaches the
 reconciler: it is dropped and counted (`unauthenticated`). Replay connections use CURVE when given keys.
@@ -30,9 +34,11 @@ network does. A start that needs an answer first (a time; "latest" without multi
 journal's head when subscribing) is a probe run by the same loop; until it ends, `state` is "STARTING".
 
 Failures. A final one (`ReplayRefused`: unknown stream, protocol version, refused or missing CURVE keys,
-a corrupt journal at the server, a missing extension) is raised from `next()`/`next_batch()` once what came
-before it has been handed out, and again at every later call. Anything else (no answer, refused TCP, a
-restart) is retried after a capped exponential backoff with jitter (0.1 s doubling to 5 s); it is logged
+a corrupt journal at the server, a missing extension; with several sidecars, once every one has refused
+since the last success) is raised from `next()`/`next_batch()` once what came before it has been handed
+out, and again at every later call. Anything else (no answer, refused TCP, a restart) is retried, at the
+next sidecar if there are several, after a capped exponential backoff with jitter (0.1 s doubling to 5 s
+each round of the sidecars); it is logged
 (the first of a run as a warning), counted (`replay_retries`), and reported to `on_replay_state(state,
 error)`: "connecting", "ready", "retrying" (with the error) and "failed" (with the error).
 
@@ -61,8 +67,8 @@ from typing import Any, cast
 import zmq
 
 from gateway import reconcile as R
-from gateway.client.backoff import Backoff
 from gateway.client.directory import Directory, resolve_feeds
+from gateway.client.endpoints import Endpoints
 from gateway.client.feed_drain import FeedDrain
 from gateway.client.replay_client import DEFAULT_FEATURES, Event, ReplayClient, start_after
 from gateway.client.snapshot_view import LastValues
@@ -90,6 +96,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.02
 FEED_BURST = 256  # multicast messages taken in per turn
 REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
+MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +229,7 @@ class Subscriber:
         stream: str,
         *,
         multicast: Sequence[str] = (),
-        replay: str | None = None,
+        replay: str | Sequence[str] | None = None,
         topics: Sequence[str] = (),
         start: str | int | datetime | None = "latest",
         checkpoint: str | Path | None = None,
@@ -242,7 +249,8 @@ class Subscriber:
         discovery_timeout: float = 3.0,
         ctx: zmq.Context | None = None,
     ) -> None:
-        """`view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+        """`replay`: a sidecar endpoint, or several serving the same stream, tried in turn (module docstring).
+        `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
         `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring.
         `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
         `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
@@ -261,7 +269,9 @@ class Subscriber:
         self.topics = tuple(topics)
         self.prefixes = tuple(t.encode() for t in topics)
         self.pattern = topics[0] if len(topics) == 1 else ""
-        self.replay_endpoint = replay
+        # The sidecars, tried in turn; with none given, those the heartbeats name.
+        self.sidecars = Endpoints(replay or (), first=0.1, cap=5.0)
+        self.sidecars_given = bool(self.sidecars.all)
         self.replay_timeout = replay_timeout
         self.curve = curve
         # With a key (two while one is rotated), only multicast that checks out with it is let in.
@@ -287,7 +297,6 @@ class Subscriber:
         self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
         self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
-        self.backoff = Backoff()
         self.unready_since: float | None = None  # the first connection opened since one was last ready
         self.replay_state = "connecting"
         self.on_replay_state = on_replay_state
@@ -405,6 +414,11 @@ class Subscriber:
     @property
     def state(self) -> str:
         return "STARTING" if self.reconciler is None else self.reconciler.state.name
+
+    @property
+    def replay_endpoint(self) -> str | None:
+        """The replay sidecar in use, or next to try (None until one is known)."""
+        return self.sidecars.current
 
     @property
     def head(self) -> int:
@@ -538,8 +552,14 @@ class Subscriber:
             self._reject(feed, exc)
             return
         if isinstance(item, Heartbeat):
-            if self.replay_endpoint is None and item.replay:
-                self.replay_endpoint = item.replay
+            learnt = self.sidecars.all
+            if (
+                item.replay
+                and not self.sidecars_given
+                and item.replay not in learnt
+                and len(learnt) < MAX_LEARNT_SIDECARS
+            ):
+                self.sidecars.add(item.replay)
                 log.info("replay sidecar found from heartbeats: %s", item.replay)
             if self.reconciler is not None:
                 self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed), now))
@@ -560,14 +580,19 @@ class Subscriber:
                     break
                 self._on_replay(client, event, now)
         except ReplayRefused as exc:
-            self._fail(exc)
+            if not self.sidecars.refused(exc.reason):
+                self._replay_lost(now, exc.reason, hint=exc.reason)
+            elif self.sidecars.several:
+                self._fail(type(exc)(f"every replay sidecar refused: {self.sidecars.refused_text()}"))
+            else:
+                self._fail(exc)
         except ReplayError as exc:
             self._replay_lost(now, exc.reason)
         else:
             if client.ready and client in self._replay_clients():
                 self.unready_since = None
                 if self.replay_state != "ready":
-                    self.backoff.reset()
+                    self.sidecars.succeeded()
                     self._set_replay_state("ready", None)
 
     def _on_replay(self, client: ReplayClient, event: Event, now: float) -> None:
@@ -672,7 +697,7 @@ class Subscriber:
         info = self.directory.lookup(self.stream) if self.directory is not None else None
         if info is not None and info.sidecar and info.sidecar != self.replay_endpoint:
             log.info("%s: replay sidecar at %s (announced)", self.stream, info.sidecar)
-            self.replay_endpoint = info.sidecar
+            self.sidecars.move_to(info.sidecar)
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
         # The handshake deadline runs from the first connection opened since one was ready, so that the
@@ -688,6 +713,7 @@ class Subscriber:
             timeout=max(0.001, self.unready_since + self.replay_timeout - now),
             curve=self.curve,
             ctx=self.ctx,
+            fail_unreachable=self.sidecars.several,
         )
 
     def _close_replay(self) -> None:
@@ -706,12 +732,13 @@ class Subscriber:
         if connected and info is not None and info.sidecars and self.replay_endpoint not in info.sidecars:
             self._replay_lost(now, f"{self.replay_endpoint} is no longer announced; {info.sidecar} is")
 
-    def _replay_lost(self, now: float, reason: str) -> None:
+    def _replay_lost(self, now: float, reason: str, *, hint: str = "") -> None:
+        """The sidecar in use failed (`hint`: its refusal, which may name another): the next one, after a backoff."""
         # The first failure of a run is a warning; the retries that follow it are debug lines.
-        level = logging.WARNING if self.backoff.failures == 0 else logging.DEBUG
-        delay = self.backoff.next()
+        level = logging.WARNING if self.sidecars.backoff.failures == 0 else logging.DEBUG
+        delay = self.sidecars.failed(hint)
         self.stats.replay_retries += 1
-        log.log(level, "%s: replay: %s; retrying in %.2f s", self.stream, reason, delay)
+        log.log(level, "%s: replay: %s; retrying at %s in %.2f s", self.stream, reason, self.replay_endpoint, delay)
         self._close_replay()
         self.unready_since = None
         if self.replay_up:
@@ -729,7 +756,7 @@ class Subscriber:
         try:
             self.fill = self._connect()
         except ReplayError:  # no endpoint known yet
-            self.reconnect_at = now + self.backoff.next()
+            self.reconnect_at = now + self.sidecars.backoff.next()
             return
         self.replay_up = True
         self.stats.replay_reconnects += 1

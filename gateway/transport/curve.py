@@ -277,19 +277,26 @@ class Handshake:
     A refused CURVE handshake looks like silence to a ZeroMQ client (it retries for ever); the monitor
     says why, at once. Start before connect; `close()` once the server has answered, or keep it open with
     `watch_drops` to learn (`dropped`) when an established connection ends: a killed or silent server.
+    With `watch_connects`, `unreachable` says a TCP connect failed since the last handshake (nothing listens
+    there): a client with other servers to try need not wait for its deadline. libzmq reports a retry after
+    any ended connection (a refused handshake too), so only a retry with no connection since the one before
+    counts.
     """
 
     SLICE_S = 0.05  # how often a wait for the first answer looks at the monitor
     CONCLUSIVE = 3  # failed attempts after which even an unexplained refusal ends the wait
 
-    def __init__(self, sock: zmq.Socket, *, watch_drops: bool = False) -> None:
+    def __init__(self, sock: zmq.Socket, *, watch_drops: bool = False, watch_connects: bool = False) -> None:
         self.sock = sock
         events = _REFUSALS | zmq.EVENT_HANDSHAKE_SUCCEEDED | (zmq.EVENT_DISCONNECTED if watch_drops else 0)
+        events |= zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED if watch_connects else 0
         # An address of its own: pyzmq's default names it after the socket's fd, which a new socket may reuse
         # while a closed one's monitor is still bound ("Address already in use").
         self.monitor: zmq.Socket | None = sock.get_monitor_socket(events, f"inproc://zeps.handshake.{next(_monitors)}")
         self.established = False  # a handshake succeeded
         self.dropped = False  # an established connection ended (with watch_drops); refusals end none
+        self.unreachable = False  # a connect failed since the last handshake (with watch_connects)
+        self._connected = False  # a TCP connection was made since the last retry
         self.keyless = sock.get(zmq.MECHANISM) == zmq.NULL
         self.failure: str | None = None
         self.certainty = -1  # of `failure`: the most specific reason seen is kept
@@ -314,9 +321,14 @@ class Handshake:
             event = recv_monitor_message(self.monitor)
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.failure, self.certainty, self.failed = None, -1, 0
-                self.established = True
+                self.established, self.unreachable = True, False
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.dropped = self.established
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                self._connected = True
+            elif event["event"] == zmq.EVENT_CONNECT_RETRIED:
+                self.unreachable = self.unreachable or not self._connected
+                self._connected = False
             elif event["event"] & _REFUSALS:
                 self.failed += 1
                 certainty, reason = refusal(event["event"], event["value"], client=True, keyless=self.keyless)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import selectors
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import zmq
-from support.servers import Stream, free_port
+from support.deadlines import SLACK_S, exercise_deadlines
+from support.servers import Side, Stream, free_port, side
 
 from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.subscriber import Subscriber
@@ -29,60 +29,6 @@ from gateway.tools.deployment import Keys
 from gateway.wire import protocol as P
 
 pytestmark = pytest.mark.timeout(120)
-
-SLACK_S = 0.05  # how late next(timeout) may return
-
-
-class Side:
-    """`zeps replay` on a fixed loopback port, so it can be killed and started again at the same address."""
-
-    def __init__(self, root: Path, port: int, *extra: str) -> None:
-        self.root, self.port, self.extra = root, port, extra
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.log = root.parent / f"replay-{port}-{time.monotonic_ns()}.log"
-        self.proc: subprocess.Popen | None = None
-        self.start()
-
-    def start(self) -> None:
-        argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(self.root), "--bind", self.endpoint]
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen([*argv, *self.extra], stdout=subprocess.PIPE, stderr=err)
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
-        assert sel.select(timeout=20), f"zeps replay printed nothing within 20 s: {self.stderr()}"
-        assert "serving" in self.proc.stdout.readline().decode()  # type: ignore[union-attr]
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        assert "Traceback" not in self.stderr(), self.stderr()
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-@contextlib.contextmanager
-def side(root: Path, *extra: str, port: int | None = None) -> Iterator[Side]:
-    s = Side(root, port or free_port(), *extra)
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 @contextlib.contextmanager
@@ -108,30 +54,6 @@ def half_server() -> Iterator[str]:
         stop.set()
         thread.join(5)
         router.close()
-
-
-def timed_next(sub: Subscriber, timeout: float) -> float:
-    """How long next(timeout) took, raising or not; asserts it kept its deadline."""
-    began = time.monotonic()
-    with contextlib.suppress(ReplayRefused):
-        sub.next(timeout=timeout)
-    took = time.monotonic() - began
-    assert took <= timeout + SLACK_S, f"next(timeout={timeout}) took {took:.3f} s in state {sub.replay_state}"
-    return took
-
-
-def exercise_deadlines(sub: Subscriber, seconds: float) -> set[str]:
-    """next() with several timeouts for `seconds` (through handshake deadlines and retries); the replay
-    states seen."""
-    seen = {sub.replay_state}
-    end = time.monotonic() + seconds
-    timeouts = (0.0, 0.01, 0.1, 0.25)
-    i = 0
-    while time.monotonic() < end:
-        timed_next(sub, timeouts[i % len(timeouts)])
-        seen.add(sub.replay_state)
-        i += 1
-    return seen
 
 
 def new_subscriber(endpoint: str, **options) -> Subscriber:

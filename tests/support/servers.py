@@ -43,8 +43,10 @@ class GatewayProcess:
         self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
         self.wait_ready()
 
-    def restart(self) -> None:
-        """Start it again on the same endpoint and journal (after kill9 or stop)."""
+    def restart(self, ingest: str | None = None) -> None:
+        """Start it again on the same journal (after kill9 or stop), on the same endpoint or on `ingest`."""
+        if ingest is not None:
+            self.argv[self.argv.index(self.ingest)] = self.ingest = ingest
         self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
         self.wait_ready()
 
@@ -132,6 +134,58 @@ def start_sidecar(root: Path, *extra: str) -> Iterator[Sidecar]:
         log.close()
         assert code == 0, f"zeps replay exited {code} on SIGTERM: {stderr}"
         assert "Traceback" not in stderr, stderr
+
+
+class Side:
+    """`zeps replay` on a fixed loopback port, so it can be killed and started again at the same address."""
+
+    def __init__(self, root: Path, port: int, *extra: str) -> None:
+        self.root, self.port, self.extra = root, port, extra
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.log = root.parent / f"replay-{port}-{time.monotonic_ns()}.log"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(self.root), "--bind", self.endpoint]
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen([*argv, *self.extra], stdout=subprocess.PIPE, stderr=err)
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        assert sel.select(timeout=20), f"zeps replay printed nothing within 20 s: {self.stderr()}"
+        assert "serving" in self.proc.stdout.readline().decode()  # type: ignore[union-attr]
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        assert "Traceback" not in self.stderr(), self.stderr()
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def side(root: Path, *extra: str, port: int | None = None) -> Iterator[Side]:
+    s = Side(root, port or free_port(), *extra)
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
 class Stream:

@@ -1,0 +1,108 @@
+"""`Endpoints`: several servers that can each do a client's job, tried in turn (sans-IO).
+
+The servers are the nodes of a replicated gateway (whichever leads takes ingest) or several replay sidecars
+(any of them serves the stream). A client uses the `current` one until it fails it, then moves on:
+
+- in order: the first listed, then on each failure the next, wrapping around. A refusal that names another
+  listed endpoint (a follower naming the leader) sends the client there next instead;
+- waiting between tries with capped exponential backoff and jitter (`Backoff`) that grows once per *round*
+  (every endpoint tried and failed once), not per try: a client whose server died goes on to the next one
+  after the first delay, while a client cut off from them all does not knock on every door at full speed.
+  A server that answers "not me, try elsewhere" (a follower while the group elects its leader) is alive:
+  that answer starts the rounds again from the first delay, so the client finds the new leader within about
+  that delay of its election rather than after a wait that grew during it;
+- a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
+  endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
+  becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
+  listening, killed, silent) refuses nothing: that server may come back.
+
+`succeeded()` after a handshake ends well resets the rounds and the refusals. One endpoint behaves as the
+clients did before lists: every failure is a round of its own, and its first refusal is all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.client.backoff import Backoff
+from gateway.errors import ConfigError
+
+
+class Endpoints:
+    """A rotation over endpoints with per-round backoff and per-endpoint refusals. Not thread-safe."""
+
+    def __init__(self, endpoints: str | Sequence[str], *, first: float, cap: float) -> None:
+        listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if any(not isinstance(e, str) or not e for e in listed):
+            raise ConfigError(f"endpoints {endpoints!r} must be non-empty strings, e.g. tcp://10.0.0.1:5570")
+        self.all = list(dict.fromkeys(listed))  # listed order, each once
+        self.at = 0
+        self.backoff = Backoff(first, cap)
+        self.refusals: dict[str, str] = {}  # endpoint -> its latest refusal, since the last success
+        self._tried = 0  # failures in this round
+        self._delay = 0.0
+
+    @property
+    def current(self) -> str | None:
+        return self.all[self.at] if self.all else None
+
+    @property
+    def several(self) -> bool:
+        return len(self.all) > 1
+
+    @property
+    def all_refused(self) -> bool:
+        return bool(self.all) and all(e in self.refusals for e in self.all)
+
+    def refused(self, reason: str) -> bool:
+        """The current endpoint answered no: remembered until a success. True if every endpoint has now."""
+        if self.current is not None:
+            self.refusals[self.current] = reason
+        return self.all_refused
+
+    def failed(self, hint: str = "", *, answered: bool = False) -> float:
+        """The current endpoint failed: move to the next one (to a listed endpoint that `hint`, the server's
+        reason, names, if any); the delay before trying it, in seconds. `answered`: it is up and sent the
+        client elsewhere (the backoff starts again)."""
+        current = self.current
+        if current is None:
+            return self.backoff.next()
+        if answered:
+            self.backoff.reset()
+            self._tried = 0
+        if self._tried % len(self.all) == 0:  # a new round
+            self._delay = self.backoff.next()
+        self._tried += 1
+        named = next((i for i, e in enumerate(self.all) if e != current and _names(hint, e)), None)
+        self.at = named if named is not None else (self.at + 1) % len(self.all)
+        return self._delay
+
+    def succeeded(self) -> None:
+        self.backoff.reset()
+        self.refusals.clear()
+        self._tried = 0
+
+    def add(self, endpoint: str) -> None:
+        """Add `endpoint` at the end if it is new (one learnt from the servers); it is current if it is the first."""
+        if endpoint not in self.all:
+            self.all.append(endpoint)
+
+    def move_to(self, endpoint: str) -> None:
+        """Make `endpoint` current (added at the end if it is new): one that a directory names."""
+        self.add(endpoint)
+        self.at = self.all.index(endpoint)
+
+    def refused_text(self) -> str:
+        """Every refusal, one clause per endpoint (named, unless the refusal does)."""
+        return "; ".join(why if e in why else f"{e}: {why}" for e, why in self.refusals.items())
+
+
+def _names(text: str, endpoint: str) -> bool:
+    """`text` names `endpoint` (tcp://h:5570 is not named by tcp://h:55700)."""
+    at = text.find(endpoint)
+    while at >= 0:
+        end = at + len(endpoint)
+        if end == len(text) or not text[end].isdigit():
+            return True
+        at = text.find(endpoint, at + 1)
+    return False

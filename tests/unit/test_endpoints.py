@@ -1,0 +1,85 @@
+"""`Endpoints`: the order in which a client tries its servers, the backoff between rounds, and when a refusal
+becomes final."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.client.endpoints import Endpoints
+from gateway.errors import ConfigError
+
+A, B, C = "tcp://10.0.0.1:5570", "tcp://10.0.0.2:5570", "tcp://10.0.0.3:5570"
+
+
+def tries(e: Endpoints, n: int, hint: str = "") -> list[str | None]:
+    out = []
+    for _ in range(n):
+        e.failed(hint)
+        out.append(e.current)
+    return out
+
+
+def test_in_the_order_given_wrapping_around_each_once() -> None:
+    e = Endpoints([A, B, A, C], first=0.1, cap=5.0)
+    assert e.all == [A, B, C] and e.current == A and e.several
+    assert tries(e, 4) == [B, C, A, B]
+    single = Endpoints(A, first=0.1, cap=5.0)
+    assert tries(single, 2) == [A, A] and not single.several
+
+
+def test_the_backoff_grows_once_a_round_not_once_a_try() -> None:
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    delays = [e.failed() for _ in range(9)]
+    assert delays[0] == delays[1] == delays[2] <= 0.1  # round 1: the first delay for each
+    assert delays[3] == delays[4] == delays[5] and 0.1 <= delays[3] <= 0.2
+    assert 0.2 <= delays[6] <= 0.4
+    e.succeeded()
+    assert e.failed() <= 0.1
+    single = Endpoints(A, first=0.1, cap=0.4)
+    ceilings = [0.1, 0.2, 0.4, 0.4]
+    assert all(c / 2 <= single.failed() <= c for c in ceilings)  # every failure is a round of its own
+
+
+def test_a_refusal_naming_a_listed_endpoint_goes_there_next() -> None:
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed(f"not the leader; the leader is {C}: retry later")
+    assert e.current == C
+    e.failed(f"not the leader; the leader is {C}5")  # another port: not named
+    assert e.current == A
+    e.failed(f"it is {A}")  # the endpoint that refused is no hint
+    assert e.current == B
+
+
+def test_a_refusal_is_final_once_every_endpoint_refused_since_a_success() -> None:
+    e = Endpoints([A, B], first=0.1, cap=5.0)
+    assert not e.refused("unknown stream")
+    e.failed()
+    e.failed()  # B failed without an answer: not a refusal
+    assert e.current == A and not e.refused("unknown stream")
+    e.failed()
+    assert e.refused("keys refused") and e.refused_text() == f"{A}: unknown stream; {B}: keys refused"
+    e.succeeded()
+    assert not e.refusals and not e.all_refused
+    assert Endpoints(A, first=0.1, cap=5.0).refused("unknown stream")  # one endpoint: its refusal is all of them
+
+
+def test_learnt_endpoints_join_the_rotation() -> None:
+    e = Endpoints((), first=0.1, cap=5.0)
+    assert e.current is None and not e.all_refused and 0 < e.failed() <= 0.1
+    e.add(A)
+    e.add(B)
+    e.add(A)
+    assert e.current == A and e.all == [A, B]
+    e.move_to(C)
+    assert e.current == C and e.all == [A, B, C]
+    with pytest.raises(ConfigError, match="non-empty strings"):
+        Endpoints([A, ""], first=0.1, cap=5.0)
+
+
+def test_a_server_that_sends_the_client_elsewhere_starts_the_rounds_again() -> None:
+    e = Endpoints([A, B], first=0.1, cap=5.0)
+    for _ in range(6):
+        e.failed()
+    assert e.failed() >= 0.4  # nothing answered for three rounds
+    assert e.failed("not the leader: retry later", answered=True) <= 0.1  # a follower: the group is electing
+    assert e.failed() <= 0.1 and e.failed() <= 0.2  # the dead one, then a round of its own
