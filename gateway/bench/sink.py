@@ -84,23 +84,26 @@ def run(settings: Settings) -> Result:
             gateway(Path(tmp) / "journal") as ingest,
             session("zeps-bench-sink", master="local[2]") as spark,
         ):
+            from pyspark.sql import DataFrame
             from pyspark.sql import functions as F
 
-            df = spark.range(count, numPartitions=2).select(
-                F.format_string("key%03d", F.col("id") % KEYS).alias("key"),
-                F.lit(b"x" * BODY).alias("body"),
-            )
-            df = df.cache()
+            def frame(n: int) -> DataFrame:
+                return spark.range(n, numPartitions=2).select(
+                    F.format_string("key%03d", F.col("id") % KEYS).alias("key"), F.lit(b"x" * BODY).alias("body")
+                )
+
+            def write(df: DataFrame) -> None:
+                df.write.format("zeps").option("ingest", ingest).option("stream", STREAM).mode("append").save()
+
+            df = frame(count).cache()
             df.count()
             progress(f"gateway at {ingest}, {count:,} records cached in 2 partitions; a write to warm up")
-            df.limit(count // 10).write.format("zeps").option("ingest", ingest).option("stream", STREAM).mode(
-                "append"
-            ).save()  # not timed: Python workers start, modules load
+            write(frame(count // 10))  # not timed: Python workers start, modules load
 
             def once(_: int) -> dict[str, float]:
                 head = _head(Path(tmp) / "journal")
                 start = time.perf_counter()
-                df.write.format("zeps").option("ingest", ingest).option("stream", STREAM).mode("append").save()
+                write(df)
                 seconds = time.perf_counter() - start
                 if (got := _head(Path(tmp) / "journal") - head) != count:
                     raise BenchError(f"the journal took {got:,} records of a write of {count:,}")
