@@ -12,6 +12,9 @@ FETCHes of sequence ranges, which return the same records however often they are
 a file sink gets every record exactly once across failures and restarts. maxRecordsPerBatch caps a micro-batch;
 trigger(availableNow=True) reads up to the head as it was at query start, then stops.
 
+Writing, into a gateway (``df.write.format("zeps").option("ingest", EP).option("stream", S)``, and writeStream):
+gateway.spark.sink, exactly once across task retries and query restarts.
+
 Readers are pickled to the Python workers, so they hold only options; files and sockets are opened in read().
 Options are listed in docs/spark.md.
 """
@@ -23,21 +26,30 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
 
-from gateway.client.position import parse_position
 from gateway.client.replay_client import ReplayClient, probe
 from gateway.errors import JournalTrimmed, ReplayError
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments
+from gateway.spark import options as opt
 from gateway.spark.arrow import record_batches, spark_schema
+from gateway.spark.options import LAST
+from gateway.spark.sink import stream_writer, writer
 from gateway.wire import protocol as P
 from gateway.wire.batch import MAX_SEQ, Batch
 
 log = logging.getLogger(__name__)
 
-LAST = 2**63 - 1  # Spark's BIGINT holds sequences up to here
 RECORDS_PER_PARTITION = 100_000  # streaming: a micro-batch's range is split into FETCHes of this many sequences
 
 
@@ -58,13 +70,19 @@ class ZepsDataSource(DataSource):
         return "zeps"
 
     def schema(self) -> str:
-        return spark_schema(_flag(self.options, "journalTime"))
+        return spark_schema(opt.flag(self.options, "journalTime"))
 
     def reader(self, schema: object) -> DataSourceReader:
         return JournalScan.from_options(self.options)
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
         return ReplayStream.from_options(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return stream_writer(self.options, schema)
 
 
 # --- batch: the journal directories ----------------------------------------------------------------------
@@ -97,12 +115,12 @@ class JournalScan(DataSourceReader):
             raise ValueError("zeps: give the journal root: spark.read.format('zeps').load(DIR) or option journal=DIR")
         return cls(
             root,
-            _required(options, "stream", "the stream to read"),
-            lo=_integer(options, "fromSeq", 1),
-            hi=_integer(options, "toSeq", LAST),
-            from_ns=_time(options, "fromTime"),
-            to_ns=_time(options, "toTime"),
-            journal_time=_flag(options, "journalTime"),
+            opt.required(options, "stream", "the stream to read"),
+            lo=opt.integer(options, "fromSeq", 1),
+            hi=opt.integer(options, "toSeq", LAST),
+            from_ns=opt.time_ns(options, "fromTime"),
+            to_ns=opt.time_ns(options, "toTime"),
+            journal_time=opt.flag(options, "journalTime"),
         )
 
     def bounds(self) -> tuple[int, int]:
@@ -182,13 +200,13 @@ class ReplayStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if starting not in ("earliest", "latest") and not starting.isdigit():
             raise ValueError(f"zeps: startingSeq {starting!r}: use 'earliest', 'latest' or a sequence number")
         return cls(
-            _required(options, "replay", "the replay sidecar's endpoint, e.g. tcp://127.0.0.1:5571"),
-            _required(options, "stream", "the stream to read"),
+            opt.required(options, "replay", "the replay sidecar's endpoint, e.g. tcp://127.0.0.1:5571"),
+            opt.required(options, "stream", "the stream to read"),
             starting=starting,
-            max_records=_integer(options, "maxRecordsPerBatch", 0),
-            records_per_partition=_integer(options, "recordsPerPartition", RECORDS_PER_PARTITION, minimum=1),
-            timeout=_seconds(options, "timeout", 10.0),
-            journal_time=_flag(options, "journalTime"),
+            max_records=opt.integer(options, "maxRecordsPerBatch", 0),
+            records_per_partition=opt.integer(options, "recordsPerPartition", RECORDS_PER_PARTITION, minimum=1),
+            timeout=opt.seconds(options, "timeout", 10.0),
+            journal_time=opt.flag(options, "journalTime"),
         )
 
     def _client(self) -> ReplayClient:
@@ -246,50 +264,3 @@ class ReplayStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 elif isinstance(event, P.FetchEnd) and event.request_id == rid:
                     return
             raise ReplayError(f"FETCH {lo}..{hi}: replay server at {self.endpoint} sent nothing for {self.timeout} s")
-
-
-# --- options ---------------------------------------------------------------------------------------------
-
-
-def _required(options: Mapping[str, str], name: str, what: str) -> str:
-    value = options.get(name)
-    if not value:
-        raise ValueError(f"zeps: option {name} is required ({what})")
-    return value
-
-
-def _integer(options: Mapping[str, str], name: str, default: int, *, minimum: int = 0) -> int:
-    text = options.get(name)
-    if text is None:
-        return default
-    if not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"zeps: option {name}={text!r}: expected an integer >= {minimum}")
-    return min(int(text), LAST)
-
-
-def _seconds(options: Mapping[str, str], name: str, default: float) -> float:
-    text = options.get(name)
-    try:
-        value = default if text is None else float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"zeps: option {name}={text!r}: expected seconds > 0")
-    return value
-
-
-def _time(options: Mapping[str, str], name: str) -> int | None:
-    """A time option: nanoseconds since the epoch, or ISO-8601 (UTC unless it has a zone)."""
-    text = options.get(name)
-    if text is None:
-        return None
-    if text.isdigit():
-        return int(text)
-    try:
-        return parse_position(text)[1]
-    except ValueError:
-        raise ValueError(f"zeps: option {name}={text!r}: expected ns since the epoch or an ISO-8601 time") from None
-
-
-def _flag(options: Mapping[str, str], name: str) -> bool:
-    return options.get(name, "false").lower() in ("true", "1", "yes")

@@ -1,6 +1,7 @@
 """The `zeps` data source on a Spark standalone cluster: master, two workers and the driver on hosts of their own
-in a namespace lab, the replay sidecar on another. Executors are separate JVMs and Python workers that unpickle
-the readers and reach the sidecar over the lab network, as on a real cluster."""
+in a namespace lab, the replay sidecar and a gateway on another. Executors are separate JVMs and Python workers
+that unpickle the readers and writers and reach the sidecar and the gateway over the lab network, as on a real
+cluster."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.servers import Stream
-from support.spark_cluster import Cluster, batch_read, stream_read
+from support.servers import Stream, journal_records
+from support.spark_cluster import Cluster, batch_read, stream_read, stream_sink
 
+from gateway.errors import NotAJournal
+from gateway.journal import JournalReader
 from netlab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 REPLAY_PORT = 5571
+INGEST_PORT = 5570
 PER_BATCH = 100  # records per journal batch
 RECORDS = PER_BATCH * 200
 
 
 @pytest.fixture
 def cluster(make_lab: Callable[..., Lab], tmp_path: Path) -> Iterator[tuple[Lab, Cluster, str]]:
-    """The lab, the cluster, and the sidecar's endpoint (journal at tmp_path / "journal")."""
+    """The lab, the cluster, and the sidecar's endpoint (journal at tmp_path / "journal"); on host gw also a
+    gateway journaling stream "derived" (journal at tmp_path / "gateway", ingest on INGEST_PORT)."""
     lab = make_lab(["gw", "master", "w1", "w2", "drv"])
     journal = tmp_path / "journal"
     journal.mkdir()
@@ -33,13 +38,17 @@ def cluster(make_lab: Callable[..., Lab], tmp_path: Path) -> Iterator[tuple[Lab,
     replay_log = open(tmp_path / "replay.log", "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(journal), "--bind", endpoint]
     sidecar = lab.popen("gw", argv, stdout=replay_log, stderr=subprocess.STDOUT)
+    ingest = f"tcp://{lab.host('gw').ip}:{INGEST_PORT}"
+    argv = [sys.executable, "-m", "gateway.cli", "gateway", "--journal", str(tmp_path / "gateway"), "--ingest", ingest]
+    gateway = lab.popen("gw", [*argv, "--stream", "derived"], stdout=replay_log, stderr=subprocess.STDOUT)
     spark = Cluster(lab, tmp_path / "spark")
     try:
         yield lab, spark, endpoint
     finally:
         spark.stop()
-        sidecar.terminate()
-        sidecar.wait(10)
+        for proc in (sidecar, gateway):
+            proc.terminate()
+            proc.wait(10)
         replay_log.close()
 
 
@@ -78,6 +87,28 @@ def test_batch_and_streaming_reads_on_the_cluster_survive_a_killed_executor_and_
     again = lab.run("drv", stream_read, spark.url, driver_ip, work, replay, "ticks", 2_000, timeout=300)
     assert (again["rows"], again["distinct"], again["first"], again["last"]) == (total, total, 1, total)
     stream.writer.close()
+
+    # Streaming write: the sidecar's stream published through the `zeps` sink into the gateway, with an executor
+    # killed -9 once the gateway has journaled some of it. Spark runs the lost tasks again as the same producers:
+    # the derived stream holds every record once, in order.
+    ingest = f"tcp://{lab.host('gw').ip}:{INGEST_PORT}"
+    job = lab.start("drv", stream_sink, spark.url, driver_ip, work, replay, "ticks", ingest, "derived", 2_000)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and _journaled(tmp_path / "gateway", "derived") < 2_000:
+        time.sleep(0.05)
+    assert _journaled(tmp_path / "gateway", "derived") < total, "the sink finished before the kill"
+    killed = spark.kill_executor("w1" if spark.executors("w1") else "w2")
+    assert job.join(300), "the streaming sink query did not finish"
+    assert killed and job.result()["batches"] >= total // 2_000
+    expected = [(r.key, bytes(r.body)) for r in stream.records]
+    assert [(key, body) for _, key, body in journal_records(tmp_path / "gateway", "derived")] == expected
+
+
+def _journaled(root: Path, stream: str) -> int:
+    try:
+        return JournalReader(root, stream).last_seq
+    except NotAJournal:
+        return 0
 
 
 def test_cluster_processes_are_ours_and_stop(cluster: tuple[Lab, Cluster, str]) -> None:

@@ -1,7 +1,7 @@
 """The data pipeline on a real local Spark: the `zeps` data source (batch over the journal, streaming over a real
 `zeps replay` sidecar), `zeps export` and `zeps analyze`, and the Spark-less install.
 
-One Spark session serves every test here (a session starts in 4-9 s); it is local[2] and bound to loopback.
+One Spark session (tests/process/conftest.py) serves every Spark test; it is local[2] and bound to loopback.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import base64
 import itertools
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -29,7 +28,6 @@ from support.servers import start_sidecar
 from gateway.cli.main import main
 from gateway.journal import JournalWriter, iso_utc
 from gateway.journal.layout import idx_path, list_segments, seg_path
-from gateway.spark import get_session
 from gateway.spark.analyze import ACCURACY, NS, QUANTILES, analyze, summary
 from gateway.spark.source import JournalScan, ReplayStream, SeqRange
 from gateway.wire import batch as B
@@ -39,28 +37,6 @@ STREAM = "ticks"
 
 
 # --- fixtures -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """One local Spark for the whole test session: small, quiet, loopback only."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = get_session(
-        "zeps-tests",
-        master="local[2]",
-        conf={
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.default.parallelism": "2",
-            "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
-        },
-    )
-    try:
-        yield session
-    finally:
-        session.stop()
 
 
 @dataclass

@@ -159,3 +159,32 @@ def stream_read(master: str, driver_ip: str, work: str, replay: str, stream: str
         return _summary(spark.read.parquet(str(out_dir)))
     finally:
         spark.stop()
+
+
+def stream_sink(
+    master: str, driver_ip: str, work: str, replay: str, stream: str, ingest: str, sink: str, per_batch: int
+) -> dict[str, int]:
+    """One availableNow query from the sidecar's `stream` into the gateway's `sink` through the `zeps` sink,
+    on a checkpoint under `work`; the micro-batches it ran."""
+    spark = _session(master, driver_ip, work)
+    try:
+        query = (
+            spark.readStream.format("zeps")
+            .option("replay", replay)
+            .option("stream", stream)
+            .option("maxRecordsPerBatch", str(per_batch))
+            .load()
+            .select("key", "body")
+            .writeStream.format("zeps")
+            .option("ingest", ingest)
+            .option("stream", sink)
+            .option("checkpointLocation", str(Path(work) / "sink-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(300)
+        if query.exception() is not None:
+            raise RuntimeError(f"the streaming query failed: {query.exception()}")
+        return {"batches": len(query.recentProgress)}
+    finally:
+        spark.stop()
