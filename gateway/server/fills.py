@@ -158,7 +158,9 @@ class FillAnswerer:
         if batch.nbytes <= self._room:
             yield batch.buf
             return
-        part = batch if (lo, hi) == (batch.first_seq, batch.last_seq) else B.Batch.parse(batch.part(lo, hi), check_crc=False)
+        part = batch
+        if (lo, hi) != (batch.first_seq, batch.last_seq):
+            part = B.Batch.parse(batch.part(lo, hi), check_crc=False)
         for _, piece in part.split(self._room):
             yield piece
 

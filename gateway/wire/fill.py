@@ -54,7 +54,7 @@ class FillRequest:
 
 def encode_request(req: FillRequest, key: StreamKey | None = None) -> bytes:
     name = req.stream.encode()
-    if not (0 <= req.request_id <= MAX_REQUEST_ID and 1 <= req.first and 1 <= req.count <= MAX_COUNT):
+    if not (0 <= req.request_id <= MAX_REQUEST_ID and req.first >= 1 and 1 <= req.count <= MAX_COUNT):
         raise FillError(f"request {req.request_id} of {req.first} x {req.count} does not fit a fill datagram")
     if not 1 <= len(name) <= MAX_STREAM:
         raise FillError(f"a stream name has 1 to {MAX_STREAM} bytes, not {len(name)}")

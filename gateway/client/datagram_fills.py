@@ -1,0 +1,182 @@
+"""`DatagramFills`: a subscriber's gap fills by datagram, hedged on a timer, escalated to TCP FETCH.
+
+The reconciler asks for a bounded range (`Request`); the subscriber hands a small one to `ask` instead of
+sending FETCH: one re-request datagram to the sidecar's fill port (gateway.wire.fill), answered by unicast
+datagrams of record batches, which `receive` returns as (request id, batch) for the reconciler, exactly as
+FETCH answers are. Whatever is lost on the way, request or answer, is asked for again after a short timer,
+from the first sequence still missing; after `tries` datagrams without progress the range is handed back
+(`expire`) for the subscriber to FETCH over TCP under the same request id: the fallback when the fill port is
+off, unreachable or its answers keep being lost. The reconciler never knows which path carried an answer;
+its own progress timeout (seconds) stays the backstop for both.
+
+The timer follows the measured round trip (Karn's rule: only answers to a first datagram are samples):
+srtt + 4 x rttvar, within `MIN_WAIT_S`..`MAX_WAIT_S`, `FIRST_WAIT_S` before the first sample.
+
+Never blocking: the socket is non-blocking; a send refused by a full buffer counts as a lost datagram. Only
+datagrams from the sidecar's address are read, and only answers that decode (with a stream key: that carry
+its tag) are used; the rest are counted in `rejected`. Threading: one thread, the subscriber's poll loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from dataclasses import dataclass
+
+from gateway.errors import FillError
+from gateway.transport.udp import MAX_DATAGRAM
+from gateway.wire import batch as B
+from gateway.wire import fill as F
+from gateway.wire.streamkey import StreamKey
+
+FIRST_WAIT_S = 0.01
+MIN_WAIT_S = 0.002
+MAX_WAIT_S = 0.05
+TRIES = 4  # datagrams per range without progress before TCP takes it
+MAX_RECORDS = 256  # larger ranges go to TCP at once
+
+
+@dataclass(slots=True)
+class _Ask:
+    lo: int  # the first sequence still missing
+    hi: int
+    tries: int
+    sent_at: float
+    due: float
+
+
+@dataclass
+class DatagramStats:
+    requests: int = 0  # datagrams sent (first tries and repeats)
+    repeats: int = 0
+    answers: int = 0  # answer datagrams used
+    escalated: int = 0  # ranges handed to TCP
+    rejected: int = 0  # datagrams dropped: not from the sidecar, malformed, or failing the stream key
+
+
+class DatagramFills:
+    """Fills by datagram for one stream from one sidecar; see the module docstring."""
+
+    def __init__(
+        self,
+        sidecar: tuple[str, int],
+        stream: str,
+        *,
+        keys: dict[int, StreamKey] | None = None,
+        tries: int = TRIES,
+        max_records: int = MAX_RECORDS,
+        rcvbuf: int = 1 << 20,
+    ) -> None:
+        if tries < 1 or not 1 <= max_records <= F.MAX_COUNT:
+            raise ValueError(f"datagram fills: tries >= 1 and max_records within 1..{F.MAX_COUNT}")
+        self.sidecar = sidecar
+        self.stream = stream
+        self.name = stream.encode()
+        self.keys = keys or None
+        self.sign = next(iter(keys.values())) if keys else None  # the newest key held signs (the first given)
+        self.tries = tries
+        self.max_records = max_records
+        self.stats = DatagramStats()
+        self.asks: dict[int, _Ask] = {}
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def wait(self) -> float:
+        """How long a datagram's answer may take before it is asked for again."""
+        if self.srtt is None:
+            return FIRST_WAIT_S
+        return min(MAX_WAIT_S, max(MIN_WAIT_S, self.srtt + 4 * self.rttvar))
+
+    def ask(self, request_id: int, lo: int, hi: int, now: float) -> bool:
+        """Ask for lo..hi by datagram; False if the range is too large for datagrams (FETCH it)."""
+        if hi - lo + 1 > self.max_records or request_id > F.MAX_REQUEST_ID:
+            return False
+        self.asks[request_id] = ask = _Ask(lo, hi, 0, now, now)
+        self._send(request_id, ask, now)
+        return True
+
+    def cancel(self, request_id: int) -> None:
+        self.asks.pop(request_id, None)
+
+    def clear(self) -> None:
+        """Forget every range (the reconciler voided its requests)."""
+        self.asks.clear()
+
+    def next_due(self) -> float | None:
+        return min((a.due for a in self.asks.values()), default=None)
+
+    def receive(self, now: float, limit: int = 256) -> list[tuple[int, B.Batch]]:
+        """The answers that have arrived, as (request id, batch); progress is noted for the timers."""
+        out: list[tuple[int, B.Batch]] = []
+        for _ in range(limit):
+            try:
+                data, source = self.sock.recvfrom(MAX_DATAGRAM)
+            except BlockingIOError:
+                break
+            except OSError:  # ICMP port unreachable for an earlier request: the fill port is closed
+                continue
+            if source != self.sidecar:
+                self.stats.rejected += 1
+                continue
+            try:
+                rid, batch = F.decode_answer(data, self.name, self.keys)
+            except FillError:
+                self.stats.rejected += 1
+                continue
+            self.stats.answers += 1
+            ask = self.asks.get(rid)
+            if ask is not None and batch.first_seq <= ask.lo <= batch.last_seq:
+                if ask.tries == 1:
+                    self._sample(now - ask.sent_at)
+                ask.lo = batch.last_seq + 1
+                ask.tries = 0  # progress: the remainder gets a full set of tries
+                ask.due = now + self.wait
+                if ask.lo > ask.hi:
+                    del self.asks[rid]
+            out.append((rid, batch))
+        return out
+
+    def expire(self, now: float, next_seq: int) -> list[tuple[int, int, int]]:
+        """Ask again for what is overdue (from `next_seq` at least); the ranges out of tries are returned as
+        (request id, lo, hi) and forgotten here: FETCH them."""
+        escalate: list[tuple[int, int, int]] = []
+        for rid, ask in list(self.asks.items()):
+            if ask.due > now:
+                continue
+            ask.lo = max(ask.lo, next_seq)
+            if ask.lo > ask.hi:
+                del self.asks[rid]
+            elif ask.tries >= self.tries:
+                del self.asks[rid]
+                self.stats.escalated += 1
+                escalate.append((rid, ask.lo, ask.hi))
+            else:
+                self.stats.repeats += 1
+                self._send(rid, ask, now)
+        return escalate
+
+    def close(self) -> None:
+        self.asks.clear()
+        self.sock.close()
+
+    def _send(self, rid: int, ask: _Ask, now: float) -> None:
+        ask.tries += 1
+        ask.sent_at, ask.due = now, now + self.wait * ask.tries  # later tries wait longer: a busy sidecar
+        request = F.encode_request(F.FillRequest(rid, self.stream, ask.lo, ask.hi - ask.lo + 1), self.sign)
+        self.stats.requests += 1
+        with contextlib.suppress(OSError):  # buffer full, no route: as if lost on the way; the timer asks again
+            self.sock.sendto(request, self.sidecar)
+
+    def _sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
