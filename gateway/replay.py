@@ -184,8 +184,9 @@ class ReplayServer:
         """Serve until `until()` is true or stop() is called; then tell clients and close."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        if self.fill_port is not None:
-            poller.register(self.fill_port, zmq.POLLIN)
+        fill_fd = self.fill_port.fileno() if self.fill_port is not None else None
+        if fill_fd is not None:
+            poller.register(fill_fd, zmq.POLLIN)  # a plain descriptor: poll() reports it by number
         try:
             while not (self._stopping or until()):
                 wait = self._on_timers(time.monotonic())
@@ -194,7 +195,8 @@ class ReplayServer:
                 elif self._blocked:
                     wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
                 ready = dict(poller.poll(math.ceil(wait * 1000)))  # rounded up: a 0 ms poll would spin
-                if self.fill_port is not None and self.fill_port in ready:
+                if fill_fd in ready:
+                    assert self.fill_port is not None
                     self.fill_port.serve(time.monotonic())  # first: a fill waits for no replay session
                 if self.router in ready:
                     self._drain()

@@ -9,6 +9,10 @@ from the first sequence still missing; after `tries` datagrams without progress 
 off, unreachable or its answers keep being lost. The reconciler never knows which path carried an answer;
 its own progress timeout (seconds) stays the backstop for both.
 
+A fill port that answers nothing (off, an older sidecar, a firewall) must not cost every fill its tries:
+after `SILENT_RANGES` ranges in a row went to TCP with no answer datagram in between, ranges go to TCP at
+once, and one datagram per `PROBE_S` (sent alongside the FETCH) looks whether the port answers again.
+
 The timer follows the measured round trip (Karn's rule: only answers to a first datagram are samples):
 srtt + 4 x rttvar, within `MIN_WAIT_S`..`MAX_WAIT_S`, `FIRST_WAIT_S` before the first sample.
 
@@ -34,6 +38,8 @@ MIN_WAIT_S = 0.002
 MAX_WAIT_S = 0.05
 TRIES = 4  # datagrams per range without progress before TCP takes it
 MAX_RECORDS = 256  # larger ranges go to TCP at once
+SILENT_RANGES = 2
+PROBE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -51,6 +57,7 @@ class DatagramStats:
     repeats: int = 0
     answers: int = 0  # answer datagrams used
     escalated: int = 0  # ranges handed to TCP
+    probes: int = 0  # datagrams sent alongside a FETCH while the port seemed silent
     rejected: int = 0  # datagrams dropped: not from the sidecar, malformed, or failing the stream key
 
 
@@ -80,6 +87,8 @@ class DatagramFills:
         self.asks: dict[int, _Ask] = {}
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.unanswered = 0  # ranges handed to TCP since the last answer datagram
+        self._probe_at = 0.0
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.setblocking(False)
@@ -94,11 +103,24 @@ class DatagramFills:
             return FIRST_WAIT_S
         return min(MAX_WAIT_S, max(MIN_WAIT_S, self.srtt + 4 * self.rttvar))
 
+    @property
+    def silent(self) -> bool:
+        """The fill port has left the last ranges unanswered: TCP takes them at once."""
+        return self.unanswered >= SILENT_RANGES
+
     def ask(self, request_id: int, lo: int, hi: int, now: float) -> bool:
-        """Ask for lo..hi by datagram; False if the range is too large for datagrams (FETCH it)."""
+        """Ask for lo..hi by datagram; False if the range is too large for datagrams or the port is silent
+        (FETCH it)."""
         if hi - lo + 1 > self.max_records or request_id > F.MAX_REQUEST_ID:
             return False
-        self.asks[request_id] = ask = _Ask(lo, hi, 0, now, now)
+        ask = _Ask(lo, hi, 0, now, now)
+        if self.silent:
+            if now >= self._probe_at:  # an answer to it is used like any other, and ends the silence
+                self._probe_at = now + PROBE_S
+                self.stats.probes += 1
+                self._send(request_id, ask, now)
+            return False
+        self.asks[request_id] = ask
         self._send(request_id, ask, now)
         return True
 
@@ -131,6 +153,7 @@ class DatagramFills:
                 self.stats.rejected += 1
                 continue
             self.stats.answers += 1
+            self.unanswered = 0
             ask = self.asks.get(rid)
             if ask is not None and batch.first_seq <= ask.lo <= batch.last_seq:
                 if ask.tries == 1:
@@ -156,6 +179,7 @@ class DatagramFills:
             elif ask.tries >= self.tries:
                 del self.asks[rid]
                 self.stats.escalated += 1
+                self.unanswered += 1
                 escalate.append((rid, ask.lo, ask.hi))
             else:
                 self.stats.repeats += 1

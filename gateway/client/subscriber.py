@@ -150,6 +150,8 @@ class SubscriberStats:
     replay_reconnects: int = 0
     replay_retries: int = 0  # transient replay failures, each followed by a backoff
     feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
+    fill_datagrams: int = 0  # datagram answers to gap fills used (DatagramFills)
+    fills_escalated: int = 0  # gap fills whose datagrams went unanswered, handed to FETCH
     states: list[str] = field(default_factory=list)
 
     @property
@@ -171,6 +173,8 @@ class SubscriberStats:
             "unauthenticated": self.unauthenticated,
             "replay_retries": self.replay_retries,
             "feed_dropped": self.feed_dropped,
+            "fill_datagrams": self.fill_datagrams,
+            "fills_escalated": self.fills_escalated,
         }
 
 
@@ -431,6 +435,9 @@ class Subscriber:
     def summary(self) -> dict[str, int]:
         if self.drain is not None:
             self.stats.feed_dropped = self.drain.dropped
+        if self.datagrams is not None:
+            self.stats.fill_datagrams = self.datagrams.stats.answers
+            self.stats.fills_escalated = self.datagrams.stats.escalated
         return self.stats.summary(self.reconciler)
 
     def close(self) -> None:
