@@ -2,12 +2,16 @@
 
 The reconciler asks for a bounded range (`Request`); the subscriber hands a small one to `ask` instead of
 sending FETCH: one re-request datagram to the sidecar's fill port (gateway.wire.fill), answered by unicast
-datagrams of record batches, which `receive` returns as (request id, batch) for the reconciler, exactly as
-FETCH answers are. Whatever is lost on the way, request or answer, is asked for again after a short timer,
-from the first sequence still missing; after `tries` datagrams without progress the range is handed back
-(`expire`) for the subscriber to FETCH over TCP under the same request id: the fallback when the fill port is
-off, unreachable or its answers keep being lost. The reconciler never knows which path carried an answer;
-its own progress timeout (seconds) stays the backstop for both.
+datagrams of record batches, which `receive` returns as (request id, batch) for the reconciler in the order
+FETCH answers have: contiguous. Datagrams are not: one lost or late leaves a hole, and the reconciler would
+take a batch beyond it for a range the journal lacks (a Loss). So a batch beyond the first sequence still
+missing is held (`MAX_EARLY` per range) until the hole is filled, and an answer to no range asked here
+(repeated, late, after the range went to TCP) is returned under `STALE`, an id the reconciler never issues:
+it is then used only where it continues the stream. Whatever is lost on the way, request or answer, is asked
+for again after a short timer, from the first sequence still missing; after `tries` datagrams without
+progress the range is handed back (`expire`) for the subscriber to FETCH over TCP under the same request id:
+the fallback when the fill port is off, unreachable or its answers keep being lost. The reconciler never
+knows which path carried an answer; its own progress timeout (seconds) stays the backstop for both.
 
 A fill port that answers nothing (off, an older sidecar, a firewall) must not cost every fill its tries:
 after `SILENT_RANGES` ranges in a row went to TCP with no answer datagram in between, ranges go to TCP at
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.errors import FillError
 from gateway.transport.udp import MAX_DATAGRAM
@@ -39,6 +43,8 @@ MAX_WAIT_S = 0.05
 TRIES = 4  # datagrams per range without progress before TCP takes it
 MAX_RECORDS = 256  # larger ranges go to TCP at once
 SILENT_RANGES = 2
+MAX_EARLY = 64  # batches held per range while an earlier one is missing
+STALE = 0  # the request id of answers to no range asked here (the reconciler's ids start at 1)
 PROBE_S = 1.0
 
 
@@ -49,6 +55,7 @@ class _Ask:
     tries: int
     sent_at: float
     due: float
+    early: list[B.Batch] = field(default_factory=list)  # beyond a hole at `lo`
 
 
 @dataclass
@@ -155,16 +162,33 @@ class DatagramFills:
             self.stats.answers += 1
             self.unanswered = 0
             ask = self.asks.get(rid)
-            if ask is not None and batch.first_seq <= ask.lo <= batch.last_seq:
+            if ask is None:
+                out.append((STALE, batch))
+            elif batch.first_seq > ask.lo:
+                if len(ask.early) < MAX_EARLY:
+                    ask.early.append(batch)
+            elif batch.last_seq >= ask.lo:
                 if ask.tries == 1:
                     self._sample(now - ask.sent_at)
-                ask.lo = batch.last_seq + 1
-                ask.tries = 0  # progress: the remainder gets a full set of tries
-                ask.due = now + self.wait
-                if ask.lo > ask.hi:
-                    del self.asks[rid]
-            out.append((rid, batch))
+                self._progress(rid, ask, batch, now, out)
         return out
+
+    def _progress(self, rid: int, ask: _Ask, batch: B.Batch, now: float, out: list[tuple[int, B.Batch]]) -> None:
+        """`batch` continues the range at ask.lo: hand it out, then the held ones it makes contiguous."""
+        while True:
+            out.append((rid, batch))
+            ask.lo = batch.last_seq + 1
+            ask.tries = 0  # progress: the remainder gets a full set of tries
+            ask.due = now + self.wait
+            if ask.lo > ask.hi:
+                del self.asks[rid]
+                return
+            usable = [b for b in ask.early if b.first_seq <= ask.lo]
+            ask.early = [b for b in ask.early if b.first_seq > ask.lo]
+            nxt = max((b for b in usable if b.last_seq >= ask.lo), key=lambda b: b.last_seq, default=None)
+            if nxt is None:
+                return
+            batch = nxt
 
     def expire(self, now: float, next_seq: int) -> list[tuple[int, int, int]]:
         """Ask again for what is overdue (from `next_seq` at least); the ranges out of tries are returned as
