@@ -164,7 +164,7 @@ def test_the_sidecar_killed_mid_stream_under_loss(deployment: Deployment) -> Non
         pub = lab.start("pub", publish, deployment.ingest, 0, 24_000, 2_000.0)
         time.sleep(3.0)
         deployment.kill9("replay")
-        time.sleep(3.0)  # gaps meanwhile: unanswered datagrams, then FETCH, which fails until the sidecar is back
+        time.sleep(6.0)  # gaps meanwhile: unanswered datagrams, then FETCH, whose handshake times out (5 s)
         deployment.start_replay()
         assert pub.result(timeout=WAIT_S) == 24_000
         result = sub.result(timeout=WAIT_S)
@@ -172,5 +172,5 @@ def test_the_sidecar_killed_mid_stream_under_loss(deployment: Deployment) -> Non
         clear(lab, "sub")
     check_all(result, 24_000)
     summary = result["summary"]
-    assert summary["fill_datagrams"] > 0 and summary["replay_retries"] > 0, summary
-    assert summary["fills_escalated"] > 0, summary
+    assert summary["fill_datagrams"] > 0 and summary["fills_escalated"] > 0, summary
+    assert summary["replay_retries"] > 0, summary
