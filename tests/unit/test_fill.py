@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.client.datagram_fills import FIRST_WAIT_S, DatagramFills
+from gateway.client.datagram_fills import FIRST_WAIT_S, STALE, DatagramFills
 from gateway.errors import FillError
 from gateway.journal import JournalWriter
 from gateway.server.fills import REQUEST_COST, FillAnswerer, FillLimits
@@ -212,4 +212,46 @@ def test_answers_move_the_range_on_and_forged_ones_are_dropped(sidecar: socket.s
         assert fills.next_due() is None
     finally:
         rogue.close()
+        fills.close()
+
+
+def test_a_batch_beyond_a_hole_waits_for_it_and_late_answers_are_stale(sidecar: socket.socket) -> None:
+    fills = DatagramFills(sidecar.getsockname(), "s")
+    try:
+        fills.ask(4, 1, 9, 0.0)
+        _, client = sidecar.recvfrom(100)
+        for first, last in ((7, 9), (4, 6), (1, 3), (1, 3)):  # 4..6 and 7..9 arrive before 1..3; then 1..3 again
+            sidecar.sendto(F.encode_answer(4, B.encode(first, [(0, b"k", b"v")] * (last - first + 1)), b"s"), client)
+        assert select.select([fills], [], [], 2.0)[0]
+        got = [(rid, b.first_seq) for rid, b in fills.receive(0.001)]
+        # Never a batch beyond what the range has received: the reconciler would take the hole for a skip.
+        assert got == [(4, 1), (4, 4), (4, 7), (STALE, 1)]
+        assert not fills.asks
+    finally:
+        fills.close()
+
+
+def test_a_silent_fill_port_sends_ranges_to_tcp_at_once_and_is_probed(sidecar: socket.socket) -> None:
+    fills = DatagramFills(sidecar.getsockname(), "s", tries=1)
+    try:
+        now = 0.0
+        for rid in (1, 2):
+            assert fills.ask(rid, 1, 5, now)
+            now += 1.0
+            assert fills.expire(now, 1) == [(rid, 1, 5)]
+        assert fills.silent
+        assert not fills.ask(3, 1, 5, now)  # TCP at once; a probe datagram goes with it
+        assert not fills.ask(4, 1, 5, now)  # no second probe within PROBE_S
+        sidecar.settimeout(0.0)
+        sent = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                data, client = sidecar.recvfrom(100)
+                sent.append(F.decode_request(data).request_id)
+        assert sent == [1, 2, 3] and fills.stats.probes == 1
+        sidecar.sendto(F.encode_answer(3, B.encode(1, [(0, b"k", b"v")] * 5), b"s"), client)  # the probe's answer
+        assert select.select([fills], [], [], 2.0)[0]
+        assert [(rid, b.first_seq) for rid, b in fills.receive(now)] == [(STALE, 1)]
+        assert not fills.silent and fills.ask(5, 1, 5, now)  # the port answers again: datagrams first
+    finally:
         fills.close()
