@@ -10,8 +10,11 @@ missing is held (`MAX_EARLY` per range) until the hole is filled, and an answer 
 it is then used only where it continues the stream. Whatever is lost on the way, request or answer, is asked
 for again after a short timer, from the first sequence still missing; after `tries` datagrams without
 progress the range is handed back (`expire`) for the subscriber to FETCH over TCP under the same request id:
-the fallback when the fill port is off, unreachable or its answers keep being lost. The reconciler never
-knows which path carried an answer; its own progress timeout (seconds) stays the backstop for both.
+the fallback when the fill port is off, unreachable or its answers keep being lost. Datagrams keep asking
+alongside the FETCH (up to `tries` more), so a sidecar that was only slow (a loaded machine) still answers
+first, and a TCP answer delayed by a retransmission does not hold the range. The reconciler never knows
+which path carried an answer: both are contiguous from where its request stood, and its own progress
+timeout (seconds) stays the backstop for both.
 
 A fill port that answers nothing (off, an older sidecar, a firewall) must not cost every fill its tries:
 after `SILENT_RANGES` ranges in a row went to TCP with no answer datagram in between, ranges go to TCP at
@@ -56,6 +59,7 @@ class _Ask:
     sent_at: float
     due: float
     early: list[B.Batch] = field(default_factory=list)  # beyond a hole at `lo`
+    escalated: bool = False  # FETCHed over TCP too
 
 
 @dataclass
@@ -192,7 +196,7 @@ class DatagramFills:
 
     def expire(self, now: float, next_seq: int) -> list[tuple[int, int, int]]:
         """Ask again for what is overdue (from `next_seq` at least); the ranges out of tries are returned as
-        (request id, lo, hi) and forgotten here: FETCH them."""
+        (request id, lo, hi): FETCH them (datagrams go on asking alongside, up to `tries` more)."""
         escalate: list[tuple[int, int, int]] = []
         for rid, ask in list(self.asks.items()):
             if ask.due > now:
@@ -200,11 +204,14 @@ class DatagramFills:
             ask.lo = max(ask.lo, next_seq)
             if ask.lo > ask.hi:
                 del self.asks[rid]
-            elif ask.tries >= self.tries:
-                del self.asks[rid]
+            elif ask.tries >= self.tries and not ask.escalated:
+                ask.escalated = True
                 self.stats.escalated += 1
                 self.unanswered += 1
                 escalate.append((rid, ask.lo, ask.hi))
+                self._send(rid, ask, now)
+            elif ask.tries >= 2 * self.tries:
+                del self.asks[rid]  # TCP has it
             else:
                 self.stats.repeats += 1
                 self._send(rid, ask, now)

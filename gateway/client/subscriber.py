@@ -532,7 +532,7 @@ class Subscriber:
             if not client.ready or client.sock in ready or client.handshake.monitor in ready:
                 self._drain_replay(client, now)
         if self.datagrams is not None and self.reconciler is not None:
-            self._on_datagrams(self.datagrams, now)
+            self._on_datagrams(self.datagrams, self.datagrams.fileno() in ready, now)
         if self.failed is None and not self.replay_up and now >= self.reconnect_at:
             self._reconnect(now)
         if self.reconciler is None:
@@ -623,10 +623,10 @@ class Subscriber:
             case ZepsSnapshotEnd(last=last):
                 self._execute(self.reconciler.handle(R.SnapshotDone(request_id, last), now))
 
-    def _on_datagrams(self, fills: DatagramFills, now: float) -> None:
+    def _on_datagrams(self, fills: DatagramFills, readable: bool, now: float) -> None:
         """Datagram answers to the reconciler, as FETCH answers are; ranges out of tries to FETCH."""
         assert self.reconciler is not None
-        for rid, batch in fills.receive(now):
+        for rid, batch in fills.receive(now) if readable else ():  # the poller names a plain socket by its fd
             self._execute(self.reconciler.handle(R.Replay(batch, rid), now))
             if fills is not self.datagrams:
                 return  # an action closed it (replay lost)
