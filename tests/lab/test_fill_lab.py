@@ -19,7 +19,7 @@ from support.feedlab import STREAM, WAIT_S, deploy, publish, subscribe
 from test_subscriber_faults_lab import check_all
 
 from gateway.server.fills import FillLimits
-from gateway.tools.deployment import Deployment
+from gateway.tools.deployment import Deployment, Keys
 from gateway.wire import fill as F
 from netlab import Lab
 from netlab.impair import Impairment, clear, impair
@@ -121,6 +121,32 @@ def test_a_udp_feed_under_5pct_loss_fills_by_datagram(deployment: Deployment) ->
     check_all(result, 20_000)
     summary = result["summary"]
     assert summary["fill_datagrams"] > 0 and summary["from_replay"] > 0, summary
+
+
+def test_with_a_stream_key_only_its_holders_are_answered_by_datagram(make_lab, tmp_path: Path) -> None:
+    lab = make_lab(["pub", "gw", "sub", "plain"])
+    keys = Keys.create(tmp_path / "keys")
+    dep = Deployment(lab, tmp_path / "journal", STREAM, transport="udp", keys=keys)
+    try:
+        for host in ("sub", "plain"):
+            impair(lab, host, Impairment(loss_pct=5.0), "in")
+        ready = MP.Queue()
+        keyed = lab.start("sub", functools.partial(subscribe, ready=ready, stream_key=keys.stream_key(),
+                          curve=dep.curve), dep.for_host("sub"), dep.replay, "earliest", 10_000)  # fmt: skip
+        plain = lab.start("plain", functools.partial(subscribe, ready=ready, curve=dep.curve),
+                          dep.for_host("plain"), dep.replay, "earliest", 10_000)  # fmt: skip
+        ready.get(timeout=WAIT_S)
+        ready.get(timeout=WAIT_S)
+        lab.run("pub", publish, dep.ingest, 0, 10_000, 5_000.0, dep.curve, timeout=WAIT_S)
+        with_key, without = keyed.result(timeout=WAIT_S), plain.result(timeout=WAIT_S)
+    finally:
+        for host in ("sub", "plain"):
+            clear(lab, host)
+        assert not dep.close()
+    check_all(with_key, 10_000)
+    check_all(without, 10_000)  # over CURVE'd TCP: its unsigned requests are never answered
+    assert with_key["summary"]["fill_datagrams"] > 0, with_key["summary"]
+    assert without["summary"]["fill_datagrams"] == 0 and without["summary"]["from_replay"] > 0, without["summary"]
 
 
 def test_junk_huge_ranges_unknown_streams_and_forged_sources_get_nothing_beyond_the_limits(
