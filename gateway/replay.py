@@ -175,6 +175,7 @@ class ReplayServer:
                 raise OSError(f"fill port udp:{host}:{config.fill_udp}: {exc}; choose another --fill-udp") from exc
             log.warning("replay: no fill port at udp:%s:%s (%s): subscribers fill over TCP", host, port, exc)
             return None
+        fill.answerer.stats.exported = (self.metrics.fill_datagrams, self.metrics.fill_dropped)
         log.info("replay: fill datagrams at udp:%s:%d", *fill.address)
         return fill
 

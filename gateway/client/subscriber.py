@@ -718,13 +718,19 @@ class Subscriber:
             address = (host, self.fill_udp or int(port))
         except (OSError, ValueError):
             return None
-        if self.datagrams is not None and self.datagrams.sidecar != address:
-            self._poller.unregister(self.datagrams)
-            self.datagrams.close()
+        old, moved = self.datagrams, []
+        if old is not None and old.sidecar != address:  # the sidecar moved: ask the new one what is outstanding
+            moved = [(rid, ask.lo, ask.hi) for rid, ask in old.asks.items()]
+            self._poller.unregister(old)
+            old.close()
             self.datagrams = None
         if self.datagrams is None:
             self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys)
             self._poller.register(self.datagrams, zmq.POLLIN)
+            now = time.monotonic()
+            for rid, lo, hi in moved:
+                if not self.datagrams.ask(rid, lo, hi, now):
+                    self._fetch(rid, lo, hi)
         return self.datagrams
 
     def _cancel(self, request_id: int) -> None:

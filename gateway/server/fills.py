@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from gateway.errors import FillError, JournalError, JournalTrimmed, NotAJournal, ProtocolError
 from gateway.journal import JournalReader
 from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM
@@ -71,18 +73,33 @@ class _Bucket:
     at: float
 
 
+DROP_REASONS = ("malformed", "range", "rate", "stream", "journal", "send")
+
+
 @dataclass
 class FillStats:
-    """What the fill port did; `dropped` by reason: malformed, stream, range, rate, journal, send."""
+    """What the fill port did; `dropped` by reason (DROP_REASONS): a malformed or unauthentic datagram, a range
+    over max_records, a source over its rate, an unknown stream, a range the journal could not read, an answer
+    the socket refused. With `exported`, the sidecar's Prometheus counters move too."""
 
     requests: int = 0
     answered: int = 0  # requests that got at least one datagram
     datagrams: int = 0
     bytes: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    exported: tuple[Counter, Counter] | None = None  # (datagrams sent, dropped by reason)
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        if self.exported is not None:
+            self.exported[1].labels(reason).inc()
+
+    def sent(self, datagrams: int, nbytes: int) -> None:
+        self.answered += 1
+        self.datagrams += datagrams
+        self.bytes += nbytes
+        if self.exported is not None:
+            self.exported[0].inc(datagrams)
 
 
 class FillAnswerer:
@@ -128,9 +145,7 @@ class FillAnswerer:
         sent = sum(len(d) for d in out)
         self._buckets[host].tokens -= sent
         if out:
-            self.stats.answered += 1
-            self.stats.datagrams += len(out)
-            self.stats.bytes += sent
+            self.stats.sent(len(out), sent)
         return out
 
     def _datagrams(self, reader: JournalReader, req: F.FillRequest, budget: int) -> Iterator[bytes]:
