@@ -23,9 +23,11 @@ once, and one datagram per `PROBE_S` (sent alongside the FETCH) looks whether th
 The timer follows the measured round trip (Karn's rule: only answers to a first datagram are samples):
 srtt + 4 x rttvar, within `MIN_WAIT_S`..`MAX_WAIT_S`, `FIRST_WAIT_S` before the first sample.
 
-Never blocking: the socket is non-blocking; a send refused by a full buffer counts as a lost datagram. Only
-datagrams from the sidecar's address are read, and only answers that decode (with a stream key: that carry
-its tag) are used; the rest are counted in `rejected`. Threading: one thread, the subscriber's poll loop.
+`FillHedge` holds those rules, sans-IO: calls with `now` in, requests to send (`outbox`), answers to hand
+on and ranges to FETCH out. `DatagramFills` is its socket: non-blocking, so a send refused by a full buffer
+counts as a lost datagram; only datagrams from the sidecar's address are read, and only answers that decode
+(with a stream key: that carry its tag) are used, the rest counted in `rejected`. Threading: one thread,
+the subscriber's poll loop.
 """
 
 from __future__ import annotations
@@ -72,40 +74,25 @@ class DatagramStats:
     rejected: int = 0  # datagrams dropped: not from the sidecar, malformed, or failing the stream key
 
 
-class DatagramFills:
-    """Fills by datagram for one stream from one sidecar; see the module docstring."""
+class FillHedge:
+    """The ranges asked for by datagram, their timers and what has come of them; sans-IO (module docstring).
 
-    def __init__(
-        self,
-        sidecar: tuple[str, int],
-        stream: str,
-        *,
-        keys: dict[int, StreamKey] | None = None,
-        tries: int = TRIES,
-        max_records: int = MAX_RECORDS,
-        rcvbuf: int = 1 << 20,
-    ) -> None:
+    Requests to send collect in `outbox`, for the IO shell to send (and clear) after each call.
+    """
+
+    def __init__(self, stream: str, *, tries: int = TRIES, max_records: int = MAX_RECORDS) -> None:
         if tries < 1 or not 1 <= max_records <= F.MAX_COUNT:
             raise ValueError(f"datagram fills: tries >= 1 and max_records within 1..{F.MAX_COUNT}")
-        self.sidecar = sidecar
         self.stream = stream
-        self.name = stream.encode()
-        self.keys = keys or None
-        self.sign = next(iter(keys.values())) if keys else None  # the newest key held signs (the first given)
         self.tries = tries
         self.max_records = max_records
         self.stats = DatagramStats()
         self.asks: dict[int, _Ask] = {}
+        self.outbox: list[F.FillRequest] = []
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.unanswered = 0  # ranges handed to TCP since the last answer datagram
         self._probe_at = 0.0
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.setblocking(False)
-
-    def fileno(self) -> int:
-        return self.sock.fileno()
 
     @property
     def wait(self) -> float:
@@ -145,53 +132,35 @@ class DatagramFills:
     def next_due(self) -> float | None:
         return min((a.due for a in self.asks.values()), default=None)
 
-    def receive(self, now: float, limit: int = 256) -> list[tuple[int, B.Batch]]:
-        """The answers that have arrived, as (request id, batch); progress is noted for the timers."""
+    def answered(self, rid: int, batch: B.Batch, now: float) -> list[tuple[int, B.Batch]]:
+        """An answer datagram's batch: what to hand the reconciler now, as (request id, batch), in order."""
+        self.stats.answers += 1
+        self.unanswered = 0
+        ask = self.asks.get(rid)
+        if ask is None:
+            return [(STALE, batch)]
+        if batch.first_seq > ask.lo:
+            if len(ask.early) < MAX_EARLY:
+                ask.early.append(batch)
+            return []
+        if batch.last_seq < ask.lo:
+            return []
+        if ask.tries == 1:
+            self._sample(now - ask.sent_at)
         out: list[tuple[int, B.Batch]] = []
-        for _ in range(limit):
-            try:
-                data, source = self.sock.recvfrom(MAX_DATAGRAM)
-            except BlockingIOError:
-                break
-            except OSError:  # ICMP port unreachable for an earlier request: the fill port is closed
-                continue
-            if source != self.sidecar:
-                self.stats.rejected += 1
-                continue
-            try:
-                rid, batch = F.decode_answer(data, self.name, self.keys)
-            except FillError:
-                self.stats.rejected += 1
-                continue
-            self.stats.answers += 1
-            self.unanswered = 0
-            ask = self.asks.get(rid)
-            if ask is None:
-                out.append((STALE, batch))
-            elif batch.first_seq > ask.lo:
-                if len(ask.early) < MAX_EARLY:
-                    ask.early.append(batch)
-            elif batch.last_seq >= ask.lo:
-                if ask.tries == 1:
-                    self._sample(now - ask.sent_at)
-                self._progress(rid, ask, batch, now, out)
-        return out
-
-    def _progress(self, rid: int, ask: _Ask, batch: B.Batch, now: float, out: list[tuple[int, B.Batch]]) -> None:
-        """`batch` continues the range at ask.lo: hand it out, then the held ones it makes contiguous."""
-        while True:
+        while True:  # hand it out, then the held ones it makes contiguous
             out.append((rid, batch))
             ask.lo = batch.last_seq + 1
             ask.tries = 0  # progress: the remainder gets a full set of tries
             ask.due = now + self.wait
             if ask.lo > ask.hi:
                 del self.asks[rid]
-                return
+                return out
             usable = [b for b in ask.early if b.first_seq <= ask.lo]
             ask.early = [b for b in ask.early if b.first_seq > ask.lo]
             nxt = max((b for b in usable if b.last_seq >= ask.lo), key=lambda b: b.last_seq, default=None)
             if nxt is None:
-                return
+                return out
             batch = nxt
 
     def expire(self, now: float, next_seq: int) -> list[tuple[int, int, int]]:
@@ -217,17 +186,11 @@ class DatagramFills:
                 self._send(rid, ask, now)
         return escalate
 
-    def close(self) -> None:
-        self.asks.clear()
-        self.sock.close()
-
     def _send(self, rid: int, ask: _Ask, now: float) -> None:
         ask.tries += 1
         ask.sent_at, ask.due = now, now + self.wait * ask.tries  # later tries wait longer: a busy sidecar
-        request = F.encode_request(F.FillRequest(rid, self.stream, ask.lo, ask.hi - ask.lo + 1), self.sign)
+        self.outbox.append(F.FillRequest(rid, self.stream, ask.lo, ask.hi - ask.lo + 1))
         self.stats.requests += 1
-        with contextlib.suppress(OSError):  # buffer full, no route: as if lost on the way; the timer asks again
-            self.sock.sendto(request, self.sidecar)
 
     def _sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -235,3 +198,76 @@ class DatagramFills:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+
+class DatagramFills:
+    """`FillHedge` with its socket, for one stream and one sidecar; see the module docstring."""
+
+    def __init__(
+        self,
+        sidecar: tuple[str, int],
+        stream: str,
+        *,
+        keys: dict[int, StreamKey] | None = None,
+        tries: int = TRIES,
+        max_records: int = MAX_RECORDS,
+        rcvbuf: int = 1 << 20,
+    ) -> None:
+        self.hedge = FillHedge(stream, tries=tries, max_records=max_records)
+        self.sidecar = sidecar
+        self.name = stream.encode()
+        self.keys = keys or None
+        self.sign = next(iter(keys.values())) if keys else None  # the newest key held signs (the first given)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def stats(self) -> DatagramStats:
+        return self.hedge.stats
+
+    def ask(self, request_id: int, lo: int, hi: int, now: float) -> bool:
+        """`FillHedge.ask`, its datagram sent."""
+        asked = self.hedge.ask(request_id, lo, hi, now)
+        self._flush()
+        return asked
+
+    def expire(self, now: float, next_seq: int) -> list[tuple[int, int, int]]:
+        """`FillHedge.expire`, its datagrams sent."""
+        escalate = self.hedge.expire(now, next_seq)
+        self._flush()
+        return escalate
+
+    def receive(self, now: float, limit: int = 256) -> list[tuple[int, B.Batch]]:
+        """The answers that have arrived, as `FillHedge.answered` hands them on."""
+        out: list[tuple[int, B.Batch]] = []
+        for _ in range(limit):
+            try:
+                data, source = self.sock.recvfrom(MAX_DATAGRAM)
+            except BlockingIOError:
+                break
+            except OSError:  # ICMP port unreachable for an earlier request: the fill port is closed
+                continue
+            if source != self.sidecar:
+                self.stats.rejected += 1
+                continue
+            try:
+                rid, batch = F.decode_answer(data, self.name, self.keys)
+            except FillError:
+                self.stats.rejected += 1
+                continue
+            out += self.hedge.answered(rid, batch, now)
+        return out
+
+    def close(self) -> None:
+        self.hedge.clear()
+        self.sock.close()
+
+    def _flush(self) -> None:
+        for request in self.hedge.outbox:
+            with contextlib.suppress(OSError):  # buffer full, no route: as if lost on the way; the timer asks again
+                self.sock.sendto(F.encode_request(request, self.sign), self.sidecar)
+        self.hedge.outbox.clear()

@@ -511,7 +511,7 @@ class Subscriber:
             for feed, frames in self.drain.take(FEED_BURST):
                 self._on_feed(feed, frames, now)
             direct, timeout = not self.drain.queue, 0.0
-        due = self.datagrams.next_due() if self.datagrams is not None else None
+        due = self.datagrams.hedge.next_due() if self.datagrams is not None else None
         if due is not None:  # a datagram's timer: wake for it (rounded up, so a due timer is not polled at 0)
             timeout = min(timeout, max(0.0, due - time.monotonic()) + 0.0005)
         if self._poller.sockets:
@@ -720,7 +720,7 @@ class Subscriber:
             return None
         old, moved = self.datagrams, []
         if old is not None and old.sidecar != address:  # the sidecar moved: ask the new one what is outstanding
-            moved = [(rid, ask.lo, ask.hi) for rid, ask in old.asks.items()]
+            moved = [(rid, ask.lo, ask.hi) for rid, ask in old.hedge.asks.items()]
             self._poller.unregister(old)
             old.close()
             self.datagrams = None
@@ -735,7 +735,7 @@ class Subscriber:
 
     def _cancel(self, request_id: int) -> None:
         if self.datagrams is not None:
-            self.datagrams.cancel(request_id)
+            self.datagrams.hedge.cancel(request_id)
         if request_id == self.catchup_id and self.catchup is not None:
             self.catchup.close()  # ZEPS has no unsubscribe: the connection was the subscription
             self.catchup, self.catchup_id = None, None
@@ -771,7 +771,7 @@ class Subscriber:
         self.catchup_id = None
         self.fills.clear()
         if self.datagrams is not None:
-            self.datagrams.clear()
+            self.datagrams.hedge.clear()
 
     def _follow_sidecar(self, now: float) -> None:
         """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a

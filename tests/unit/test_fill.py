@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.client.datagram_fills import FIRST_WAIT_S, STALE, DatagramFills
+from gateway.client.datagram_fills import FIRST_WAIT_S, STALE, DatagramFills, FillHedge
 from gateway.errors import FillError
 from gateway.journal import JournalWriter
 from gateway.server.fills import REQUEST_COST, FillAnswerer, FillLimits
@@ -181,14 +181,14 @@ def test_unanswered_datagrams_are_repeated_then_the_range_goes_to_tcp(sidecar: s
         seen: list[F.FillRequest] = []
         escalated: list[tuple[int, int, int]] = []
         now = 0.0
-        while fills.asks and now < 5.0:
+        while fills.hedge.asks and now < 5.0:
             now += FIRST_WAIT_S / 2
             escalated += fills.expire(now, next_seq=12)
             with contextlib.suppress(BlockingIOError):
                 seen.append(F.decode_request(sidecar.recv(100)))
         # Three datagrams, then FETCH (returned once), with datagrams asking alongside up to three more.
         assert [(r.request_id, r.first, r.last) for r in seen] == [(2, 10, 19)] + [(2, 12, 19)] * 5
-        assert escalated == [(2, 12, 19)] and fills.stats.escalated == 1 and not fills.asks
+        assert escalated == [(2, 12, 19)] and fills.stats.escalated == 1 and not fills.hedge.asks
     finally:
         fills.close()
 
@@ -207,29 +207,29 @@ def test_answers_move_the_range_on_and_forged_ones_are_dropped(sidecar: socket.s
         assert select.select([fills], [], [], 2.0)[0]
         got = fills.receive(0.001)  # loopback delivers at sendto: all three wait
         assert [(rid, b.first_seq, b.last_seq) for rid, b in got] == [(3, 1, 6)]
-        assert fills.stats.rejected == 2 and fills.asks[3].lo == 7
-        assert fills.srtt is not None  # a first try's answer is a round-trip sample
-        fills.cancel(3)
-        assert fills.next_due() is None
+        assert fills.stats.rejected == 2 and fills.hedge.asks[3].lo == 7
+        assert fills.hedge.srtt is not None  # a first try's answer is a round-trip sample
+        fills.hedge.cancel(3)
+        assert fills.hedge.next_due() is None
     finally:
         rogue.close()
         fills.close()
 
 
-def test_a_batch_beyond_a_hole_waits_for_it_and_late_answers_are_stale(sidecar: socket.socket) -> None:
-    fills = DatagramFills(sidecar.getsockname(), "s")
-    try:
-        fills.ask(4, 1, 9, 0.0)
-        _, client = sidecar.recvfrom(100)
-        for first, last in ((7, 9), (4, 6), (1, 3), (1, 3)):  # 4..6 and 7..9 arrive before 1..3; then 1..3 again
-            sidecar.sendto(F.encode_answer(4, B.encode(first, [(0, b"k", b"v")] * (last - first + 1)), b"s"), client)
-        assert select.select([fills], [], [], 2.0)[0]
-        got = [(rid, b.first_seq) for rid, b in fills.receive(0.001)]
-        # Never a batch beyond what the range has received: the reconciler would take the hole for a skip.
-        assert got == [(4, 1), (4, 4), (4, 7), (STALE, 1)]
-        assert not fills.asks
-    finally:
-        fills.close()
+def test_a_batch_beyond_a_hole_waits_for_it_and_late_answers_are_stale() -> None:
+    hedge = FillHedge("s")
+    assert hedge.ask(4, 1, 9, 0.0) and [r.first for r in hedge.outbox] == [1]
+
+    def answer(first: int, last: int) -> list[tuple[int, int]]:
+        batch = B.Batch.parse(B.encode(first, [(0, b"k", b"v")] * (last - first + 1)))
+        return [(rid, b.first_seq) for rid, b in hedge.answered(4, batch, 0.001)]
+
+    # 7..9 and 4..6 arrive before 1..3: never a batch beyond what the range has received, or the reconciler
+    # would take the hole for a range the journal lacks.
+    assert answer(7, 9) == [] and answer(4, 6) == []
+    assert answer(1, 3) == [(4, 1), (4, 4), (4, 7)]
+    assert not hedge.asks and hedge.srtt == pytest.approx(0.001)
+    assert answer(1, 3) == [(STALE, 1)]  # a repeat's answer: used only where it continues the stream
 
 
 def test_a_silent_fill_port_sends_ranges_to_tcp_at_once_and_is_probed(sidecar: socket.socket) -> None:
@@ -240,7 +240,7 @@ def test_a_silent_fill_port_sends_ranges_to_tcp_at_once_and_is_probed(sidecar: s
             assert fills.ask(rid, 1, 5, now)
             now += 1.0
             assert fills.expire(now, 1) == [(rid, 1, 5)]
-        assert fills.silent
+        assert fills.hedge.silent
         assert not fills.ask(3, 1, 5, now)  # TCP at once; a probe datagram goes with it
         assert not fills.ask(4, 1, 5, now)  # no second probe within PROBE_S
         sidecar.settimeout(0.0)
@@ -253,6 +253,6 @@ def test_a_silent_fill_port_sends_ranges_to_tcp_at_once_and_is_probed(sidecar: s
         sidecar.sendto(F.encode_answer(3, B.encode(1, [(0, b"k", b"v")] * 5), b"s"), client)  # the probe's answer
         assert select.select([fills], [], [], 2.0)[0]
         assert [(rid, b.first_seq) for rid, b in fills.receive(now)] == [(STALE, 1)]
-        assert not fills.silent and fills.ask(5, 1, 5, now)  # the port answers again: datagrams first
+        assert not fills.hedge.silent and fills.ask(5, 1, 5, now)  # the port answers again: datagrams first
     finally:
         fills.close()
