@@ -727,6 +727,8 @@ class Subscriber:
         if self.datagrams is None:
             self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys)
             self._poller.register(self.datagrams, zmq.POLLIN)
+            if self.fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
+                self.fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
             now = time.monotonic()
             for rid, lo, hi in moved:
                 if not self.datagrams.ask(rid, lo, hi, now):
