@@ -108,7 +108,8 @@ def exchange(dst: tuple[str, int], datagrams: list[bytes], wait_s: float) -> dic
 
 def test_a_udp_feed_under_5pct_loss_fills_by_datagram(deployment: Deployment) -> None:
     lab = deployment.lab
-    impair(lab, "sub", Impairment(loss_pct=5.0), "in")  # multicast, fill answers and TCP alike
+    # Both ways: multicast, fill requests and answers, and TCP alike.
+    impair(lab, "sub", Impairment(loss_pct=5.0), "both")
     try:
         ready = MP.Queue()
         sub = lab.start("sub", functools.partial(subscribe, ready=ready), deployment.for_host("sub"),
