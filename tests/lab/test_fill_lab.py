@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.feedlab import STREAM, WAIT_S, deploy, publish, subscribe
-from test_subscriber_faults_lab import check_all
+from support.feedlab import STREAM, WAIT_S, check_all, deploy, publish, subscribe
 
 from gateway.server.fills import FillLimits
 from gateway.tools.deployment import Deployment, Keys
