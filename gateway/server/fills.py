@@ -18,7 +18,7 @@ Bounds, because a UDP source address can be forged:
 The answers hold the journal's bytes: a journal batch that fits one datagram is sent as it is; a larger one
 is cut to the range asked for and split to fit (`Batch.part`, `Batch.split`), record bytes copied as they are.
 
-`FillAnswerer` is the sans-IO part (a datagram and its source in, the datagrams to send back out);
+`FillAnswerer` holds the rules without a socket (a datagram, its source and `now` in, the datagrams to send out);
 `FillPort` owns the socket, and the replay loop (gateway.replay) calls `serve` when it is readable.
 """
 
@@ -103,7 +103,7 @@ class FillStats:
 
 
 class FillAnswerer:
-    """Sans-IO: `answer(datagram, source host, now)` -> the datagrams to send back; see the module docstring."""
+    """No sockets: `answer(datagram, source host, now)` -> the datagrams to send back (read from the journal)."""
 
     def __init__(self, journal: Path, limits: FillLimits, key: StreamKey | None = None) -> None:
         self.journal = journal
