@@ -70,6 +70,10 @@ class UdpError(McastError):
     """A datagram that is not a well-formed message."""
 
 
+class FillError(ZepsError, ValueError):
+    """A datagram at a fill port (gateway.wire.fill) that is not a well-formed, authentic fill request or answer."""
+
+
 # --- failures at run time (RuntimeError) -----------------------------------------------------------------
 
 

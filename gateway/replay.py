@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -33,6 +33,7 @@ from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments, seg_path
 from gateway.server.announcer import Announcer, Discovery, journal_streams
+from gateway.server.fills import FillAnswerer, FillLimits, FillPort
 from gateway.server.registrar import node_registrar
 from gateway.server.replay_metrics import ReplayMetrics
 from gateway.server.session import Session
@@ -73,8 +74,12 @@ class ReplayConfig:
     snapshot_poll_s: float = 0.05  # how often snapshot indexes read what their journals gained
     snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
     announce: Discovery | None = None  # announce this sidecar's streams and endpoint (server.announcer)
-    stream_key: StreamKey | None = None  # signs the announcements
+    stream_key: StreamKey | None = None  # signs the announcements, and fill datagrams (then required on requests)
     etcd: tuple[str, ...] = ()  # etcd client URLs: register in the directory beyond one subnet (server.registrar)
+    # The fill port (gateway.server.fills): UDP re-requests answered by datagrams. None: the TCP port's number;
+    # 0: off. With CURVE it opens only with a stream key (datagrams would bypass CURVE's client keys).
+    fill_udp: int | None = None
+    fill_limits: FillLimits = field(default_factory=FillLimits)
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -152,11 +157,32 @@ class ReplayServer:
         discovery = config.announce or Discovery()
         self.registrar = node_registrar(config.etcd, discovery, discovery.interfaces, A.SIDECAR, sidecar=self.endpoint,
                                         key=config.stream_key)  # fmt: skip
+        self.fill_port = self._open_fill_port()
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
         # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.
         self._root_missing = not config.journal.is_dir()
         if self._root_missing:
             log.warning("replay: %s does not exist yet: waiting for the gateway to create it", config.journal)
+
+    def _open_fill_port(self) -> FillPort | None:
+        config = self.config
+        if config.fill_udp == 0:
+            return None
+        if config.curve is not None and config.stream_key is None:
+            log.info("replay: no fill port: with CURVE it needs --stream-key (datagrams would bypass client keys)")
+            return None
+        host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
+        try:
+            fill = FillPort(host, int(port) if config.fill_udp is None else config.fill_udp,
+                            FillAnswerer(config.journal, config.fill_limits, config.stream_key))  # fmt: skip
+        except (OSError, ValueError) as exc:
+            if config.fill_udp is not None:
+                raise OSError(f"fill port udp:{host}:{config.fill_udp}: {exc}; choose another --fill-udp") from exc
+            log.warning("replay: no fill port at udp:%s:%s (%s): subscribers fill over TCP", host, port, exc)
+            return None
+        fill.answerer.stats.exported = (self.metrics.fill_datagrams, self.metrics.fill_dropped)
+        log.info("replay: fill datagrams at udp:%s:%d", *fill.address)
+        return fill
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -164,6 +190,9 @@ class ReplayServer:
         """Serve until `until()` is true or stop() is called; then tell clients and close."""
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        fill_fd = self.fill_port.fileno() if self.fill_port is not None else None
+        if fill_fd is not None:
+            poller.register(fill_fd, zmq.POLLIN)  # a plain descriptor: poll() reports it by number
         try:
             while not (self._stopping or until()):
                 wait = self._on_timers(time.monotonic())
@@ -171,7 +200,11 @@ class ReplayServer:
                     wait = 0.0
                 elif self._blocked:
                     wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
-                if poller.poll(math.ceil(wait * 1000)):  # rounded up: a 0 ms poll before a timer would spin
+                ready = dict(poller.poll(math.ceil(wait * 1000)))  # rounded up: a 0 ms poll would spin
+                if fill_fd in ready:
+                    assert self.fill_port is not None
+                    self.fill_port.serve(time.monotonic())  # first: a fill waits for no replay session
+                if self.router in ready:
                     self._drain()
                 self._serve()
         finally:
@@ -425,6 +458,8 @@ class ReplayServer:
         if self.snapshots is not None:
             self.snapshots.close()
         self.router.close()
+        if self.fill_port is not None:
+            self.fill_port.close()
         if self.announcer is not None:
             self.announcer.close()
         if self.registrar is not None:

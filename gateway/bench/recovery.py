@@ -5,7 +5,8 @@ gateway journals and multicasts them, a reconciling `Subscriber` on host sub tak
 packets arriving at host sub, multicast and the replay connection alike: random loss of 0.1%, 1% and 5%, and
 1% lost in bursts of 1,000 packets on average (the Gilbert model). epgm:// runs through
 `gateway.transport.pgm` here (ZEPS_PGM_ENGINE=openpgm: OpenPGM with NAK timers for a LAN), udp:// fills every
-gap from the replay sidecar, norm:// repairs on the multicast with libnorm. Each with one feed and with A/B
+gap from the replay sidecar (by datagram at its fill port, FETCH over TCP as the fallback), norm:// repairs on
+the multicast with libnorm. Each with one feed and with A/B
 feeds (two groups, the subscriber takes the first copy of each batch). Every record must arrive once, in
 order; "records from replay" counts those the sidecar filled.
 """

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from gateway.cli import config, discovery_opts, keyopts
-from gateway.cli.options import Parser, byte_size, duration, host_port, number, positive, tcp_endpoint
+from gateway.cli.options import Parser, byte_size, duration, host_port, integer, number, positive, tcp_endpoint
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -41,8 +41,16 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="keep no last-value index and refuse SNAPSHOT (saves memory per key; see docs/snapshots.md)",
     )
     discovery_opts.add_server_options(p, "default: none, do not announce")
-    p.add_argument("--stream-key", metavar="FILE", help="sign the announcements with this key (zeps keygen)")
+    p.add_argument(
+        "--stream-key", metavar="FILE", help="sign the announcements and fill datagrams with this key (zeps keygen)"
+    )
     p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
+    p.add_argument(
+        "--fill-udp",
+        metavar="PORT",
+        type=integer(0, 65535),
+        help="UDP port for fill datagrams (udp:// gap re-requests, docs/protocol.md); default: the --bind port, 0: off",
+    )
     p.set_defaults(handler=_run)
 
 

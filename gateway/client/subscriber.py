@@ -9,7 +9,10 @@ Sockets, all driven by the caller's thread (and the feeds by a drain thread whil
 - replay, in two ZEPS connections so that every answer can be attributed to its request: the *catch-up*
   connection carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is
   closing it) and the *fill* connection carries bounded gap fills (FETCH), which the sidecar answers in
-  order, each closed by FETCH-END.
+  order, each closed by FETCH-END. Small fills go by datagram first when the sidecar has a fill port
+  (`DatagramFills`: on by default for udp:// feeds, at the replay endpoint's port; `fill_udp`), and over
+  FETCH only when their datagrams go unanswered: a lost TCP segment costs >= 200 ms, a lost datagram one
+  short timer.
 
 The replay endpoint may be given, or several (sidecars on one journal, or on the nodes of a replicated
 gateway), or learnt from the multicast heartbeats (each sidecar they name is added to the list). Replay uses
@@ -55,7 +58,9 @@ feeds are read only during those calls: for an application that never stops call
 from __future__ import annotations
 
 import logging
+import math
 import os
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -67,6 +72,7 @@ from typing import Any, cast
 import zmq
 
 from gateway import reconcile as R
+from gateway.client.datagram_fills import DatagramFills
 from gateway.client.directory import Directory, resolve_feeds
 from gateway.client.endpoints import Endpoints
 from gateway.client.feed_drain import FeedDrain
@@ -151,6 +157,8 @@ class SubscriberStats:
     replay_reconnects: int = 0
     replay_retries: int = 0  # transient replay failures, each followed by a backoff
     feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
+    fill_datagrams: int = 0  # datagram answers to gap fills used (DatagramFills)
+    fills_escalated: int = 0  # gap fills whose datagrams went unanswered, handed to FETCH
     states: list[str] = field(default_factory=list)
 
     @property
@@ -172,6 +180,8 @@ class SubscriberStats:
             "unauthenticated": self.unauthenticated,
             "replay_retries": self.replay_retries,
             "feed_dropped": self.feed_dropped,
+            "fill_datagrams": self.fill_datagrams,
+            "fills_escalated": self.fills_escalated,
         }
 
 
@@ -247,6 +257,7 @@ class Subscriber:
         interface: str | None = None,
         directory: Directory | None = None,
         discovery_timeout: float = 3.0,
+        fill_udp: int | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
         """`replay`: a sidecar endpoint, or several serving the same stream, tried in turn (module docstring).
@@ -257,7 +268,10 @@ class Subscriber:
 
         With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
         announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
-        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead."""
+        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
+
+        `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
+        replay endpoint's port when a feed is udp://, else off; 0: off."""
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self.directory: Directory | None = None
         if not multicast and not replay:
@@ -295,6 +309,9 @@ class Subscriber:
         self.catchup_id: int | None = None
         self.fill: ReplayClient | None = None
         self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
+        udp_feeds = any(Endpoint.parse(text).transport == "udp" for text in multicast)
+        self.fill_udp = fill_udp if fill_udp is not None else (None if udp_feeds else 0)
+        self.datagrams: DatagramFills | None = None  # for the current replay endpoint, made when first needed
         self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
         self.unready_since: float | None = None  # the first connection opened since one was last ready
@@ -432,6 +449,9 @@ class Subscriber:
     def summary(self) -> dict[str, int]:
         if self.drain is not None:
             self.stats.feed_dropped = self.drain.dropped
+        if self.datagrams is not None:
+            self.stats.fill_datagrams = self.datagrams.stats.answers
+            self.stats.fills_escalated = self.datagrams.stats.escalated
         return self.stats.summary(self.reconciler)
 
     def close(self) -> None:
@@ -450,6 +470,8 @@ class Subscriber:
             for sock in self.feeds:
                 sock.close(linger=0)
         self._close_replay()
+        if self.datagrams is not None:
+            self.datagrams.close()
         if self.directory is not None and self._own_directory:
             self.directory.close()
 
@@ -503,8 +525,11 @@ class Subscriber:
             for feed, frames in self.drain.take(FEED_BURST):
                 self._on_feed(feed, frames, now)
             direct, timeout = not self.drain.queue, 0.0
+        due = self.datagrams.hedge.next_due() if self.datagrams is not None else None
+        if due is not None:  # a datagram's timer: wake for it (rounded up, so a due timer is not polled at 0)
+            timeout = min(timeout, max(0.0, due - time.monotonic()) + 0.0005)
         if self._poller.sockets:
-            ready = dict(self._poller.poll(int(timeout * 1000)))
+            ready = dict(self._poller.poll(math.ceil(timeout * 1000)))
         else:  # nothing to wait on (replay only, between tries): sleep, never spin
             time.sleep(timeout)
             ready = {}
@@ -520,6 +545,8 @@ class Subscriber:
             # A handshake is looked at every turn (its deadline), a ready connection when it or its monitor stirs.
             if not client.ready or client.sock in ready or client.handshake.monitor in ready:
                 self._drain_replay(client, now)
+        if self.datagrams is not None and self.reconciler is not None:
+            self._on_datagrams(self.datagrams, self.datagrams.fileno() in ready, now)
         if self.failed is None and not self.replay_up and now >= self.reconnect_at:
             self._reconnect(now)
         if self.reconciler is None:
@@ -621,6 +648,16 @@ class Subscriber:
             case ZepsSnapshotEnd(last=last):
                 self._execute(self.reconciler.handle(R.SnapshotDone(request_id, last), now))
 
+    def _on_datagrams(self, fills: DatagramFills, readable: bool, now: float) -> None:
+        """Datagram answers to the reconciler, as FETCH answers are; ranges out of tries to FETCH."""
+        assert self.reconciler is not None
+        for rid, batch in fills.receive(now) if readable else ():  # the poller names a plain socket by its fd
+            self._execute(self.reconciler.handle(R.Replay(batch, rid), now))
+            if fills is not self.datagrams:
+                return  # an action closed it (replay lost)
+        for rid, lo, hi in fills.expire(now, self.reconciler.next_seq or 1):
+            self._fetch(rid, lo, hi)
+
     # --- actions ----------------------------------------------------------------------------------------
 
     def _execute(self, actions: list[R.Action]) -> None:
@@ -679,14 +716,53 @@ class Subscriber:
                 else:
                     self.catchup.subscribe(self.pattern, latest=req.lo - 1)
             else:
-                if self.fill is None:
-                    self.fill = self._connect()
-                self.fill.fetch(req.lo, req.hi, self.pattern)
-                self.fills.append(req.request_id)
+                fills = self._datagram_fills()
+                if fills is None or not fills.ask(req.request_id, req.lo, req.hi, time.monotonic()):
+                    self._fetch(req.request_id, req.lo, req.hi)
         except ReplayError as exc:
             self._replay_lost(time.monotonic(), exc.reason)
 
+    def _fetch(self, request_id: int, lo: int, hi: int) -> None:
+        """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
+        try:
+            if self.fill is None:
+                self.fill = self._connect()
+            self.fill.fetch(lo, hi, self.pattern)
+            self.fills.append(request_id)
+        except ReplayError as exc:
+            self._replay_lost(time.monotonic(), exc.reason)
+
+    def _datagram_fills(self) -> DatagramFills | None:
+        """The datagram path to the current sidecar's fill port; None when off or its address is no IPv4
+        literal (a name would need a resolver call, which may block)."""
+        if self.fill_udp == 0 or self.replay_endpoint is None:
+            return None
+        host, _, port = self.replay_endpoint.removeprefix("tcp://").rpartition(":")
+        try:
+            socket.inet_aton(host)
+            address = (host, self.fill_udp or int(port))
+        except (OSError, ValueError):
+            return None
+        old, moved = self.datagrams, []
+        if old is not None and old.sidecar != address:  # the sidecar moved: ask the new one what is outstanding
+            moved = [(rid, ask.lo, ask.hi) for rid, ask in old.hedge.asks.items()]
+            self._poller.unregister(old)
+            old.close()
+            self.datagrams = None
+        if self.datagrams is None:
+            self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys)
+            self._poller.register(self.datagrams, zmq.POLLIN)
+            if self.fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
+                self.fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
+            now = time.monotonic()
+            for rid, lo, hi in moved:
+                if not self.datagrams.ask(rid, lo, hi, now):
+                    self._fetch(rid, lo, hi)
+        return self.datagrams
+
     def _cancel(self, request_id: int) -> None:
+        if self.datagrams is not None:
+            self.datagrams.hedge.cancel(request_id)
         if request_id == self.catchup_id and self.catchup is not None:
             self.catchup.close()  # ZEPS has no unsubscribe: the connection was the subscription
             self.catchup, self.catchup_id = None, None
@@ -722,6 +798,8 @@ class Subscriber:
         self.catchup = self.fill = self.starter = None
         self.catchup_id = None
         self.fills.clear()
+        if self.datagrams is not None:
+            self.datagrams.hedge.clear()
 
     def _follow_sidecar(self, now: float) -> None:
         """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
+from gateway.server.fills import DROP_REASONS as FILL_DROP_REASONS
 from gateway.server.session import Session
 from gateway.transport.metrics import Metrics, precreate
 
@@ -77,6 +78,13 @@ class ReplayMetrics(Metrics):
             registry=r,
         )
         self.ended = Counter("zeps_replay_sessions_ended", "Sessions ended, by reason", ["reason"], registry=r)
+        self.fill_datagrams = Counter(
+            "zeps_replay_fill_datagrams", "Answer datagrams sent from the fill port (gap fills)", registry=r
+        )
+        self.fill_dropped = Counter(
+            "zeps_replay_fill_dropped", "Fill requests dropped unanswered, by reason", ["reason"], registry=r
+        )
+        precreate(self.fill_dropped, *((k,) for k in FILL_DROP_REASONS))
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.ended, *((k,) for k in ENDED_REASONS))
         self.streams: dict[str, StreamSeries] = {}

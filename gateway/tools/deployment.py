@@ -113,7 +113,7 @@ class Deployment:
         self._wait_ping(self.ingest, self.gateway)
 
     def start_replay(self) -> None:
-        secured = self.keys.server_args() if self.keys else []
+        secured = [*self.keys.server_args(), "--stream-key", str(self.keys.stream_key_file)] if self.keys else []
         self.sidecar = self._zeps("replay", "--journal", str(self.journal), "--bind", self.replay, *secured)
         self._wait_ping(self.replay, self.sidecar)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
-from support.feedlab import STREAM, WAIT_S, _Tally, deploy, expected, publish
+from support.feedlab import STREAM, WAIT_S, _Tally, check_all, deploy, publish
 
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
@@ -75,13 +75,6 @@ def subscribe_pausing(
             except DataLoss as exc:
                 tally.losses.append((exc.lo, exc.hi))
         return tally.result(sub)
-
-
-def check_all(result: dict, last: int) -> None:
-    assert not result["losses"], result["losses"]
-    got = result["records"]
-    assert len(got) == last, (len(got), result["summary"])
-    assert got == expected(1, last)  # every record once, in order
 
 
 def test_sidecar_down_10s_at_start_with_junk_flooding_the_group(deployment: Deployment) -> None:

@@ -88,6 +88,8 @@ def test_every_label_value_is_exported_at_0_from_the_start(tmp_path: Path) -> No
         assert value(sidecar, "zeps_replay_rejected_messages_total", kind=kind) == 0
     for reason in ("detach", "shutdown", "disconnected", "timeout", "not-reading", "error"):
         assert value(sidecar, "zeps_replay_sessions_ended_total", reason=reason) == 0
+    for reason in ("malformed", "range", "rate", "stream", "journal", "send"):
+        assert value(sidecar, "zeps_replay_fill_dropped_total", reason=reason) == 0
     assert not any(name.endswith("_created") for name, _ in series | sidecar)
 
 

@@ -45,6 +45,14 @@ def publish(ingest: str, skip: int, count: int, rate: float, curve: Any = None) 
         return pub.flush()
 
 
+def check_all(result: dict[str, Any], last: int) -> None:
+    """A subscriber's result (`subscribe`) holds records 1..last of the generated load, once each, in order."""
+    assert not result["losses"], result["losses"]
+    got = result["records"]
+    assert len(got) == last, (len(got), result["summary"])
+    assert got == expected(1, last)  # every record once, in order
+
+
 class _Tally:
     """What a subscriber under test delivered, for the test to compare with what was published."""
 
