@@ -79,6 +79,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="start even if a stream's last batch is corrupt, discarding it (default: refuse, see zeps journal repair)",
     )
+    p.add_argument("--etcd", action="append", metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379 "
+                   "(repeatable): this gateway is then node --node of a replicated group (docs/ha.md)")  # fmt: skip
+    p.add_argument("--min-insync", type=nonnegative, help="in-sync followers a batch needs before it is confirmed (0)")
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
@@ -107,6 +110,7 @@ _PASSED_ON = (
     "journal_retry_ms",
     "producer_expiry_s",
     "max_producers",
+    "min_insync",
 )
 
 
@@ -121,6 +125,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     durability = {"mode": given["fsync"]} if "fsync" in given else {}
     if "fsync_ms" in given:
         durability["group_ms"] = given["fsync_ms"]
+    discovery = discovery_opts.server_discovery(given)
     return GatewayConfig(
         streams=list(args.stream),
         journal=Path(args.journal),
@@ -134,7 +139,9 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         metrics=args.metrics,
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
-        discovery=discovery_opts.server_discovery(given),
+        discovery=discovery,
+        etcd=tuple(args.etcd or ()),
+        node=discovery.node if args.etcd else "",  # --node names this node to its group and in announcements
         **{k: given[k] for k in _PASSED_ON if k in given},
     )
 
@@ -156,12 +163,15 @@ def check_tails(cfg: GatewayConfig) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
+    from gateway.client.replay_client import ReplayClient
     from gateway.server.gateway import Gateway
 
     cfg = configure(args)
     if not args.accept_corrupt_tail:
         check_tails(cfg)
-    gateway = Gateway(cfg)
+    gateway = Gateway(
+        cfg, replay=lambda endpoint, stream, timeout, ctx: ReplayClient(endpoint, stream, timeout=timeout, ctx=ctx)
+    )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
     signal.signal(signal.SIGINT, lambda *_: gateway.stop())
     ingest = gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the port bound, if it was 0

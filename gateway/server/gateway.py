@@ -32,6 +32,8 @@ from gateway.journal.layout import list_segments, seg_path
 from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
+from gateway.server.follower import ReplayFactory
+from gateway.server.ha import HaNode
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.transport.curve import CurveServerKeys, TcpGuard
@@ -81,12 +83,21 @@ class GatewayConfig:
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
     discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
+    etcd: tuple[str, ...] = ()  # etcd client URLs: with --node, this gateway is a node of a group (docs/ha.md)
+    node: str = ""  # this node's name in its group
+    min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
+    ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
+    ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
 
     def __post_init__(self) -> None:
         if not self.streams:
             raise ConfigError("name at least one stream (--stream NAME)")
         for name in self.streams:
             P.validate_stream_name(name)
+        if bool(self.etcd) != bool(self.node):
+            raise ConfigError("--etcd and --node go together: both make this gateway a node of a replicated group")
+        if self.node and not self.replay_endpoint:
+            raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
         if (
@@ -134,6 +145,8 @@ class _Lane:
         self.full_since: float | None = None
         self.retry_at = 0.0
         self.full_reason = ""
+        # A node of a group: (batch, sealed, last_seq, ts_ns) journaled but not committed, so not multicast yet.
+        self.held: deque[tuple[B.Batch, bytes, int, int]] = deque()
 
 
 class _Out:
@@ -181,25 +194,15 @@ class _Out:
 class Gateway:
     """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe), with real-time output over PGM, NORM or UDP."""
 
-    def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, *, ctx: zmq.Context | None = None, replay: ReplayFactory | None = None
+    ) -> None:
+        """`replay`: the replay client a node of a group (config.etcd) copies its leader's journal with."""
         self.config = config
         self.ctx = ctx or zmq.Context.instance()
         self.id = random.getrandbits(32)
         self.metrics = GatewayMetrics(config.streams)
-        self.lanes = {
-            name: _Lane(
-                name,
-                JournalWriter.open(
-                    config.journal,
-                    name,
-                    segment_bytes=config.segment_bytes,
-                    durability=config.durability,
-                    retention=config.retention,
-                ),
-                ProducerTable(int(config.producer_expiry_s * 1e9), config.max_producers),
-            )
-            for name in config.streams
-        }
+        self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
@@ -234,6 +237,12 @@ class Gateway:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
         self._stopping = False
+        self._poller = zmq.Poller()
+        self.ha: HaNode | None = None
+        if config.etcd:
+            if replay is None:
+                raise ConfigError("a node of a group needs a replay client to follow its leader with")
+            self.ha = HaNode(self, replay).start()
         log.info(
             "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
@@ -244,6 +253,49 @@ class Gateway:
             config.stream_key,
             config.curve,
         )
+
+    def _open_writer(self, stream: str) -> JournalWriter:
+        c = self.config
+        return JournalWriter.open(
+            c.journal, stream, segment_bytes=c.segment_bytes, durability=c.durability, retention=c.retention
+        )
+
+    def _producer_table(self) -> ProducerTable:
+        return ProducerTable(int(self.config.producer_expiry_s * 1e9), self.config.max_producers)
+
+    def reopen(self, stream: str) -> None:
+        """Open a stream's journal again after it was cut (a follower dropping what its leader lacks)."""
+        lane = self.lanes[stream]
+        lane.writer = self._open_writer(stream)
+        lane.producers = self._producer_table()
+        self.metrics.follow_head(stream, lane.writer)
+        self._recover_producers(lane)
+        for out in self.outs:
+            if stream in out.sent_head:
+                out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
+
+    def watch(self, sock: zmq.Socket) -> None:
+        """Wake the loop when `sock` is readable (a follower's replication link)."""
+        self._poller.register(sock, zmq.POLLIN)
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        self._poller.unregister(sock)
+
+    def _visible(self, lane: _Lane) -> int:
+        """The last sequence that may be multicast, confirmed and announced: a node's commit point."""
+        return self.ha.committed(lane.stream) if self.ha is not None else lane.writer.last_seq
+
+    def step_down(self, reason: str) -> None:
+        """This node stopped leading: refuse what was not journaled, multicast nothing more that was, owe no
+        confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
+        for lane in self.lanes.values():
+            lane.pending, lane.pending_bytes = [], 0
+            lane.unsequenced.clear()  # their sessions end below, with the reason
+            lane.confirms.clear()
+            lane.held.clear()
+        for identity in list(self.sessions):
+            self._send_to(identity, P.invalid(reason))
+            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
 
     def _recover_producers(self, lane: _Lane) -> None:
         """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
@@ -294,7 +346,7 @@ class Gateway:
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self.router, zmq.POLLIN)
         if self.xsub is not None:
             poller.register(self.xsub, zmq.POLLIN)
@@ -320,6 +372,10 @@ class Gateway:
         """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
         linger = self.config.linger_ms / 1000
         deadline = now + 0.05
+        if self.ha is not None:
+            self.ha.tick(now)
+            self._release()
+            deadline = now + 0.01  # acks, pings, commits
         for lane in self.lanes.values():
             if lane.pending:
                 due = lane.pending_since + linger
@@ -349,6 +405,14 @@ class Gateway:
             deadline = min(deadline, self.announcer.due)
         return max(0.0, deadline - time.monotonic())
 
+    def _release(self) -> None:
+        """A node that leads: multicast what its in-sync followers now hold."""
+        for lane in self.lanes.values():
+            visible = self._visible(lane)
+            while lane.held and lane.held[0][2] <= visible:
+                batch, sealed, last, ts = lane.held.popleft()
+                self._fan_out(lane, batch, sealed, last, ts)
+
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
         for lane in self.lanes.values():
@@ -358,8 +422,11 @@ class Gateway:
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
         ts = time.time_ns()
+        if self.ha is not None and not self.ha.leading:
+            return  # a follower is silent on the multicast
         for out in self.outs:
             for stream, head in out.sent_head.items():
+                head = min(head, self._visible(self.lanes[stream]))
                 hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
                 try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
@@ -398,6 +465,10 @@ class Gateway:
                 self._attach(identity, version, stream)
             case P.Ping():
                 self._reply(identity, P.PingOk())
+            case P.ReplicaAck(node=node, stream=stream, epoch=epoch, sequence=seq) if self.ha is not None:
+                self.ha.ack(node, epoch, stream, seq)
+            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
+                self._reject(identity, self.ha.refusal(), kind="not-leader")
             case _ if session is None:
                 self._reject(
                     identity,
@@ -534,7 +605,11 @@ class Gateway:
         series.journaled.inc(batch.count)
         series.journaled_bytes.inc(len(sealed))
         series.batch_records.observe(batch.count)
-        self._fan_out(lane, batch, sealed)
+        last, ts = lane.writer.last_seq, lane.writer.last_ts_ns
+        if self.ha is not None:
+            lane.held.append((batch, sealed, last, ts))
+        else:
+            self._fan_out(lane, batch, sealed, last, ts)
         return sealed
 
     def _writable(self, lane: _Lane, count: int) -> bool:
@@ -577,9 +652,9 @@ class Gateway:
             first += n
         lane.unsequenced.clear()
 
-    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes) -> None:
-        """Queue the sealed batch on every multicast output (cut to size for datagram ones)."""
-        last = lane.writer.last_seq
+    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes, last: int, ts: int) -> None:
+        """Queue the sealed batch (sequences ..last, journal time ts) on every multicast output (cut to size for
+        datagram ones)."""
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
@@ -593,7 +668,7 @@ class Gateway:
                 continue
             if room not in cut:
                 # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
-                first, ts = last - batch.count + 1, lane.writer.last_ts_ns
+                first = last - batch.count + 1
                 whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
                 cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
             out.queue.extend(cut[room])
@@ -636,7 +711,7 @@ class Gateway:
     def _send_confirms(self, lane: _Lane) -> None:
         """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written)."""
         never = self.config.durability.mode == "never"
-        synced = lane.writer.last_seq if never else lane.writer.synced_seq
+        synced = min(lane.writer.last_seq if never else lane.writer.synced_seq, self._visible(lane))
         while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
             identity, first, n = lane.confirms.popleft()
             self._reply(identity, P.PublishOk(first, n))
@@ -661,6 +736,9 @@ class Gateway:
                 continue
             if len(body) > self.config.max_message_bytes:
                 self.metrics.rejected.labels("oversize").inc()
+                continue
+            if self.ha is not None and not self.ha.leading:
+                self.metrics.rejected.labels("not-leader").inc()
                 continue
             self._publish(None, None, key, body)
 
@@ -692,6 +770,9 @@ class Gateway:
 
     def close(self) -> None:
         """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
+        if self.ha is not None:
+            self.ha.close()  # resigns first: a node that does not lead refuses, holds and confirms nothing
+            self.step_down(f"gateway node {self.config.node} is shutting down: publish to another node; retry later")
         for lane in self.lanes.values():
             self._flush(lane)
         deadline = time.monotonic() + 2.0

@@ -65,6 +65,21 @@ class Etcd:
         result = self._call(self._client.transaction, txn)
         return int(result["header"]["revision"]) if result.get("succeeded") else None
 
+    def put_if_held(self, key: str, value: str, leader_key: str, epoch: int) -> bool:
+        """Puts `key` only while `leader_key` is the one created at revision `epoch`: a write fenced by
+        leadership (a deposed leader's write fails). Whether it was written."""
+        k = _b64(leader_key)
+        txn = {
+            "compare": [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": epoch}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
+            "failure": [],
+        }
+        return bool(self._call(self._client.transaction, txn).get("succeeded"))
+
+    def get(self, key: str) -> str | None:
+        found = self.holder(key)
+        return None if found is None else found.value
+
     def holder(self, key: str) -> Holder | None:
         found = self._call(self._client.get, key, metadata=True)
         if not found:

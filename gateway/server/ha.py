@@ -1,0 +1,251 @@
+"""A gateway node of a replicated group (docs/ha.md): leader or follower, decided by the elector.
+
+The leader sequences and journals as a single gateway does, but multicasts and confirms a batch only once it
+is committed (gateway.server.replicas: every in-sync follower journaled it, and there are `min_insync` of
+them), and only while the authority clock lets it act. A follower refuses publishers (naming the leader),
+copies the leader's journal into its own verbatim (gateway.server.follower), acknowledges what it journaled,
+and suspects a leader that stops answering: the elector then revokes that leader's lease and campaigns.
+
+On following a new leader, a node first drops what its journal holds beyond the leader's (records a former
+leader journaled but never got committed): it compares its last batch with the leader's, byte for byte,
+and cuts batches from its end until they agree.
+
+Threading contract: every method runs on the gateway's loop; only the elector has a thread of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from gateway.errors import CoordinatorError, JournalError, ReplayError
+from gateway.journal import JournalReader
+from gateway.journal.tools import cut_after
+from gateway.server.elector import Elector
+from gateway.server.follower import Follower, LeaderInfo, ReplayFactory
+from gateway.server.replicas import InSync, eligible, parse_record
+from gateway.transport.etcd import Etcd
+from gateway.wire import batch as B
+
+if TYPE_CHECKING:
+    from gateway.server.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
+
+
+def group_key(streams: list[str]) -> str:
+    """The etcd prefix of the group serving `streams`: /zeps/ha/<streams joined by +>."""
+    return "/zeps/ha/" + "+".join(sorted(streams))
+
+
+class HaNode:
+    """This node's part in the group; the gateway asks it who may do what."""
+
+    def __init__(self, gw: Gateway, replay: ReplayFactory) -> None:
+        cfg = gw.config
+        self.gw, self.node, self._replay = gw, cfg.node, replay
+        prefix = group_key(cfg.streams)
+        self.leader_key, self.isr_key = f"{prefix}/leader", f"{prefix}/insync"
+        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint)
+        self._etcd = Etcd(cfg.etcd[0], timeout_s=0.25)
+        self.elector = Elector(
+            cfg.etcd[0],
+            self.leader_key,
+            self.info.encode(),
+            poll_s=0.05,
+            eligible=lambda etcd: eligible(self.node, etcd.get(self.isr_key)),
+        )
+        self.insync: InSync | None = None
+        self.follower: Follower | None = None
+        self._retry_at = 0.0
+
+    def start(self) -> HaNode:
+        self.elector.start()
+        return self
+
+    # --- what the gateway asks ---------------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.insync is not None
+
+    @property
+    def epoch(self) -> int:
+        return self.insync.epoch if self.insync is not None else 0
+
+    def committed(self, stream: str) -> int:
+        return self.insync.committed[stream] if self.insync is not None else 0
+
+    def refusal(self) -> str:
+        """Why this node takes no publishes, naming the leader to publish to."""
+        holder = self.elector.holder()
+        if holder is None or holder.value == self.info.encode():
+            where = "none is elected yet"
+        else:
+            info = LeaderInfo.decode(holder.value)
+            where = f"the leader is {info.node} at {info.reachable_ingest} (epoch {holder.create_revision})"
+        return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
+
+    def ack(self, node: str, epoch: int, stream: str, seq: int) -> None:
+        if self.insync is not None:
+            self.insync.ack(node, epoch, stream, seq, time.monotonic())
+
+    # --- the loop's hook ---------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        epoch, until = self.elector.authority()
+        acting = now < until
+        if acting and (self.insync is None or self.insync.epoch != epoch):
+            self._promote(epoch, now)
+        elif not acting and self.insync is not None:
+            self._demote()
+        if self.insync is not None:
+            self._lead(now)
+        else:
+            self._follow(now)
+
+    def _promote(self, epoch: int, now: float) -> None:
+        if self.follower is not None:  # stop acknowledging the old leader before acting as the new one
+            self._unfollow()
+        try:
+            old_leader, members = parse_record(self._etcd.get(self.isr_key))
+            insync = InSync(
+                self.node, epoch, self.gw.config.min_insync, self.gw.config.ha_lag_s, dict.fromkeys(self.gw.lanes, 0)
+            )
+            insync.start(members - {old_leader}, now)
+            if not self._etcd.put_if_held(self.isr_key, insync.record(), self.leader_key, epoch):
+                return  # no longer the leader of `epoch`: the elector finds out
+        except CoordinatorError as exc:
+            log.warning("ha: cannot take over as leader yet: %s", exc)
+            return
+        self.insync = insync
+        heads = {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}
+        log.info("ha: %s leads epoch %d from heads %s, in sync: %s", self.node, epoch, heads, sorted(insync.members))
+
+    def _demote(self) -> None:
+        log.warning("ha: %s no longer leads (epoch %d): taking no more publishes", self.node, self.epoch)
+        self.insync = None
+        self.gw.step_down(self.refusal())
+
+    def _lead(self, now: float) -> None:
+        insync = self.insync
+        assert insync is not None
+        insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
+        for name in insync.laggards(now):
+            self._write_members(insync.members - {name}, f"{name} left the in-sync set (silent or behind)")
+        for name in insync.joinable():
+            insync.add(name)  # here first: commits wait for it before etcd says it may be elected
+            self._write_members(insync.members, f"{name} joined the in-sync set")
+
+    def _write_members(self, members: set[str], why: str) -> None:
+        insync = self.insync
+        assert insync is not None
+        try:
+            written = self._etcd.put_if_held(self.isr_key, insync.record(members), self.leader_key, insync.epoch)
+        except CoordinatorError as exc:
+            log.warning("ha: in-sync set not written (%s); trying again", exc)
+            return
+        if not written:
+            log.warning("ha: the in-sync set is no longer ours to write (a successor leads)")
+            return
+        for gone in insync.members - members:
+            insync.remove(gone)
+        log.info("ha: %s; in sync now: %s", why, sorted(insync.members))
+
+    # --- following ---------------------------------------------------------------------------------------
+
+    def _follow(self, now: float) -> None:
+        holder = self.elector.holder()
+        if holder is None or holder.value == self.info.encode():
+            if self.follower is not None:
+                self._unfollow()
+            return
+        f = self.follower
+        if f is not None and f.epoch != holder.create_revision:
+            self._unfollow()
+            f = None
+        if f is None:
+            if now >= self._retry_at:
+                self._start_following(LeaderInfo.decode(holder.value), holder.create_revision)
+            return
+        try:
+            for stream in f.clients:
+                self.copy(stream)
+        except ReplayError as exc:  # the leader's sidecar went away: follow again (the ingest may still answer)
+            log.info("ha: replication from %s stopped (%s); following again", f.leader.node, exc)
+            self._unfollow()
+            self._retry_at = now + RETRY_FOLLOW_S
+            return
+        if f.tick(now):
+            log.warning("ha: leader %s (epoch %d) silent for %.2f s; campaigning", f.leader.node, f.epoch, f.suspect_s)
+            self._unfollow()  # acknowledge nothing more to it, then depose it
+            self.elector.suspect(holder.create_revision)
+            self._retry_at = now + RETRY_FOLLOW_S
+
+    def copy(self, stream: str) -> None:
+        """Journal what the leader sent for `stream`, verbatim, and acknowledge it."""
+        f, lane = self.follower, self.gw.lanes[stream]
+        assert f is not None
+        last = 0
+        for batch in f.batches(stream):
+            if batch.last_seq <= lane.writer.last_seq:
+                continue
+            lane.writer.append_replica(batch)
+            lane.producers.journaled(batch)
+            last = batch.last_seq
+        if last:
+            f.journaled(stream, last)
+
+    def _start_following(self, leader: LeaderInfo, epoch: int) -> None:
+        f = Follower(self.gw.ctx, self._replay, self.node, leader, epoch, self.gw.config.ha_suspect_s)
+        try:
+            for stream in self.gw.lanes:
+                self._reconcile(f, stream)
+            for stream, lane in self.gw.lanes.items():
+                self.gw.watch(f.tail(stream, lane.writer.last_seq).sock)
+        except (ReplayError, JournalError) as exc:
+            log.info("ha: cannot follow %s yet (%s); trying again", leader.node, exc)
+            f.close()
+            self._retry_at = time.monotonic() + RETRY_FOLLOW_S
+            return
+        self.follower = f
+        log.info("ha: %s follows %s (epoch %d)", self.node, leader.node, epoch)
+
+    def _reconcile(self, f: Follower, stream: str) -> None:
+        """Cut our journal back to the last batch the leader holds too."""
+        while (last := self._last_batch(stream)) is not None and not f.matches(stream, last):
+            keep = last.first_seq - 1
+            lane = self.gw.lanes[stream]
+            lane.writer.close()
+            cut_after(self.gw.config.journal, stream, keep)
+            self.gw.reopen(stream)
+            log.warning(
+                "ha: stream %s: dropped %d..%d, which leader %s does not have",
+                stream,
+                keep + 1,
+                last.last_seq,
+                f.leader.node,
+            )
+
+    def _last_batch(self, stream: str) -> B.Batch | None:
+        head = self.gw.lanes[stream].writer.last_seq
+        if head == 0:
+            return None
+        with JournalReader(self.gw.config.journal, stream).cursor(head) as cursor:
+            batch = cursor.next_batch()
+        return None if batch is None else B.Batch.parse(bytes(batch))
+
+    def _unfollow(self) -> None:
+        f = self.follower
+        if f is not None:
+            for client in f.clients.values():
+                self.gw.unwatch(client.sock)
+            f.close()
+        self.follower = None
+
+    def close(self) -> None:
+        self._unfollow()
+        self.elector.close(resign=True)
