@@ -91,7 +91,7 @@ class Follower:
         leader: LeaderInfo,
         epoch: int,
         suspect_s: float,
-        timeout_s: float = 2.0,
+        timeout_s: float = 0.5,
     ) -> None:
         self.node, self.leader, self.epoch = node, leader, epoch
         self._replay = replay
@@ -103,8 +103,13 @@ class Follower:
         self.ack_sock.setsockopt(zmq.LINGER, 0)
         self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
         self.ack_sock.connect(leader.reachable_ingest)
-        self.heard_at = time.monotonic()
+        self.started_at = self.heard_at = time.monotonic()
         self._next_ack = 0.0
+
+    @property
+    def answered(self) -> bool:
+        """Whether the leader's ingest answered us yet (then its sidecar is worth asking)."""
+        return self.heard_at > self.started_at
 
     def matches(self, stream: str, own: B.Batch) -> bool:
         """Whether the leader's journal holds `own` (a batch of ours) byte for byte: journals are identical up to
@@ -168,8 +173,14 @@ class Follower:
         with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it
             self.ack_sock.send(P.encode(cmd), zmq.NOBLOCK)
 
-    def close(self) -> None:
-        for client in self.clients.values():
+    def drop_tails(self) -> list[ReplaySource]:
+        """End the replication links (the sidecar went away); the ack link stays. The clients closed."""
+        dropped = list(self.clients.values())
+        for client in dropped:
             client.close()
         self.clients.clear()
+        return dropped
+
+    def close(self) -> None:
+        self.drop_tails()
         self.ack_sock.close()

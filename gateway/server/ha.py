@@ -108,8 +108,7 @@ class HaNode:
             self._follow(now)
 
     def _promote(self, epoch: int, now: float) -> None:
-        if self.follower is not None:  # stop acknowledging the old leader before acting as the new one
-            self._unfollow()
+        self._unfollow()  # acknowledge nothing more to the old leader before acting as the new one
         try:
             old_leader, members = parse_record(self._etcd.get(self.isr_key))
             insync = InSync(
@@ -168,21 +167,24 @@ class HaNode:
             self._unfollow()
             f = None
         if f is None:
-            if now >= self._retry_at:
-                self._start_following(LeaderInfo.decode(holder.value), holder.create_revision)
-            return
-        try:
-            for stream in f.clients:
-                self.copy(stream)
-        except ReplayError as exc:  # the leader's sidecar went away: follow again (the ingest may still answer)
-            log.info("ha: replication from %s stopped (%s); following again", f.leader.node, exc)
-            self._unfollow()
-            self._retry_at = now + RETRY_FOLLOW_S
-            return
+            leader = LeaderInfo.decode(holder.value)
+            f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
+                                         self.gw.config.ha_suspect_s)  # fmt: skip
         if f.tick(now):
             log.warning("ha: leader %s (epoch %d) silent for %.2f s; campaigning", f.leader.node, f.epoch, f.suspect_s)
             self._unfollow()  # acknowledge nothing more to it, then depose it
             self.elector.suspect(holder.create_revision)
+            return
+        if not f.clients:
+            if f.answered and now >= self._retry_at:
+                self._start_tails(f)
+            return
+        try:
+            for stream in f.clients:
+                self.copy(stream)
+        except ReplayError as exc:  # the leader's sidecar went away; its ingest may still answer
+            log.info("ha: replication from %s stopped (%s); starting again", f.leader.node, exc)
+            self._drop_tails(f)
             self._retry_at = now + RETRY_FOLLOW_S
 
     def copy(self, stream: str) -> None:
@@ -199,20 +201,24 @@ class HaNode:
         if last:
             f.journaled(stream, last)
 
-    def _start_following(self, leader: LeaderInfo, epoch: int) -> None:
-        f = Follower(self.gw.ctx, self._replay, self.node, leader, epoch, self.gw.config.ha_suspect_s)
+    def _start_tails(self, f: Follower) -> None:
+        """Cut our journal back to the leader's, then copy each stream after its head (waits, bounded)."""
         try:
             for stream in self.gw.lanes:
                 self._reconcile(f, stream)
             for stream, lane in self.gw.lanes.items():
                 self.gw.watch(f.tail(stream, lane.writer.last_seq).sock)
         except (ReplayError, JournalError) as exc:
-            log.info("ha: cannot follow %s yet (%s); trying again", leader.node, exc)
-            f.close()
+            log.info("ha: cannot copy from %s yet (%s); trying again", f.leader.node, exc)
+            self._drop_tails(f)
             self._retry_at = time.monotonic() + RETRY_FOLLOW_S
             return
-        self.follower = f
-        log.info("ha: %s follows %s (epoch %d)", self.node, leader.node, epoch)
+        log.info("ha: %s follows %s (epoch %d)", self.node, f.leader.node, f.epoch)
+
+    def _drop_tails(self, f: Follower) -> None:
+        for client in f.clients.values():
+            self.gw.unwatch(client.sock)
+        f.drop_tails()
 
     def _reconcile(self, f: Follower, stream: str) -> None:
         """Cut our journal back to the last batch the leader holds too."""
@@ -241,8 +247,7 @@ class HaNode:
     def _unfollow(self) -> None:
         f = self.follower
         if f is not None:
-            for client in f.clients.values():
-                self.gw.unwatch(client.sock)
+            self._drop_tails(f)
             f.close()
         self.follower = None
 

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 STREAM = "ha"
 LEADER_KEY = f"{group_key([STREAM])}/leader"
+KILLS = 10
 
 
 class Node:
@@ -92,10 +93,10 @@ class Publisher:
         self.sock.connect(self.endpoints[self.turn % len(self.endpoints)])
         self.turn += 1
         self.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
-        if not self._answer(P.AttachOk, 0.5):
+        if not self._answer(P.AttachOk, 0.2):  # refused at once by a follower; a dead node says nothing
             return False
         self.sock.send(P.encode(P.Extend((P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER))))
-        return self._answer(P.ExtendOk, 0.5) is not None
+        return self._answer(P.ExtendOk, 0.2) is not None
 
     def _answer(self, kind: type[P.Command], timeout: float) -> P.Command | None:
         assert self.sock is not None
@@ -114,7 +115,7 @@ class Publisher:
                 continue
             assert self.sock is not None
             self.sock.send(P.encode(P.PublishBatch(raw)))
-            ok = self._answer(P.PublishOk, 1.0)
+            ok = self._answer(P.PublishOk, 0.5)
             if isinstance(ok, P.PublishOk):
                 return ok.sequence + ok.count - 1
             self.sock.close()
@@ -166,8 +167,8 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
     epochs: list[int] = []
     try:
         n = 0
-        for _ in range(4):
-            for _ in range(60):
+        for _ in range(KILLS):
+            for _ in range(30):
                 n += 1
                 confirmed[n] = pub.send(n)
             victim, epoch = leader(etcd, nodes)
