@@ -106,10 +106,9 @@ class Follower:
         self.started_at = self.heard_at = time.monotonic()
         self._next_ack = 0.0
 
-    @property
-    def answered(self) -> bool:
-        """Whether the leader's ingest answered us yet (then its sidecar is worth asking)."""
-        return self.heard_at > self.started_at
+    def answering(self, now: float) -> bool:
+        """Whether the leader's ingest answers us (its last ping): only then is its sidecar worth a wait."""
+        return self.heard_at > self.started_at and now - self.heard_at < 2 * ACK_EVERY_S
 
     def matches(self, stream: str, own: B.Batch) -> bool:
         """Whether the leader's journal holds `own` (a batch of ours) byte for byte: journals are identical up to

@@ -176,7 +176,7 @@ class HaNode:
             self.elector.suspect(holder.create_revision)
             return
         if not f.clients:
-            if f.answered and now >= self._retry_at:
+            if f.answering(now) and now >= self._retry_at:
                 self._start_tails(f)
             return
         try:

@@ -93,10 +93,10 @@ class Publisher:
         self.sock.connect(self.endpoints[self.turn % len(self.endpoints)])
         self.turn += 1
         self.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
-        if not self._answer(P.AttachOk, 0.2):  # refused at once by a follower; a dead node says nothing
+        if not self._answer(P.AttachOk, 0.1):  # refused at once by a follower; a dead node says nothing
             return False
         self.sock.send(P.encode(P.Extend((P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER))))
-        return self._answer(P.ExtendOk, 0.2) is not None
+        return self._answer(P.ExtendOk, 0.1) is not None
 
     def _answer(self, kind: type[P.Command], timeout: float) -> P.Command | None:
         assert self.sock is not None
@@ -115,7 +115,7 @@ class Publisher:
                 continue
             assert self.sock is not None
             self.sock.send(P.encode(P.PublishBatch(raw)))
-            ok = self._answer(P.PublishOk, 0.5)
+            ok = self._answer(P.PublishOk, 0.1)  # a confirm takes ms; a re-send is deduplicated
             if isinstance(ok, P.PublishOk):
                 return ok.sequence + ok.count - 1
             self.sock.close()
