@@ -427,7 +427,8 @@ class Gateway:
         for out in self.outs:
             for stream, head in out.sent_head.items():
                 head = min(head, self._visible(self.lanes[stream]))
-                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
+                epoch = self.ha.epoch if self.ha is not None else 0
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, epoch).encode()
                 try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes

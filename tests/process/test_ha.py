@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -188,6 +189,72 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
         check(nodes, confirmed)
         print(f"failover kill -9 -> first confirm: median {statistics.median(failovers):.3f} s, "
               f"max {max(failovers):.3f} s over {len(failovers)}")  # fmt: skip
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+@pytest.mark.parametrize("pause_s", [0.7, 2.5], ids=["shorter-than-lease", "past-lease"])
+def test_a_paused_leader_never_confirms_after_its_successor_took_over(
+    etcd: EtcdProcess, tmp_path: Path, pause_s: float
+) -> None:
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", "1").start() for i in range(3)]
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 31):
+            confirmed[n] = pub.send(n)
+        paused, epoch = leader(etcd, nodes)
+        stale = Publisher([paused.ingest])  # attached before the pause; its record waits in the socket
+        stale_n = 1000
+        confirmed[stale_n] = stale.send(stale_n)
+        paused.signal(signal.SIGSTOP)
+        assert stale.sock is not None
+        raw = B.encode(0, [(0, b"k", b"record-1001")], producer=(stale.producer, 1001))
+        stale.sock.send(P.encode(P.PublishBatch(raw)))
+        for n in range(31, 61):  # the others elect a successor and go on
+            confirmed[n] = pub.send(n)
+        successor, new_epoch = leader(etcd, nodes)
+        assert successor is not paused and new_epoch > epoch
+        paused.signal(signal.SIGCONT)
+        answer = stale._answer(P.PublishOk, 3.0)  # the record sent to the paused leader
+        if isinstance(answer, P.PublishOk):
+            confirmed[1001] = answer.sequence
+        print(f"paused {pause_s} s: the record sent to the paused leader got {answer}")
+        for n in range(61, 91):
+            confirmed[n] = pub.send(n)
+        time.sleep(1.0)
+        check(nodes, confirmed)
+        stale.close()
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+@pytest.mark.parametrize("min_insync", [1, 0])
+def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tmp_path: Path, min_insync: int) -> None:
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", str(min_insync)).start() for i in range(2)]
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        head, _ = leader(etcd, nodes)
+        follower = next(node for node in nodes if node is not head)
+        follower.kill9()
+        if min_insync:
+            with pytest.raises(AssertionError, match="not confirmed"):
+                pub.send(21, deadline_s=3.0)  # journaled by the leader, held: its only follower is gone
+            follower.start()
+        confirmed[21] = pub.send(21)  # min-insync 0: once the follower left the in-sync set; 1: once it is back
+        for n in range(22, 41):
+            confirmed[n] = pub.send(n)
+        if not min_insync:
+            follower.start()
+        time.sleep(1.5)
+        check(nodes, confirmed)
     finally:
         pub.close()
         for node in nodes:
