@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.errors import BatchError, JournalError, NotAJournal
+from gateway.journal.epochs import cut_epochs
 from gateway.journal.layout import (
     HEAD_NAME,
     INDEX_ENTRY,
@@ -422,6 +423,7 @@ def cut_after(root: str | os.PathLike[str], stream: str, last_keep: int) -> int:
             idx_path(directory, seq).write_bytes(kept)
             break
         write_head(directory, last_keep + 1, last_ts)
+        cut_epochs(directory, last_keep)
     finally:
         os.close(lock_fd)
     if dropped:

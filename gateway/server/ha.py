@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import CoordinatorError, JournalError, ReplayError
 from gateway.journal import JournalReader
+from gateway.journal.epochs import start_epoch
 from gateway.journal.tools import cut_after
 from gateway.server.elector import Elector
 from gateway.server.follower import Follower, LeaderInfo, ReplayFactory
@@ -120,8 +121,10 @@ class HaNode:
         except CoordinatorError as exc:
             log.warning("ha: cannot take over as leader yet: %s", exc)
             return
-        self.insync = insync
         heads = {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}
+        for stream, head in heads.items():
+            start_epoch(self.gw.lanes[stream].writer.directory, epoch, head + 1)
+        self.insync = insync
         log.info("ha: %s leads epoch %d from heads %s, in sync: %s", self.node, epoch, heads, sorted(insync.members))
 
     def _demote(self) -> None:

@@ -21,6 +21,7 @@ import zmq
 from support.etcd import EtcdProcess
 from support.servers import free_port, journal_records
 
+from gateway.journal.epochs import read_epochs
 from gateway.server.ha import group_key
 from gateway.transport.etcd import Etcd
 from gateway.wire import batch as B
@@ -187,6 +188,11 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
         time.sleep(1.0)  # the followers catch up
         assert epochs == sorted(set(epochs)), f"epochs did not grow: {epochs}"
         check(nodes, confirmed)
+        current, epoch = leader(etcd, nodes)
+        led = {node.name: read_epochs(node.journal / STREAM) for node in nodes}
+        assert led[current.name][-1][0] == epoch, "the leader's epoch checkpoint lacks its epoch"
+        for entries in led.values():
+            assert [e for e, _ in entries] == sorted({e for e, _ in entries})
         print(f"failover kill -9 -> first confirm: median {statistics.median(failovers):.3f} s, "
               f"max {max(failovers):.3f} s over {len(failovers)}")  # fmt: skip
     finally:
