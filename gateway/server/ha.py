@@ -10,12 +10,19 @@ On following a new leader, a node first drops what its journal holds beyond the 
 leader journaled but never got committed): it compares its last batch with the leader's, byte for byte,
 and cuts batches from its end until they agree.
 
-Threading contract: every method runs on the gateway's loop; only the elector has a thread of its own.
+Each node also says how it is doing under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`),
+every `REPORT_EVERY_S`, from a thread of its own.
+
+Threading contract: every method runs on the gateway's loop, except `_report`, which runs on the reporter
+thread and only reads (single attribute reads: a head, the role). The elector has a thread of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
+REPORT_EVERY_S = 0.5
 
 
 def group_key(streams: list[str]) -> str:
@@ -62,10 +70,29 @@ class HaNode:
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._retry_at = 0.0
+        self.status_key = f"{prefix}/nodes/{cfg.node}"
+        self._stop = threading.Event()
+        self._reporter = threading.Thread(target=self._report, args=(Etcd(cfg.etcd[0], timeout_s=0.25),),
+                                          name="ha-report", daemon=True)  # fmt: skip
 
     def start(self) -> HaNode:
         self.elector.start()
+        self._reporter.start()
         return self
+
+    def _report(self, etcd: Etcd) -> None:
+        while not self._stop.wait(REPORT_EVERY_S):
+            insync, follower = self.insync, self.follower
+            status = {
+                "role": "leader" if insync is not None else "follower",
+                "epoch": insync.epoch if insync is not None else (follower.epoch if follower is not None else 0),
+                "heads": {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()},
+                "time": time.time(),
+            }
+            if insync is not None:
+                status["committed"] = dict(insync.committed)
+            with contextlib.suppress(CoordinatorError):  # the elector says etcd is gone; the next report may pass
+                etcd.put(self.status_key, json.dumps(status))
 
     # --- what the gateway asks ---------------------------------------------------------------------------
 
@@ -255,5 +282,7 @@ class HaNode:
         self.follower = None
 
     def close(self) -> None:
+        self._stop.set()
+        self._reporter.join()
         self._unfollow()
         self.elector.close(resign=True)

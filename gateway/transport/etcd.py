@@ -22,6 +22,10 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds a key: its value, the revision that created it (the epoch) and its lease."""
@@ -80,13 +84,20 @@ class Etcd:
         found = self.holder(key)
         return None if found is None else found.value
 
+    def put(self, key: str, value: str) -> None:
+        self._call(self._client.put, key, value)
+
+    def prefix(self, prefix: str) -> dict[str, str]:
+        """Every key under `prefix` with its value."""
+        found = self._call(self._client.get_prefix, prefix)
+        return {_text(meta["key"]): _text(value) for value, meta in found}
+
     def holder(self, key: str) -> Holder | None:
         found = self._call(self._client.get, key, metadata=True)
         if not found:
             return None
         value, meta = found[0]
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return Holder(text, int(meta["create_revision"]), int(meta.get("lease", 0)))
+        return Holder(_text(value), int(meta["create_revision"]), int(meta.get("lease", 0)))
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

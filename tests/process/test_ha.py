@@ -6,6 +6,7 @@ confirmed with; the journals are prefixes of one another; no sequence holds two 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -148,6 +149,13 @@ def leader(etcd: EtcdProcess, nodes: list[Node], timeout_s: float = 15.0) -> tup
     raise AssertionError("no leader elected")
 
 
+def ha_status(etcd: EtcdProcess) -> dict:
+    argv = [sys.executable, "-m", "gateway.cli", "ha", "status", "--etcd", etcd.url, "--stream", STREAM]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert len(out.splitlines()) == 1, out
+    return json.loads(out)
+
+
 def check(survivors: list[Node], confirmed: dict[int, int]) -> None:
     journals = [node.records() for node in survivors]
     for records in journals:
@@ -193,6 +201,11 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
         assert led[current.name][-1][0] == epoch, "the leader's epoch checkpoint lacks its epoch"
         for entries in led.values():
             assert [e for e, _ in entries] == sorted({e for e, _ in entries})
+        status = ha_status(etcd)
+        assert (status["leader"], status["epoch"]) == (current.name, epoch)
+        assert set(status["insync"]) == {n.name for n in nodes} - {current.name}
+        head = len(current.records())
+        assert {name: s["heads"][STREAM] for name, s in status["nodes"].items()} == {n.name: head for n in nodes}
         print(f"failover kill -9 -> first confirm: median {statistics.median(failovers):.3f} s, "
               f"max {max(failovers):.3f} s over {len(failovers)}")  # fmt: skip
     finally:
