@@ -10,11 +10,14 @@ expired or was revoked), the follower campaigns. A leader whose renewal fails ke
 `authority_until`: if etcd is unreachable for longer, it steps down without being told (rule 2 of
 gateway.server.leadership), and campaigns again when etcd answers.
 
-Two hooks serve replication (docs/ha.md): `eligible(etcd)` is asked before every campaign (only an in-sync
-follower may lead), and `suspect(epoch)` lets the gateway's loop say that the leader of `epoch` went silent:
-the elector then revokes that leader's lease (any client may) and campaigns at once instead of waiting out
-the lease. Safety never rests on the suspicion being right: a deposed leader cannot confirm without its
-followers' acknowledgements, and its in-sync set can only shrink by a write fenced by its epoch.
+Two hooks serve replication (docs/ha.md). `eligible(etcd)` is asked before every campaign (only an in-sync
+follower may lead): it answers None when this node may not lead, else (key, mod_revision) of what it read,
+and the campaign then succeeds only if that key is unchanged when the leader key is created (one
+transaction), so a set rewritten meanwhile cannot be acted on. `suspect(epoch)` lets the gateway's loop say
+that the leader of `epoch` went silent: the elector then revokes that leader's lease (any client may) and
+campaigns at once instead of waiting out the lease. Safety never rests on the suspicion being right: a
+deposed leader cannot confirm without its followers' acknowledgements, and its in-sync set can only shrink
+by a write fenced by its epoch.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class Elector:
         margin_s: float = DEFAULT_MARGIN_S,
         clock: Callable[[], float] = time.monotonic,
         poll_s: float | None = None,
-        eligible: Callable[[Etcd], bool] = lambda etcd: True,
+        eligible: Callable[[Etcd], tuple[str, int] | None] | None = None,
     ) -> None:
         self.key, self.value, self.ttl_s = key, value, ttl_s
         self.poll_s = ttl_s / RENEWALS_PER_TTL if poll_s is None else poll_s  # a follower looks at the key this often
@@ -141,11 +144,14 @@ class Elector:
             log.warning("leadership: the leader of epoch %d went silent; revoking its lease", self._suspect)
             self._etcd.revoke(holder.lease)
             holder = self._holder = self._etcd.holder(self.key)
-        if holder is not None or not self._eligible(self._etcd):
+        if holder is not None:
+            return
+        unchanged = self._eligible(self._etcd) if self._eligible is not None else None
+        if self._eligible is not None and unchanged is None:
             return
         sent_at = self._clock()
         self._lease = self._etcd.grant(self.ttl_s)
-        epoch = self._etcd.create(self.key, self.value, self._lease)
+        epoch = self._etcd.create(self.key, self.value, self._lease, unchanged)
         if epoch is None:  # someone else was faster
             self._etcd.revoke(self._lease)
             self._lease = 0

@@ -65,7 +65,7 @@ class HaNode:
             self.leader_key,
             self.info.encode(),
             poll_s=0.05,
-            eligible=lambda etcd: eligible(self.node, etcd.get(self.isr_key)),
+            eligible=self._eligible,
         )
         self.insync: InSync | None = None
         self.follower: Follower | None = None
@@ -74,6 +74,13 @@ class HaNode:
         self._stop = threading.Event()
         self._reporter = threading.Thread(target=self._report, args=(Etcd(cfg.etcd[0], timeout_s=0.25),),
                                           name="ha-report", daemon=True)  # fmt: skip
+
+    def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
+        """(elector thread) May this node campaign: it led or was in sync last (the set's revision), or None."""
+        record = etcd.holder(self.isr_key)
+        if record is None:
+            return (self.isr_key, 0)  # a new group: anyone, unless a set is written meanwhile
+        return (self.isr_key, record.mod_revision) if eligible(self.node, record.value) else None
 
     def start(self) -> HaNode:
         self.elector.start()

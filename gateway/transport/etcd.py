@@ -33,6 +33,7 @@ class Holder:
     value: str
     create_revision: int
     lease: int
+    mod_revision: int = 0
 
 
 class Etcd:
@@ -58,11 +59,16 @@ class Etcd:
     def revoke(self, lease: int) -> None:
         self._call(self._client.post, self._client.get_url("/kv/lease/revoke"), json={"ID": lease})
 
-    def create(self, key: str, value: str, lease: int) -> int | None:
-        """Creates `key` bound to `lease` if it does not exist: the revision it was created at, or None."""
+    def create(self, key: str, value: str, lease: int, unchanged: tuple[str, int] | None = None) -> int | None:
+        """Creates `key` bound to `lease` if it does not exist (and, with `unchanged=(other, mod_revision)`, if
+        `other` was not modified since): the revision it was created at, or None."""
         k = _b64(key)
+        compare = [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": 0}]
+        if unchanged is not None:
+            other, revision = unchanged
+            compare.append({"key": _b64(other), "result": "EQUAL", "target": "MOD", "mod_revision": revision})
         txn = {
-            "compare": [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+            "compare": compare,
             "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
             "failure": [],
         }
@@ -97,7 +103,7 @@ class Etcd:
         if not found:
             return None
         value, meta = found[0]
-        return Holder(_text(value), int(meta["create_revision"]), int(meta.get("lease", 0)))
+        return Holder(_text(value), int(meta["create_revision"]), int(meta.get("lease", 0)), int(meta["mod_revision"]))
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:
