@@ -100,6 +100,11 @@ USAGE = [
     (("journal",), ["ACTION"]),
     (("journal", "fix", "j"), ["'fix'"]),
     (("keygen",), ["--stream-key FILE, --curve DIR/NAME"]),
+    (("ha", "status", "--stream", "s"), ["--etcd"]),
+    (
+        ("gateway", "--stream", "s", "--journal", "j", "--ingest", "tcp://127.0.0.1:1", "--etcd", "http://127.0.0.1:1"),
+        ["--replay-endpoint"],
+    ),
     (("nosuch",), ["'nosuch'"]),
     # discovery, zeps top, snapshots
     (("streams",), ["--interface"]),
