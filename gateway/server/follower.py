@@ -104,6 +104,7 @@ class Follower:
         self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
         self.ack_sock.connect(leader.reachable_ingest)
         self.started_at = self.heard_at = time.monotonic()
+        self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
         self._next_ack = 0.0
 
     def answering(self, now: float) -> bool:
@@ -154,19 +155,22 @@ class Follower:
         self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
 
     def tick(self, now: float) -> bool:
-        """Read the leader's answers, ack and ping when due; whether the leader went silent."""
+        """Read the leader's answers, ack and ping when due; whether the leader went silent: a ping of ours
+        has had no answer for `suspect_s` (so a pause of this process alone never makes it suspect)."""
         while True:
             try:
                 self.ack_sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            self.heard_at = now
+            self.heard_at, self._unanswered_since = now, None
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
+            if self._unanswered_since is None:
+                self._unanswered_since = now
             for stream, seq in self.acked.items():
                 self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
-        return now - self.heard_at > self.suspect_s
+        return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
 
     def _send(self, cmd: P.Command) -> None:
         with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it

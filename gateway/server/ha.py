@@ -219,7 +219,7 @@ class HaNode:
         try:
             for stream in f.clients:
                 self.copy(stream)
-        except ReplayError as exc:  # the leader's sidecar went away; its ingest may still answer
+        except (ReplayError, JournalError) as exc:  # the leader's sidecar went away (its ingest may answer still)
             log.info("ha: replication from %s stopped (%s); starting again", f.leader.node, exc)
             self._drop_tails(f)
             self._retry_at = now + RETRY_FOLLOW_S

@@ -23,7 +23,7 @@ from support.etcd import EtcdProcess
 from support.servers import free_port, journal_records
 
 from gateway.journal.epochs import read_epochs
-from gateway.server.ha import group_key
+from gateway.server.ha import REPORT_EVERY_S, group_key
 from gateway.transport.etcd import Etcd
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -64,6 +64,22 @@ class Node:
         out = open(self.log, "ab")  # noqa: SIM115 (the children keep it)
         self.procs = [subprocess.Popen(argv, stdout=out, stderr=out) for argv in (self.gateway_argv, self.replay_argv)]
         return self
+
+    def wait_ready(self, timeout_s: float = 30.0) -> Node:
+        """Until the gateway answers PING (a follower does too) and its journal exists."""
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.ingest)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                assert all(p.poll() is None for p in self.procs), self.log.read_text()
+                sock.send(P.encode(P.Ping()))
+                if sock.poll(200) and (self.journal / STREAM).is_dir():
+                    return self
+            raise AssertionError(f"node {self.name} not ready within {timeout_s} s")
+        finally:
+            sock.close()
 
     def signal(self, sig: int, which: int = 0) -> None:
         os.kill(self.procs[which].pid, sig)
@@ -149,6 +165,22 @@ def leader(etcd: EtcdProcess, nodes: list[Node], timeout_s: float = 15.0) -> tup
     raise AssertionError("no leader elected")
 
 
+def start_group(tmp_path: Path, etcd: EtcdProcess, count: int, *extra: str) -> list[Node]:
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, *extra).start() for i in range(count)]
+    return [node.wait_ready() for node in nodes]
+
+
+def wait_synced(nodes: list[Node], timeout_s: float = 30.0) -> None:
+    """Until every node's journal is as long as the longest (the followers caught up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lengths = {len(node.records()) for node in nodes}
+        if len(lengths) == 1:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"journals of {[n.name for n in nodes]} did not converge: {lengths}")
+
+
 def ha_status(etcd: EtcdProcess) -> dict:
     argv = [sys.executable, "-m", "gateway.cli", "ha", "status", "--etcd", etcd.url, "--stream", STREAM]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
@@ -170,7 +202,7 @@ def check(survivors: list[Node], confirmed: dict[int, int]) -> None:
 
 
 def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, tmp_path: Path) -> None:
-    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", "1").start() for i in range(3)]
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
     pub = Publisher([n.ingest for n in nodes])
     confirmed: dict[int, int] = {}
     failovers: list[float] = []
@@ -188,12 +220,13 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
             n += 1
             confirmed[n] = pub.send(n)
             failovers.append(time.monotonic() - killed)
-            victim.start()  # it rejoins as a follower: it cuts what it never replicated, then catches up
+            victim.start().wait_ready()  # it rejoins as a follower: cuts what it never replicated, catches up
         for _ in range(30):
             n += 1
             confirmed[n] = pub.send(n)
         epochs.append(leader(etcd, nodes)[1])
-        time.sleep(1.0)  # the followers catch up
+        wait_synced(nodes)
+        time.sleep(REPORT_EVERY_S * 3)  # the nodes reported their heads
         assert epochs == sorted(set(epochs)), f"epochs did not grow: {epochs}"
         check(nodes, confirmed)
         current, epoch = leader(etcd, nodes)
@@ -218,7 +251,7 @@ def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, t
 def test_a_paused_leader_never_confirms_after_its_successor_took_over(
     etcd: EtcdProcess, tmp_path: Path, pause_s: float
 ) -> None:
-    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", "1").start() for i in range(3)]
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
     pub = Publisher([n.ingest for n in nodes])
     confirmed: dict[int, int] = {}
     try:
@@ -243,7 +276,7 @@ def test_a_paused_leader_never_confirms_after_its_successor_took_over(
         print(f"paused {pause_s} s: the record sent to the paused leader got {answer}")
         for n in range(61, 91):
             confirmed[n] = pub.send(n)
-        time.sleep(1.0)
+        wait_synced(nodes)
         check(nodes, confirmed)
         stale.close()
     finally:
@@ -254,7 +287,7 @@ def test_a_paused_leader_never_confirms_after_its_successor_took_over(
 
 @pytest.mark.parametrize("min_insync", [1, 0])
 def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tmp_path: Path, min_insync: int) -> None:
-    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", str(min_insync)).start() for i in range(2)]
+    nodes = start_group(tmp_path, etcd, 2, "--min-insync", str(min_insync))
     pub = Publisher([n.ingest for n in nodes])
     confirmed: dict[int, int] = {}
     try:
@@ -266,13 +299,13 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
         if min_insync:
             with pytest.raises(AssertionError, match="not confirmed"):
                 pub.send(21, deadline_s=3.0)  # journaled by the leader, held: its only follower is gone
-            follower.start()
+            follower.start().wait_ready()
         confirmed[21] = pub.send(21)  # min-insync 0: once the follower left the in-sync set; 1: once it is back
         for n in range(22, 41):
             confirmed[n] = pub.send(n)
         if not min_insync:
-            follower.start()
-        time.sleep(1.5)
+            follower.start().wait_ready()
+        wait_synced(nodes)
         check(nodes, confirmed)
     finally:
         pub.close()
