@@ -360,7 +360,7 @@ class Gateway:
                 events = dict(poller.poll(int(wait * 1000)))
                 if self.router in events:
                     self._drain_router()
-                if self.xsub is not None and self.xsub in events:
+                if self.xsub is not None and self.xsub in events and not any(map(self._uncommitted_full, self.lanes)):
                     self._drain_xsub()
         finally:
             self.close()
@@ -404,6 +404,18 @@ class Gateway:
                 self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
             deadline = min(deadline, self.announcer.due)
         return max(0.0, deadline - time.monotonic())
+
+    def _uncommitted_full(self, stream: str) -> bool:
+        """A leader holds `max_out_queue` batches its in-sync followers do not have yet: it refuses publishes
+        until they do (it cannot stop reading its ingest, which carries their acknowledgements)."""
+        return len(self.lanes[stream].held) >= self.config.max_out_queue
+
+    @property
+    def _uncommitted_reason(self) -> str:
+        return (
+            f"gateway node {self.config.node} waits for its in-sync followers (at least {self.config.min_insync}) "
+            f"to copy {self.config.max_out_queue} batches; {P.RETRY_LATER}"
+        )
 
     def _release(self) -> None:
         """A node that leads: multicast what its in-sync followers now hold."""
@@ -470,6 +482,8 @@ class Gateway:
                 self.ha.ack(node, epoch, stream, seq)
             case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
                 self._reject(identity, self.ha.refusal(), kind="not-leader")
+            case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
+                self._reject(identity, self._uncommitted_reason, kind="uncommitted")
             case _ if session is None:
                 self._reject(
                     identity,

@@ -299,6 +299,14 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
         if min_insync:
             with pytest.raises(AssertionError, match="not confirmed"):
                 pub.send(21, deadline_s=3.0)  # journaled by the leader, held: its only follower is gone
+            flood = Publisher([head.ingest])
+            assert flood._connect()
+            assert flood.sock is not None
+            for _ in range(300):  # more batches than the leader holds uncommitted (max_out_queue, 256)
+                flood.sock.send(P.encode(P.PublishBatch(B.encode(0, [(0, b"f", b"flood")]))))
+            refused = flood._answer(P.Invalid, 5.0)  # the leader reads on (acks come that way) but refuses
+            assert isinstance(refused, P.Invalid) and refused.reason.endswith(P.RETRY_LATER), refused
+            flood.close()
             follower.start().wait_ready()
         confirmed[21] = pub.send(21)  # min-insync 0: once the follower left the in-sync set; 1: once it is back
         for n in range(22, 41):
