@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
+RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (the loop must not spin on etcd)
 REPORT_EVERY_S = 0.5
 
 
@@ -70,6 +71,8 @@ class HaNode:
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._retry_at = 0.0
+        self._recorded: set[str] = set()  # the in-sync set as last written to etcd
+        self._write_retry_at = 0.0
         self.status_key = f"{prefix}/nodes/{cfg.node}"
         self._stop = threading.Event()
         self._reporter = threading.Thread(target=self._report, args=(Etcd(cfg.etcd[0], timeout_s=0.25),),
@@ -158,7 +161,7 @@ class HaNode:
         heads = {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}
         for stream, head in heads.items():
             start_epoch(self.gw.lanes[stream].writer.directory, epoch, head + 1)
-        self.insync = insync
+        self.insync, self._recorded = insync, set(insync.members)
         log.info("ha: %s leads epoch %d from heads %s, in sync: %s", self.node, epoch, heads, sorted(insync.members))
 
     def _demote(self) -> None:
@@ -167,29 +170,29 @@ class HaNode:
         self.gw.step_down(self.refusal())
 
     def _lead(self, now: float) -> None:
+        """Advance the commit point; bring etcd's in-sync set to what it should be (joiners in, laggards out)."""
         insync = self.insync
         assert insync is not None
         insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
-        for name in insync.laggards(now):
-            self._write_members(insync.members - {name}, f"{name} left the in-sync set (silent or behind)")
         for name in insync.joinable():
             insync.add(name)  # here first: commits wait for it before etcd says it may be elected
-            self._write_members(insync.members, f"{name} joined the in-sync set")
-
-    def _write_members(self, members: set[str], why: str) -> None:
-        insync = self.insync
-        assert insync is not None
+        target = insync.members - set(insync.laggards(now))
+        if target == self._recorded or now < self._write_retry_at:
+            return
         try:
-            written = self._etcd.put_if_held(self.isr_key, insync.record(members), self.leader_key, insync.epoch)
+            written = self._etcd.put_if_held(self.isr_key, insync.record(target), self.leader_key, insync.epoch)
         except CoordinatorError as exc:
             log.warning("ha: in-sync set not written (%s); trying again", exc)
+            self._write_retry_at = now + RETRY_WRITE_S
             return
-        if not written:
+        if not written:  # a successor leads: our authority ends without our doing anything
             log.warning("ha: the in-sync set is no longer ours to write (a successor leads)")
+            self._write_retry_at = now + RETRY_WRITE_S
             return
-        for gone in insync.members - members:
-            insync.remove(gone)
-        log.info("ha: %s; in sync now: %s", why, sorted(insync.members))
+        for gone in insync.members - target:
+            insync.remove(gone)  # only now: commits went on without it only once etcd no longer lists it
+        log.info("ha: in sync now: %s (was %s)", sorted(target), sorted(self._recorded))
+        self._recorded = target
 
     # --- following ---------------------------------------------------------------------------------------
 
