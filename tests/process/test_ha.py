@@ -319,3 +319,27 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
         pub.close()
         for node in nodes:
             node.kill9()
+
+
+def test_etcd_down_stops_confirms_and_they_resume_with_etcd(etcd: EtcdProcess, tmp_path: Path) -> None:
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        _, epoch = leader(etcd, nodes)
+        etcd.kill()
+        time.sleep(1.5)  # past the lease: no node may act
+        with pytest.raises(AssertionError, match="not confirmed"):
+            pub.send(21, deadline_s=2.0)
+        etcd.start()
+        for n in range(21, 41):
+            confirmed[n] = pub.send(n)
+        assert leader(etcd, nodes)[1] > epoch
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
