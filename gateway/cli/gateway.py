@@ -79,8 +79,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="start even if a stream's last batch is corrupt, discarding it (default: refuse, see zeps journal repair)",
     )
-    p.add_argument("--etcd", action="append", metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379 "
-                   "(repeatable): this gateway is then node --node of a replicated group (docs/ha.md)")  # fmt: skip
+    p.add_argument(
+        "--etcd",
+        action="append",
+        metavar="URL",
+        help="etcd client URL, e.g. http://10.0.0.9:2379 (repeatable); with --node NAME this gateway is node NAME "
+        "of a replicated group (docs/ha.md)",
+    )
     p.add_argument("--min-insync", type=nonnegative, help="in-sync followers a batch needs before it is confirmed (0)")
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
@@ -141,7 +146,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         curve=keyopts.server_curve(args),
         discovery=discovery,
         etcd=tuple(args.etcd or ()),
-        node=discovery.node if args.etcd else "",  # --node names this node to its group and in announcements
+        node=args.node if args.etcd and args.node else "",  # --etcd and --node: a node of a group (docs/ha.md)
         **{k: given[k] for k in _PASSED_ON if k in given},
     )
 

@@ -83,8 +83,8 @@ class GatewayConfig:
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
     discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: with --node, this gateway is a node of a group (docs/ha.md)
-    node: str = ""  # this node's name in its group
+    etcd: tuple[str, ...] = ()  # etcd client URLs
+    node: str = ""  # with etcd: this gateway is this node of a replicated group (docs/ha.md); "": a single gateway
     min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
     ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
     ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
@@ -94,8 +94,8 @@ class GatewayConfig:
             raise ConfigError("name at least one stream (--stream NAME)")
         for name in self.streams:
             P.validate_stream_name(name)
-        if bool(self.etcd) != bool(self.node):
-            raise ConfigError("--etcd and --node go together: both make this gateway a node of a replicated group")
+        if self.node and not self.etcd:
+            raise ConfigError(f"node {self.node!r} of a replicated group needs --etcd URL: its coordinator")
         if self.node and not self.replay_endpoint:
             raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
         if self.ingest_pub and len(self.streams) != 1:
@@ -239,7 +239,7 @@ class Gateway:
         self._stopping = False
         self._poller = zmq.Poller()
         self.ha: HaNode | None = None
-        if config.etcd:
+        if config.node:
             if replay is None:
                 raise ConfigError("a node of a group needs a replay client to follow its leader with")
             self.ha = HaNode(self, replay).start()
