@@ -222,7 +222,7 @@ class HaNode:
         try:
             for stream in f.clients:
                 self.copy(stream)
-        except (ReplayError, JournalError) as exc:  # the leader's sidecar went away (its ingest may answer still)
+        except (ReplayError, JournalError, OSError) as exc:  # the leader's sidecar went away, or our disk is full
             log.info("ha: replication from %s stopped (%s); starting again", f.leader.node, exc)
             self._drop_tails(f)
             self._retry_at = now + RETRY_FOLLOW_S
