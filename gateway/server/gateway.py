@@ -474,14 +474,14 @@ class Gateway:
         if session is not None:
             session.last_seen = time.monotonic()
         match cmd:
+            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
+                self._reject(identity, self.ha.refusal(), kind="not-leader")
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
             case P.Ping():
                 self._reply(identity, P.PingOk())
             case P.ReplicaAck(node=node, stream=stream, epoch=epoch, sequence=seq) if self.ha is not None:
                 self.ha.ack(node, epoch, stream, seq)
-            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
-                self._reject(identity, self.ha.refusal(), kind="not-leader")
             case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
             case _ if session is None:

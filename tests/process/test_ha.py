@@ -295,6 +295,14 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
             confirmed[n] = pub.send(n)
         head, _ = leader(etcd, nodes)
         follower = next(node for node in nodes if node is not head)
+        asking = Publisher([follower.ingest])
+        assert not asking._connect()  # a follower refuses ATTACH, naming the leader
+        assert asking.sock is not None
+        asking.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
+        refusal = asking._answer(P.Invalid, 5.0)
+        assert isinstance(refusal, P.Invalid) and f"the leader is {head.name} at {head.ingest}" in refusal.reason
+        assert refusal.reason.endswith(P.RETRY_LATER)
+        asking.close()
         follower.kill9()
         if min_insync:
             with pytest.raises(AssertionError, match="not confirmed"):
