@@ -10,6 +10,7 @@ MODULES = (
     "demo",
     "export",
     "gateway",
+    "ha",
     "history",
     "journal",
     "keygen",

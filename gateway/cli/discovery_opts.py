@@ -19,7 +19,9 @@ def add_server_options(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--announce-interface", action="append", metavar="IF", help=f"announce here (repeatable; {default})")
     p.add_argument("--discovery", metavar="GROUP:PORT", help=_WHERE)
     p.add_argument("--announce-ms", type=int, help="announcement interval (default 1000; 0: do not announce)")
-    p.add_argument("--node", help="node name announced (default: the host name)")
+    p.add_argument(
+        "--node", help="node name announced (default: the host name); with --etcd, this node's name in its group"
+    )
 
 
 def add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> None:

@@ -51,7 +51,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         "only (repeatable: A/B feeds, a channel per stream)",
     )
     discovery_opts.add_server_options(p, "default: the interfaces of the --multicast channels")
-    p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
     p.add_argument("--replay-endpoint", type=tcp_endpoint, help="replay sidecar endpoint advertised in heartbeats")
     p.add_argument("--rate-kbps", type=positive, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (100000)")
     p.add_argument("--recovery-ivl-ms", type=positive, help="PGM recovery interval in ms (default 2000)")
@@ -80,6 +79,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="start even if a stream's last batch is corrupt, discarding it (default: refuse, see zeps journal repair)",
     )
+    p.add_argument(
+        "--etcd",
+        action="append",
+        metavar="URL",
+        help="etcd client URL, e.g. http://10.0.0.9:2379 (repeatable or comma-separated: one cluster): register in "
+        "the directory kept there (docs/discovery.md); with --node NAME also be node NAME of a replicated group "
+        "(docs/ha.md)",
+    )
+    p.add_argument("--min-insync", type=nonnegative, help="in-sync followers a batch needs before it is confirmed (0)")
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
@@ -108,6 +116,7 @@ _PASSED_ON = (
     "journal_retry_ms",
     "producer_expiry_s",
     "max_producers",
+    "min_insync",
 )
 
 
@@ -122,6 +131,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     durability = {"mode": given["fsync"]} if "fsync" in given else {}
     if "fsync_ms" in given:
         durability["group_ms"] = given["fsync_ms"]
+    discovery = discovery_opts.server_discovery(given)
     return GatewayConfig(
         streams=list(args.stream),
         journal=Path(args.journal),
@@ -135,8 +145,9 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         metrics=args.metrics,
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
-        discovery=discovery_opts.server_discovery(given),
+        discovery=discovery,
         etcd=discovery_opts.etcd_urls(given.get("etcd")),
+        node=args.node if args.etcd and args.node else "",  # --etcd and --node: a node of a group (docs/ha.md)
         **{k: given[k] for k in _PASSED_ON if k in given},
     )
 
@@ -158,12 +169,15 @@ def check_tails(cfg: GatewayConfig) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
+    from gateway.client.replay_client import ReplayClient
     from gateway.server.gateway import Gateway
 
     cfg = configure(args)
     if not args.accept_corrupt_tail:
         check_tails(cfg)
-    gateway = Gateway(cfg)
+    gateway = Gateway(
+        cfg, replay=lambda endpoint, stream, timeout, ctx: ReplayClient(endpoint, stream, timeout=timeout, ctx=ctx)
+    )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
     signal.signal(signal.SIGINT, lambda *_: gateway.stop())
     ingest = gateway.router.getsockopt_string(zmq.LAST_ENDPOINT)  # the port bound, if it was 0

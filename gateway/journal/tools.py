@@ -1,7 +1,8 @@
 """Whole-journal tools: inspect (what is there), verify (is every byte right), tail_fault (a damaged end),
-truncate_at (explicit repair).
+truncate_at (explicit repair), cut_after (a replica dropping what its new leader does not have).
 
-inspect and verify only read, so they are safe next to a running gateway; truncate_at takes the writer lock.
+inspect and verify only read, so they are safe next to a running gateway; truncate_at and cut_after take the
+writer lock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.errors import BatchError, JournalError, NotAJournal
+from gateway.journal.epochs import cut_epochs
 from gateway.journal.layout import (
     HEAD_NAME,
     INDEX_ENTRY,
@@ -384,6 +386,49 @@ def truncate_at(root: str | os.PathLike[str], stream: str, segment: str | int, o
     )
     log.warning("journal %s: %s", stream, report.describe())
     return report
+
+
+def cut_after(root: str | os.PathLike[str], stream: str, last_keep: int) -> int:
+    """Discard every batch after sequence `last_keep` (which must end a batch) so that the next append is
+    `last_keep + 1`: a replica whose journal went further than its new leader's (records its old leader
+    journaled but never replicated) takes the leader's records at those sequences instead. Unlike truncate_at,
+    the sequences are reused on purpose; they were never confirmed. Returns the number of bytes discarded.
+    """
+    check_stream_name(stream)
+    directory = Path(root) / stream
+    lock_fd = lock_stream(directory, stream)
+    try:
+        dropped, last_ts = 0, 0
+        for seq in reversed(list_segments(directory)):
+            path = seg_path(directory, seq)
+            if seq > last_keep:  # wholly after the cut
+                dropped += path.stat().st_size
+                path.unlink()
+                idx_path(directory, seq).unlink(missing_ok=True)
+                continue
+            with open(path, "r+b") as f:
+                scanner, offset = FrameScanner(f.fileno()), 0
+                while (frame := scanner.next_frame()) is not None:
+                    first, last, ts = HEADER.unpack_from(frame)[6:9]
+                    if first > last_keep:
+                        break
+                    if last > last_keep:
+                        raise JournalError(f"stream {stream}: sequence {last_keep} does not end a batch")
+                    offset, last_ts = scanner.offset, ts
+                size = os.fstat(f.fileno()).st_size
+                f.truncate(offset)
+                os.fsync(f.fileno())
+            dropped += size - offset
+            kept = b"".join(INDEX_ENTRY.pack(*e) for e in read_index(idx_path(directory, seq)) if e[2] < offset)
+            idx_path(directory, seq).write_bytes(kept)
+            break
+        write_head(directory, last_keep + 1, last_ts)
+        cut_epochs(directory, last_keep)
+    finally:
+        os.close(lock_fd)
+    if dropped:
+        log.warning("journal %s: discarded %d bytes after sequence %d (never confirmed)", stream, dropped, last_keep)
+    return dropped
 
 
 def _highest(data: bytes) -> tuple[int, int]:

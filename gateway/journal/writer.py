@@ -233,6 +233,21 @@ class JournalWriter:
             raise JournalError(f"journal writer of {self.stream!r} is closed: open a new one")
         ts = max(self._last_ts, self._clock())
         data = resequence(batch, self._next_seq, ts)
+        self._put(data, batch.count, ts)
+        return data
+
+    def append_replica(self, batch: Batch) -> None:
+        """Journal a batch sequenced by a leader, verbatim (its sequences and journal time kept): a follower's
+        copy of the leader's journal. It must continue this journal's sequences."""
+        if self._closed:
+            raise JournalError(f"journal writer of {self.stream!r} is closed: open a new one")
+        if batch.first_seq != self._next_seq:
+            raise JournalError(
+                f"replica batch of {self.stream!r} starts at {batch.first_seq}, this journal's next is {self._next_seq}"
+            )
+        self._put(bytes(batch), batch.count, batch.ts_ns)
+
+    def _put(self, data: bytes, count: int, ts: int) -> None:
         if self._size and self._size + len(data) > self._segment_bytes:
             self._roll()
         offset, first = self._size, self._next_seq
@@ -240,13 +255,12 @@ class JournalWriter:
         # The batch is in the journal: account for it before anything else can fail, so that no
         # sequence is ever issued twice.
         self._size += len(data)
-        self._next_seq += batch.count
-        self._last_ts = ts
+        self._next_seq += count
+        self._last_ts = max(self._last_ts, ts)
         if self._index_owed is None and offset - self._index_off >= self._index_interval:
             self._index_owed = (first, ts, offset)
         self._write_owed_index()
         self._pending(len(data))
-        return data
 
     def _write(self, data: bytes) -> None:
         """Write all of `data`, or nothing: a failed write (ENOSPC...) is cut back so no torn batch stays."""

@@ -9,6 +9,15 @@ A follower that finds the key held polls it every renewal interval; as soon as i
 expired or was revoked), the follower campaigns. A leader whose renewal fails keeps its authority only until
 `authority_until`: if etcd is unreachable for longer, it steps down without being told (rule 2 of
 gateway.server.leadership), and campaigns again when etcd answers.
+
+Two hooks serve replication (docs/ha.md). `eligible(etcd)` is asked before every campaign (only an in-sync
+follower may lead): it answers None when this node may not lead, else (key, mod_revision) of what it read,
+and the campaign then succeeds only if that key is unchanged when the leader key is created (one
+transaction), so a set rewritten meanwhile cannot be acted on. `suspect(epoch)` lets the gateway's loop say
+that the leader of `epoch` went silent: the elector then revokes that leader's lease (any client may) and
+campaigns at once instead of waiting out the lease. Safety never rests on the suspicion being right: a
+deposed leader cannot confirm without its followers' acknowledgements, and its in-sync set can only shrink
+by a write fenced by its epoch.
 """
 
 from __future__ import annotations
@@ -17,11 +26,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.errors import CoordinatorError
 from gateway.server.leadership import RENEWALS_PER_TTL, Leadership, Role
-from gateway.transport.etcd import Etcd
+from gateway.transport.etcd import Etcd, Holder
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +43,29 @@ class Elector:
 
     def __init__(
         self,
-        etcd_url: str,
+        etcd_url: str | Sequence[str],
         key: str,
         value: str,
         *,
         ttl_s: int = DEFAULT_TTL_S,
         margin_s: float = DEFAULT_MARGIN_S,
         clock: Callable[[], float] = time.monotonic,
+        poll_s: float | None = None,
+        eligible: Callable[[Etcd], tuple[str, int] | None] | None = None,
     ) -> None:
         self.key, self.value, self.ttl_s = key, value, ttl_s
+        self.poll_s = ttl_s / RENEWALS_PER_TTL if poll_s is None else poll_s  # a follower looks at the key this often
+        self._eligible = eligible
         self._etcd = Etcd(etcd_url, timeout_s=ttl_s / RENEWALS_PER_TTL)
         self._leadership = Leadership(margin_s)
         self._clock = clock
         self._lease = 0
         self._authority: tuple[int, float] = (0, -math.inf)  # (epoch, authority_until): replaced whole
         self._unreachable = False  # etcd failed the last request: said once, until it answers again
+        self._holder: Holder | None = None  # who leads, as last seen (replaced whole)
+        self._suspect = 0  # the epoch whose leader the gateway found silent (0: none)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"elector-{key}", daemon=True)
 
     def start(self) -> Elector:
@@ -63,9 +79,19 @@ class Elector:
     def may_act(self, now: float) -> bool:
         return now < self._authority[1]
 
+    def holder(self) -> Holder | None:
+        """The leader key as last seen (this node's own while it leads): value, epoch, lease."""
+        return self._holder
+
+    def suspect(self, epoch: int) -> None:
+        """The leader of `epoch` went silent: revoke its lease and campaign now (if eligible)."""
+        self._suspect = epoch
+        self._wake.set()
+
     def close(self, *, resign: bool = True) -> None:
         """Stops campaigning; with `resign`, revokes the lease so a successor need not wait for it to expire."""
         self._stop.set()
+        self._wake.set()
         self._thread.join()
         self._authority = (self._authority[0], -math.inf)
         if resign and self._lease:
@@ -76,7 +102,11 @@ class Elector:
 
     def _run(self) -> None:
         interval = self.ttl_s / RENEWALS_PER_TTL
-        while not self._stop.wait(self._step_wait(interval)):
+        while not self._stop.is_set():
+            self._wake.wait(self._step_wait(interval))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self._step()
             except CoordinatorError as exc:
@@ -92,7 +122,7 @@ class Elector:
     def _step_wait(self, interval: float) -> float:
         if self._leadership.role is Role.LEADER:
             return max(0.0, self._leadership.renewed_at + interval - self._clock())
-        return interval
+        return self.poll_s
 
     def _step(self) -> None:
         now = self._clock()
@@ -109,16 +139,25 @@ class Elector:
             else:
                 lead.renewed(now, ttl)
             return
-        if self._etcd.holder(self.key) is not None:
+        holder = self._holder = self._etcd.holder(self.key)
+        if holder is not None and holder.create_revision == self._suspect and holder.lease:
+            log.warning("leadership: the leader of epoch %d went silent; revoking its lease", self._suspect)
+            self._etcd.revoke(holder.lease)
+            holder = self._holder = self._etcd.holder(self.key)
+        if holder is not None:
+            return
+        unchanged = self._eligible(self._etcd) if self._eligible is not None else None
+        if self._eligible is not None and unchanged is None:
             return
         sent_at = self._clock()
         self._lease = self._etcd.grant(self.ttl_s)
-        epoch = self._etcd.create(self.key, self.value, self._lease)
+        epoch = self._etcd.create(self.key, self.value, self._lease, unchanged)
         if epoch is None:  # someone else was faster
             self._etcd.revoke(self._lease)
             self._lease = 0
             return
         lead.granted(sent_at, epoch, self.ttl_s)
+        self._holder = Holder(self.value, epoch, self._lease)
         log.info("leadership: %s leads %s in epoch %d", self.value, self.key, epoch)
 
     def _publish(self) -> None:

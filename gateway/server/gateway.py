@@ -32,6 +32,8 @@ from gateway.journal.layout import list_segments, seg_path
 from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
+from gateway.server.follower import ReplayFactory
+from gateway.server.ha import HaNode
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.server.registrar import node_registrar
@@ -83,13 +85,21 @@ class GatewayConfig:
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
     discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (server.registrar)
+    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (server.registrar); with node, HA
+    node: str = ""  # with etcd: this gateway is this node of a replicated group (docs/ha.md); "": a single gateway
+    min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
+    ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
+    ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
 
     def __post_init__(self) -> None:
         if not self.streams:
             raise ConfigError("name at least one stream (--stream NAME)")
         for name in self.streams:
             P.validate_stream_name(name)
+        if self.node and not self.etcd:
+            raise ConfigError(f"node {self.node!r} of a replicated group needs --etcd URL: its coordinator")
+        if self.node and not self.replay_endpoint:
+            raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
         if (
@@ -137,6 +147,8 @@ class _Lane:
         self.full_since: float | None = None
         self.retry_at = 0.0
         self.full_reason = ""
+        # A node of a group: (batch, sealed, last_seq, ts_ns) journaled but not committed, so not multicast yet.
+        self.held: deque[tuple[B.Batch, bytes, int, int]] = deque()
 
 
 class _Out:
@@ -184,25 +196,15 @@ class _Out:
 class Gateway:
     """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe), with real-time output over PGM, NORM or UDP."""
 
-    def __init__(self, config: GatewayConfig, *, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, *, ctx: zmq.Context | None = None, replay: ReplayFactory | None = None
+    ) -> None:
+        """`replay`: the replay client a node of a group (config.etcd) copies its leader's journal with."""
         self.config = config
         self.ctx = ctx or zmq.Context.instance()
         self.id = random.getrandbits(32)
         self.metrics = GatewayMetrics(config.streams)
-        self.lanes = {
-            name: _Lane(
-                name,
-                JournalWriter.open(
-                    config.journal,
-                    name,
-                    segment_bytes=config.segment_bytes,
-                    durability=config.durability,
-                    retention=config.retention,
-                ),
-                ProducerTable(int(config.producer_expiry_s * 1e9), config.max_producers),
-            )
-            for name in config.streams
-        }
+        self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
@@ -240,6 +242,12 @@ class Gateway:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
         self._stopping = False
+        self._poller = zmq.Poller()
+        self.ha: HaNode | None = None
+        if config.node:
+            if replay is None:
+                raise ConfigError("a node of a group needs a replay client to follow its leader with")
+            self.ha = HaNode(self, replay).start()
         log.info(
             "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
@@ -250,6 +258,49 @@ class Gateway:
             config.stream_key,
             config.curve,
         )
+
+    def _open_writer(self, stream: str) -> JournalWriter:
+        c = self.config
+        return JournalWriter.open(
+            c.journal, stream, segment_bytes=c.segment_bytes, durability=c.durability, retention=c.retention
+        )
+
+    def _producer_table(self) -> ProducerTable:
+        return ProducerTable(int(self.config.producer_expiry_s * 1e9), self.config.max_producers)
+
+    def reopen(self, stream: str) -> None:
+        """Open a stream's journal again after it was cut (a follower dropping what its leader lacks)."""
+        lane = self.lanes[stream]
+        lane.writer = self._open_writer(stream)
+        lane.producers = self._producer_table()
+        self.metrics.follow_head(stream, lane.writer)
+        self._recover_producers(lane)
+        for out in self.outs:
+            if stream in out.sent_head:
+                out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
+
+    def watch(self, sock: zmq.Socket) -> None:
+        """Wake the loop when `sock` is readable (a follower's replication link)."""
+        self._poller.register(sock, zmq.POLLIN)
+
+    def unwatch(self, sock: zmq.Socket) -> None:
+        self._poller.unregister(sock)
+
+    def _visible(self, lane: _Lane) -> int:
+        """The last sequence that may be multicast, confirmed and announced: a node's commit point."""
+        return self.ha.committed(lane.stream) if self.ha is not None else lane.writer.last_seq
+
+    def step_down(self, reason: str) -> None:
+        """This node stopped leading: refuse what was not journaled, multicast nothing more that was, owe no
+        confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
+        for lane in self.lanes.values():
+            lane.pending, lane.pending_bytes = [], 0
+            lane.unsequenced.clear()  # their sessions end below, with the reason
+            lane.confirms.clear()
+            lane.held.clear()
+        for identity in list(self.sessions):
+            self._send_to(identity, P.invalid(reason))
+            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
 
     def _recover_producers(self, lane: _Lane) -> None:
         """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
@@ -300,7 +351,7 @@ class Gateway:
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self.router, zmq.POLLIN)
         if self.xsub is not None:
             poller.register(self.xsub, zmq.POLLIN)
@@ -314,7 +365,7 @@ class Gateway:
                 events = dict(poller.poll(int(wait * 1000)))
                 if self.router in events:
                     self._drain_router()
-                if self.xsub is not None and self.xsub in events:
+                if self.xsub is not None and self.xsub in events and not any(map(self._uncommitted_full, self.lanes)):
                     self._drain_xsub()
         finally:
             self.close()
@@ -326,6 +377,10 @@ class Gateway:
         """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
         linger = self.config.linger_ms / 1000
         deadline = now + 0.05
+        if self.ha is not None:
+            self.ha.tick(now)
+            self._release()
+            deadline = now + 0.01  # acks, pings, commits
         for lane in self.lanes.values():
             if lane.pending:
                 due = lane.pending_since + linger
@@ -360,6 +415,26 @@ class Gateway:
             deadline = min(deadline, self.registrar.due)
         return max(0.0, deadline - time.monotonic())
 
+    def _uncommitted_full(self, stream: str) -> bool:
+        """A leader holds `max_out_queue` batches its in-sync followers do not have yet: it refuses publishes
+        until they do (it cannot stop reading its ingest, which carries their acknowledgements)."""
+        return len(self.lanes[stream].held) >= self.config.max_out_queue
+
+    @property
+    def _uncommitted_reason(self) -> str:
+        return (
+            f"gateway node {self.config.node} waits for its in-sync followers (at least {self.config.min_insync}) "
+            f"to copy {self.config.max_out_queue} batches; {P.RETRY_LATER}"
+        )
+
+    def _release(self) -> None:
+        """A node that leads: multicast what its in-sync followers now hold."""
+        for lane in self.lanes.values():
+            visible = self._visible(lane)
+            while lane.held and lane.held[0][2] <= visible:
+                batch, sealed, last, ts = lane.held.popleft()
+                self._fan_out(lane, batch, sealed, last, ts)
+
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
         for lane in self.lanes.values():
@@ -369,9 +444,13 @@ class Gateway:
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
         ts = time.time_ns()
+        if self.ha is not None and not self.ha.leading:
+            return  # a follower is silent on the multicast
         for out in self.outs:
             for stream, head in out.sent_head.items():
-                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id).encode()
+                head = min(head, self._visible(self.lanes[stream]))
+                epoch = self.ha.epoch if self.ha is not None else 0
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, epoch).encode()
                 try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes
@@ -405,10 +484,16 @@ class Gateway:
         if session is not None:
             session.last_seen = time.monotonic()
         match cmd:
+            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
+                self._reject(identity, self.ha.refusal(), kind="not-leader")
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
             case P.Ping():
                 self._reply(identity, P.PingOk())
+            case P.ReplicaAck(node=node, stream=stream, epoch=epoch, sequence=seq) if self.ha is not None:
+                self.ha.ack(node, epoch, stream, seq)
+            case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
+                self._reject(identity, self._uncommitted_reason, kind="uncommitted")
             case _ if session is None:
                 self._reject(
                     identity,
@@ -545,7 +630,11 @@ class Gateway:
         series.journaled.inc(batch.count)
         series.journaled_bytes.inc(len(sealed))
         series.batch_records.observe(batch.count)
-        self._fan_out(lane, batch, sealed)
+        last, ts = lane.writer.last_seq, lane.writer.last_ts_ns
+        if self.ha is not None:
+            lane.held.append((batch, sealed, last, ts))
+        else:
+            self._fan_out(lane, batch, sealed, last, ts)
         return sealed
 
     def _writable(self, lane: _Lane, count: int) -> bool:
@@ -588,9 +677,9 @@ class Gateway:
             first += n
         lane.unsequenced.clear()
 
-    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes) -> None:
-        """Queue the sealed batch on every multicast output (cut to size for datagram ones)."""
-        last = lane.writer.last_seq
+    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes, last: int, ts: int) -> None:
+        """Queue the sealed batch (sequences ..last, journal time ts) on every multicast output (cut to size for
+        datagram ones)."""
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
@@ -604,7 +693,7 @@ class Gateway:
                 continue
             if room not in cut:
                 # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
-                first, ts = last - batch.count + 1, lane.writer.last_ts_ns
+                first = last - batch.count + 1
                 whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
                 cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
             out.queue.extend(cut[room])
@@ -647,7 +736,7 @@ class Gateway:
     def _send_confirms(self, lane: _Lane) -> None:
         """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written)."""
         never = self.config.durability.mode == "never"
-        synced = lane.writer.last_seq if never else lane.writer.synced_seq
+        synced = min(lane.writer.last_seq if never else lane.writer.synced_seq, self._visible(lane))
         while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
             identity, first, n = lane.confirms.popleft()
             self._reply(identity, P.PublishOk(first, n))
@@ -672,6 +761,9 @@ class Gateway:
                 continue
             if len(body) > self.config.max_message_bytes:
                 self.metrics.rejected.labels("oversize").inc()
+                continue
+            if self.ha is not None and not self.ha.leading:
+                self.metrics.rejected.labels("not-leader").inc()
                 continue
             self._publish(None, None, key, body)
 
@@ -703,6 +795,9 @@ class Gateway:
 
     def close(self) -> None:
         """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
+        if self.ha is not None:
+            self.ha.close()  # resigns first: a node that does not lead refuses, holds and confirms nothing
+            self.step_down(f"gateway node {self.config.node} is shutting down: publish to another node; retry later")
         for lane in self.lanes.values():
             self._flush(lane)
         deadline = time.monotonic() + 2.0

@@ -27,6 +27,10 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """Who holds a key: its value, the revision that created it (the epoch) and its lease."""
@@ -34,6 +38,7 @@ class Holder:
     value: str
     create_revision: int
     lease: int
+    mod_revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,28 +87,48 @@ class Etcd:
     def revoke(self, lease: int) -> None:
         self._call(lambda c: c.post(c.get_url("/kv/lease/revoke"), json={"ID": lease}))
 
-    def create(self, key: str, value: str, lease: int) -> int | None:
-        """Creates `key` bound to `lease` if it does not exist: the revision it was created at, or None."""
+    def create(self, key: str, value: str, lease: int, unchanged: tuple[str, int] | None = None) -> int | None:
+        """Creates `key` bound to `lease` if it does not exist (and, with `unchanged=(other, mod_revision)`, if
+        `other` was not modified since): the revision it was created at, or None."""
         k = _b64(key)
+        compare = [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": 0}]
+        if unchanged is not None:
+            other, revision = unchanged
+            compare.append({"key": _b64(other), "result": "EQUAL", "target": "MOD", "mod_revision": revision})
         txn = {
-            "compare": [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+            "compare": compare,
             "success": [{"request_put": {"key": k, "value": _b64(value), "lease": lease}}],
             "failure": [],
         }
         result = self._call(lambda c: c.transaction(txn))
         return int(result["header"]["revision"]) if result.get("succeeded") else None
 
+    def put_if_held(self, key: str, value: str, leader_key: str, epoch: int) -> bool:
+        """Puts `key` only while `leader_key` is the one created at revision `epoch`: a write fenced by
+        leadership (a deposed leader's write fails). Whether it was written."""
+        k = _b64(leader_key)
+        txn = {
+            "compare": [{"key": k, "result": "EQUAL", "target": "CREATE", "create_revision": epoch}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}],
+            "failure": [],
+        }
+        return bool(self._call(lambda c: c.transaction(txn)).get("succeeded"))
+
+    def get(self, key: str) -> str | None:
+        found = self.holder(key)
+        return None if found is None else found.value
+
     def holder(self, key: str) -> Holder | None:
         found = self._call(lambda c: c.get(key, metadata=True))
         if not found:
             return None
         value, meta = found[0]
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        return Holder(text, int(meta["create_revision"]), int(meta.get("lease", 0)))
+        return Holder(_text(value), int(meta["create_revision"]), int(meta.get("lease", 0)), int(meta["mod_revision"]))
 
-    def put(self, key: str, value: bytes, lease: int) -> None:
-        """Sets `key` to `value`, bound to `lease` (0: none)."""
-        request: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
+    def put(self, key: str, value: str | bytes, lease: int = 0) -> None:
+        """Sets `key` to `value` (text as UTF-8), bound to `lease` (0: none)."""
+        data = value.encode() if isinstance(value, str) else value
+        request: dict[str, Any] = {"key": _b64(key), "value": base64.b64encode(data).decode()}
         if lease:
             request["lease"] = lease
         self._call(lambda c: c.post(c.get_url("/kv/put"), json=request))
@@ -144,7 +169,3 @@ def _unreachable(exc: Etcd3Exception, timeout_s: float) -> str:
     if isinstance(exc, ConnectionTimeoutError):
         return f"did not answer within {timeout_s:g} s"
     return "refused the connection or cannot be reached"
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

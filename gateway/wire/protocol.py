@@ -31,6 +31,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     21 PUBLISH-BATCH   batch:chunk                             C       batch
     22 SNAPSHOT        prefixes:strings                        C       snapshot
     23 SNAPSHOT-END    last:8 records:8                        S       snapshot
+    24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8      C       (a follower gateway to its leader, HA)
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -282,8 +283,18 @@ class SnapshotEnd(Command):
     records: Number8  # records the snapshot held
 
 
+@_command
+class ReplicaAck(Command):
+    """A follower gateway (docs/ha.md) has journaled `stream` through `sequence`, copied from the leader of `epoch`."""
+
+    node: String
+    stream: String
+    epoch: Number8
+    sequence: Number8
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 24+ are free.
+# Ids 25+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -308,6 +319,7 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (21, "PUBLISH-BATCH", PublishBatch, FEATURE_BATCH, "client"),
     (22, "SNAPSHOT", Snapshot, FEATURE_SNAPSHOT, "client"),
     (23, "SNAPSHOT-END", SnapshotEnd, FEATURE_SNAPSHOT, "server"),
+    (24, "REPLICA-ACK", ReplicaAck, None, "client"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

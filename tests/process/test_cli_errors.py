@@ -100,6 +100,23 @@ USAGE = [
     (("journal",), ["ACTION"]),
     (("journal", "fix", "j"), ["'fix'"]),
     (("keygen",), ["--stream-key FILE, --curve DIR/NAME"]),
+    (("ha", "status", "--stream", "s"), ["--etcd"]),
+    (
+        (
+            "gateway",
+            "--stream",
+            "s",
+            "--journal",
+            "j",
+            "--ingest",
+            "tcp://1.2.3.4:1",
+            "--etcd",
+            "http://1.2.3.4:1",
+            "--node",
+            "a",
+        ),
+        ["--replay-endpoint"],
+    ),
     (("nosuch",), ["'nosuch'"]),
     # discovery, zeps top, snapshots
     (("streams",), ["--interface"]),

@@ -39,10 +39,20 @@ def test_resolving_an_unknown_interface_names_it() -> None:
         Endpoint.parse("epgm://nosuchif0;239.1.1.1:5555").resolve()
 
 
-@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.text("abc:/.0123456789", max_size=60))
-def test_heartbeat_round_trip(head: int, ts: int, replay: str) -> None:
-    hb = Heartbeat(head, ts, replay, 42)
+@given(
+    st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.text("abc:/.0123456789", max_size=60),
+    st.integers(0, 2**64 - 1),
+)  # fmt: skip
+def test_heartbeat_round_trip(head: int, ts: int, replay: str, epoch: int) -> None:
+    hb = Heartbeat(head, ts, replay, 42, epoch)
     assert parse_payload(hb.encode()) == hb
+
+
+def test_a_heartbeat_without_epoch_keeps_the_old_layout() -> None:
+    """What a single gateway sends is byte for byte what readers that predate epochs parse."""
+    old = bytes.fromhex("5a4801002a000000") + (7).to_bytes(8, "little") + (9).to_bytes(8, "little") + b"\x03a:1"
+    assert Heartbeat(7, 9, "a:1", 42).encode() == old
+    assert parse_payload(Heartbeat(7, 9, "a:1", 42, epoch=5).encode()) == Heartbeat(7, 9, "a:1", 42, 5)
 
 
 @given(st.binary(max_size=80))

@@ -1,0 +1,189 @@
+"""A follower gateway's link to its leader: the leader's journal copied in over ZEPS replay, acks sent back.
+
+Why the replay protocol (docs/ha.md): the leader's sidecar already serves its journal from any sequence and
+then live, batch by batch, with credit; a follower is one more subscriber of it, so a leader needs no second
+server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's
+ingest: REPLICA-ACK(node, stream, epoch, sequence) after each batch journaled, and a PING every `ACK_EVERY_S`.
+An ingest that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off).
+
+The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
+does not import the client library.
+
+Threading contract: used by the gateway's loop only. `reconcile` waits (bounded by `timeout_s`), at most once
+per change of leader; everything else never waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import zmq
+
+from gateway.errors import ReplayError
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
+
+log = logging.getLogger(__name__)
+
+ACK_EVERY_S = 0.05
+
+
+class ReplaySource(Protocol):
+    """What a follower needs of gateway.client.replay_client.ReplayClient."""
+
+    sock: zmq.Socket
+
+    def subscribe(self, pattern: str = "", latest: int = 0) -> None: ...
+
+    def fetch(self, first: int, last: int = ..., pattern: str = "") -> int: ...
+
+    def recv(
+        self, timeout: float | None = None
+    ) -> B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd | None: ...
+
+    def close(self) -> None: ...
+
+
+# (endpoint, stream, timeout_s, ctx) -> a connected client
+ReplayFactory = Callable[[str, str, float, zmq.Context], ReplaySource]
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """What the leader key's value says of its holder."""
+
+    node: str
+    ingest: str
+    replay: str
+
+    def encode(self) -> str:
+        return json.dumps({"node": self.node, "ingest": self.ingest, "replay": self.replay})
+
+    @classmethod
+    def decode(cls, text: str) -> LeaderInfo:
+        data = json.loads(text)
+        return cls(str(data["node"]), str(data["ingest"]), str(data["replay"]))
+
+    @property
+    def reachable_ingest(self) -> str:
+        """The ingest to connect to: a wildcard bind (tcp://0.0.0.0:P) takes the host of the replay endpoint."""
+        ingest, replay = urlsplit(self.ingest), urlsplit(self.replay)
+        if ingest.hostname in ("0.0.0.0", "*", "::") and replay.hostname:
+            return f"tcp://{replay.hostname}:{ingest.port}"
+        return self.ingest
+
+
+class Follower:
+    """Follows the leader of `epoch` for `streams`, from each stream's journal head on."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        replay: ReplayFactory,
+        node: str,
+        leader: LeaderInfo,
+        epoch: int,
+        suspect_s: float,
+        timeout_s: float = 0.5,
+    ) -> None:
+        self.node, self.leader, self.epoch = node, leader, epoch
+        self._replay = replay
+        self.suspect_s, self.timeout_s = suspect_s, timeout_s
+        self._ctx = ctx
+        self.clients: dict[str, ReplaySource] = {}
+        self.acked: dict[str, int] = {}
+        self.ack_sock = ctx.socket(zmq.DEALER)
+        self.ack_sock.setsockopt(zmq.LINGER, 0)
+        self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
+        self.ack_sock.connect(leader.reachable_ingest)
+        self.started_at = self.heard_at = time.monotonic()
+        self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
+        self._next_ack = 0.0
+
+    def answering(self, now: float) -> bool:
+        """Whether the leader's ingest answers us (its last ping): only then is its sidecar worth a wait."""
+        return self.heard_at > self.started_at and now - self.heard_at < 2 * ACK_EVERY_S
+
+    def matches(self, stream: str, own: B.Batch) -> bool:
+        """Whether the leader's journal holds `own` (a batch of ours) byte for byte: journals are identical up to
+        the last batch for which this holds (each batch was copied with every batch before it)."""
+        client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+        try:
+            rid = client.fetch(own.first_seq, own.last_seq)
+            got = bytearray()
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                event = client.recv(0.05)
+                if isinstance(event, B.Batch):
+                    got += bytes(event)
+                elif isinstance(event, P.FetchEnd) and event.request_id == rid:
+                    return bytes(got) == bytes(own)
+                elif isinstance(event, P.Trimmed):
+                    log.warning(
+                        "stream %s: the leader no longer has %d; taking our journal as its", stream, own.last_seq
+                    )
+                    return True
+            raise ReplayError(f"the leader's sidecar at {self.leader.replay} did not answer a FETCH in time")
+        finally:
+            client.close()
+
+    def tail(self, stream: str, head: int) -> ReplaySource:
+        """Start copying `stream` after `head`; the client's socket is the caller's to poll."""
+        client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+        client.subscribe("", head)
+        self.clients[stream] = client
+        self.acked[stream] = head
+        return client
+
+    def batches(self, stream: str) -> Iterator[B.Batch]:
+        """What the leader's sidecar sent for `stream` so far (never waits)."""
+        client = self.clients[stream]
+        while (event := client.recv(0)) is not None:
+            if isinstance(event, B.Batch):
+                yield event
+
+    def journaled(self, stream: str, seq: int) -> None:
+        """Acknowledge `stream` through `seq` at once."""
+        self.acked[stream] = seq
+        self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
+
+    def tick(self, now: float) -> bool:
+        """Read the leader's answers, ack and ping when due; whether the leader went silent: a ping of ours
+        has had no answer for `suspect_s` (so a pause of this process alone never makes it suspect)."""
+        while True:
+            try:
+                self.ack_sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.heard_at, self._unanswered_since = now, None
+        if now >= self._next_ack:
+            self._next_ack = now + ACK_EVERY_S
+            self._send(P.Ping())
+            if self._unanswered_since is None:
+                self._unanswered_since = now
+            for stream, seq in self.acked.items():
+                self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
+        return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
+
+    def _send(self, cmd: P.Command) -> None:
+        with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it
+            self.ack_sock.send(P.encode(cmd), zmq.NOBLOCK)
+
+    def drop_tails(self) -> list[ReplaySource]:
+        """End the replication links (the sidecar went away); the ack link stays. The clients closed."""
+        dropped = list(self.clients.values())
+        for client in dropped:
+            client.close()
+        self.clients.clear()
+        return dropped
+
+    def close(self) -> None:
+        self.drop_tails()
+        self.ack_sock.close()

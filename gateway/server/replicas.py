@@ -1,0 +1,120 @@
+"""The leader's followers, sans-IO: their acknowledgements, the in-sync set, and what may be made visible.
+
+Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
+=============================================================
+
+1. A record is *committed* once every in-sync follower has acknowledged it (journaled it) and there are at
+   least `min_insync` of them. Only committed records are multicast and confirmed. The commit point of a
+   stream only grows.
+2. The in-sync set is kept in etcd, written only by the leader and fenced by its epoch, so that exactly its
+   members (and the leader) may be elected: each holds every committed record.
+3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
+   (commits wait for it from that moment on, so it never misses one).
+4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, leaves: in etcd
+   first (`laggards`), here only once that write succeeded (`remove`). A deposed leader's write fails, so
+   it can never shrink its set to commit alone.
+5. Nothing here does I/O or reads a clock: the caller passes `now`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Follower:
+    acked: dict[str, int]  # per stream, the last sequence it journaled
+    heard_at: float  # its last acknowledgement
+    behind_since: float | None = None  # since when it has been behind the head (None: caught up)
+
+
+@dataclass
+class InSync:
+    """One leader's followers for one epoch."""
+
+    node: str
+    epoch: int
+    min_insync: int
+    lag_s: float
+    # per stream; starts at 0: what this node journaled as a follower is committed again in its epoch, once
+    # its in-sync followers hold it (they may not, if the old leader died before they did)
+    committed: dict[str, int]
+    members: set[str] = field(default_factory=set)  # in-sync followers (not the leader)
+    followers: dict[str, _Follower] = field(default_factory=dict)
+
+    def start(self, members: set[str], now: float) -> None:
+        """Take over the in-sync set of the previous epoch (minus this node and the old leader)."""
+        self.members = set(members) - {self.node}
+        for name in self.members:
+            self.followers[name] = _Follower({}, now)
+
+    def ack(self, node: str, epoch: int, stream: str, seq: int, now: float) -> None:
+        """A follower's REPLICA-ACK; acks for another epoch (a follower of someone else) are ignored."""
+        if epoch != self.epoch or stream not in self.committed or node == self.node:
+            return
+        f = self.followers.setdefault(node, _Follower({}, now))
+        f.acked[stream] = max(f.acked.get(stream, 0), seq)
+        f.heard_at = now
+
+    def advance(self, heads: dict[str, int], now: float) -> None:
+        """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind."""
+        for f in self.followers.values():
+            behind = any(f.acked.get(s, 0) < head for s, head in heads.items())
+            if not behind:
+                f.behind_since = None
+            elif f.behind_since is None:
+                f.behind_since = now
+        if len(self.members) < self.min_insync:
+            return
+        for stream, head in heads.items():
+            held = min((self.followers[m].acked.get(stream, 0) for m in self.members), default=head)
+            self.committed[stream] = max(self.committed[stream], min(head, held))
+
+    def joinable(self) -> list[str]:
+        """Followers outside the set that hold every committed record (rule 3)."""
+        return [
+            name
+            for name, f in self.followers.items()
+            if name not in self.members and all(f.acked.get(s, 0) >= c for s, c in self.committed.items())
+        ]
+
+    def laggards(self, now: float) -> list[str]:
+        """In-sync followers silent or behind for longer than `lag_s` (rule 4)."""
+        out = []
+        for name in self.members:
+            f = self.followers[name]
+            if now - f.heard_at > self.lag_s or (f.behind_since is not None and now - f.behind_since > self.lag_s):
+                out.append(name)
+        return out
+
+    def add(self, node: str) -> None:
+        self.members.add(node)
+
+    def remove(self, node: str) -> None:
+        self.members.discard(node)
+        self.followers.pop(node, None)
+
+    def record(self, members: set[str] | None = None) -> str:
+        """The etcd value of the in-sync set (this one, or `members` about to be written)."""
+        names = sorted(self.members if members is None else members)
+        return json.dumps({"epoch": self.epoch, "leader": self.node, "insync": names})
+
+    def acked(self) -> dict[str, dict[str, int]]:
+        return {name: dict(f.acked) for name, f in self.followers.items()}
+
+
+def parse_record(text: str | None) -> tuple[str, set[str]]:
+    """(leader, in-sync followers) of an etcd in-sync record; ("", empty) when there is none yet."""
+    if not text:
+        return "", set()
+    data = json.loads(text)
+    return str(data.get("leader", "")), set(data.get("insync", ()))
+
+
+def eligible(node: str, text: str | None) -> bool:
+    """Whether `node` may campaign: no set recorded yet (a new group), or it led or was in sync last."""
+    if not text:
+        return True
+    leader, members = parse_record(text)
+    return node == leader or node in members

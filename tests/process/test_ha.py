@@ -1,0 +1,353 @@
+"""A replicated gateway group on loopback: real etcd, a gateway and a sidecar per node, leaders killed -9.
+
+The checker: every confirmed record is in the survivors' journals exactly once, at the sequence it was
+confirmed with; the journals are prefixes of one another; no sequence holds two contents; epochs grow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from support.etcd import EtcdProcess
+from support.servers import free_port, journal_records
+
+from gateway.journal.epochs import read_epochs
+from gateway.server.ha import REPORT_EVERY_S, group_key
+from gateway.transport.etcd import Etcd
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAM = "ha"
+LEADER_KEY = f"{group_key([STREAM])}/leader"
+KILLS = 10
+
+
+class Node:
+    """`zeps gateway --etcd --node` and `zeps replay` beside it, on their own journal."""
+
+    def __init__(self, root: Path, name: str, etcd: str, *extra: str) -> None:
+        self.name, self.journal = name, root / name
+        self.ingest = f"tcp://127.0.0.1:{free_port()}"
+        self.replay = f"tcp://127.0.0.1:{free_port()}"
+        self.log = root / f"{name}.log"
+        cli = [sys.executable, "-m", "gateway.cli"]
+        self.gateway_argv = [*cli, "-v", "gateway", "--stream", STREAM, "--journal", str(self.journal), "--ingest",
+                             self.ingest, "--replay-endpoint", self.replay, "--etcd", etcd, "--node", name,
+                             "--linger-ms", "0", *extra]  # fmt: skip
+        self.replay_argv = [
+            *cli,
+            "replay",
+            "--journal",
+            str(self.journal),
+            "--bind",
+            self.replay,
+            "--tail-poll-ms",
+            "1",
+        ]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> Node:
+        self.journal.mkdir(parents=True, exist_ok=True)
+        out = open(self.log, "ab")  # noqa: SIM115 (the children keep it)
+        self.procs = [subprocess.Popen(argv, stdout=out, stderr=out) for argv in (self.gateway_argv, self.replay_argv)]
+        return self
+
+    def wait_ready(self, timeout_s: float = 30.0) -> Node:
+        """Until the gateway answers PING (a follower does too) and its journal exists."""
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.ingest)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                assert all(p.poll() is None for p in self.procs), self.log.read_text()
+                sock.send(P.encode(P.Ping()))
+                if sock.poll(200) and (self.journal / STREAM).is_dir():
+                    return self
+            raise AssertionError(f"node {self.name} not ready within {timeout_s} s")
+        finally:
+            sock.close()
+
+    def signal(self, sig: int, which: int = 0) -> None:
+        os.kill(self.procs[which].pid, sig)
+
+    def kill9(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        self.procs = []
+
+    def records(self) -> list[tuple[int, str, bytes]]:
+        return journal_records(self.journal, STREAM)
+
+
+class Publisher:
+    """A ZEPS producer that tries each ingest in turn and re-sends a record until one confirms it."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        self.endpoints = endpoints
+        self.producer = random.getrandbits(63)
+        self.turn = 0
+        self.sock: zmq.Socket | None = None
+
+    def _connect(self) -> bool:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.endpoints[self.turn % len(self.endpoints)])
+        self.turn += 1
+        self.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
+        if not self._answer(P.AttachOk, 0.1):  # refused at once by a follower; a dead node says nothing
+            return False
+        self.sock.send(P.encode(P.Extend((P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER))))
+        return self._answer(P.ExtendOk, 0.1) is not None
+
+    def _answer(self, kind: type[P.Command], timeout: float) -> P.Command | None:
+        assert self.sock is not None
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        cmd = P.decode(self.sock.recv())
+        return cmd if isinstance(cmd, kind) else None
+
+    def send(self, n: int, deadline_s: float = 30.0) -> int:
+        """Publish record number n (producer sequence n) until confirmed; its stream sequence."""
+        raw = B.encode(0, [(0, b"k", f"record-{n}".encode())], producer=(self.producer, n))
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if self.sock is None and not self._connect():
+                self.sock = None
+                continue
+            assert self.sock is not None
+            self.sock.send(P.encode(P.PublishBatch(raw)))
+            ok = self._answer(P.PublishOk, 0.1)  # a confirm takes ms; a re-send is deduplicated
+            if isinstance(ok, P.PublishOk):
+                return ok.sequence + ok.count - 1
+            self.sock.close()
+            self.sock = None  # refused (a follower) or silent (dead, paused): the next ingest
+        raise AssertionError(f"record {n} not confirmed within {deadline_s} s")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    server = EtcdProcess(tmp_path).start()
+    yield server
+    server.kill()
+
+
+def leader(etcd: EtcdProcess, nodes: list[Node], timeout_s: float = 15.0) -> tuple[Node, int]:
+    client, deadline = Etcd(etcd.url), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        holder = client.holder(LEADER_KEY)
+        if holder is not None:
+            for node in nodes:
+                if f'"node": "{node.name}"' in holder.value:
+                    return node, holder.create_revision
+        time.sleep(0.02)
+    raise AssertionError("no leader elected")
+
+
+def start_group(tmp_path: Path, etcd: EtcdProcess, count: int, *extra: str) -> list[Node]:
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, *extra).start() for i in range(count)]
+    return [node.wait_ready() for node in nodes]
+
+
+def wait_synced(nodes: list[Node], timeout_s: float = 30.0) -> None:
+    """Until every node's journal is as long as the longest (the followers caught up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        lengths = {len(node.records()) for node in nodes}
+        if len(lengths) == 1:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"journals of {[n.name for n in nodes]} did not converge: {lengths}")
+
+
+def ha_status(etcd: EtcdProcess) -> dict:
+    argv = [sys.executable, "-m", "gateway.cli", "ha", "status", "--etcd", etcd.url, "--stream", STREAM]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert len(out.splitlines()) == 1, out
+    return json.loads(out)
+
+
+def check(survivors: list[Node], confirmed: dict[int, int]) -> None:
+    journals = [node.records() for node in survivors]
+    for records in journals:
+        assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1)), "a gap or a reused sequence"
+    longest = max(journals, key=len)
+    for records in journals:
+        assert records == longest[: len(records)], "journals differ"
+    bodies = [body for _, _, body in longest]
+    for n, seq in confirmed.items():
+        assert longest[seq - 1][2] == f"record-{n}".encode(), f"record {n} is not at its confirmed sequence {seq}"
+        assert bodies.count(f"record-{n}".encode()) == 1, f"record {n} journaled twice"
+
+
+def test_leader_killed_repeatedly_loses_no_confirmed_record(etcd: EtcdProcess, tmp_path: Path) -> None:
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    failovers: list[float] = []
+    epochs: list[int] = []
+    try:
+        n = 0
+        for _ in range(KILLS):
+            for _ in range(30):
+                n += 1
+                confirmed[n] = pub.send(n)
+            victim, epoch = leader(etcd, nodes)
+            epochs.append(epoch)
+            victim.kill9()
+            killed = time.monotonic()
+            n += 1
+            confirmed[n] = pub.send(n)
+            failovers.append(time.monotonic() - killed)
+            victim.start().wait_ready()  # it rejoins as a follower: cuts what it never replicated, catches up
+        for _ in range(30):
+            n += 1
+            confirmed[n] = pub.send(n)
+        epochs.append(leader(etcd, nodes)[1])
+        wait_synced(nodes)
+        time.sleep(REPORT_EVERY_S * 3)  # the nodes reported their heads
+        assert epochs == sorted(set(epochs)), f"epochs did not grow: {epochs}"
+        check(nodes, confirmed)
+        current, epoch = leader(etcd, nodes)
+        led = {node.name: read_epochs(node.journal / STREAM) for node in nodes}
+        assert led[current.name][-1][0] == epoch, "the leader's epoch checkpoint lacks its epoch"
+        for entries in led.values():
+            assert [e for e, _ in entries] == sorted({e for e, _ in entries})
+        status = ha_status(etcd)
+        assert (status["leader"], status["epoch"]) == (current.name, epoch)
+        assert set(status["insync"]) == {n.name for n in nodes} - {current.name}
+        head = len(current.records())
+        assert {name: s["heads"][STREAM] for name, s in status["nodes"].items()} == {n.name: head for n in nodes}
+        print(f"failover kill -9 -> first confirm: median {statistics.median(failovers):.3f} s, "
+              f"max {max(failovers):.3f} s over {len(failovers)}")  # fmt: skip
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+@pytest.mark.parametrize("pause_s", [0.7, 2.5], ids=["shorter-than-lease", "past-lease"])
+def test_a_paused_leader_never_confirms_after_its_successor_took_over(
+    etcd: EtcdProcess, tmp_path: Path, pause_s: float
+) -> None:
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 31):
+            confirmed[n] = pub.send(n)
+        paused, epoch = leader(etcd, nodes)
+        stale = Publisher([paused.ingest])  # attached before the pause; its record waits in the socket
+        stale_n = 1000
+        confirmed[stale_n] = stale.send(stale_n)
+        paused.signal(signal.SIGSTOP)
+        assert stale.sock is not None
+        raw = B.encode(0, [(0, b"k", b"record-1001")], producer=(stale.producer, 1001))
+        stale.sock.send(P.encode(P.PublishBatch(raw)))
+        for n in range(31, 61):  # the others elect a successor and go on
+            confirmed[n] = pub.send(n)
+        successor, new_epoch = leader(etcd, nodes)
+        assert successor is not paused and new_epoch > epoch
+        paused.signal(signal.SIGCONT)
+        answer = stale._answer(P.PublishOk, 3.0)  # the record sent to the paused leader
+        if isinstance(answer, P.PublishOk):
+            confirmed[1001] = answer.sequence
+        print(f"paused {pause_s} s: the record sent to the paused leader got {answer}")
+        for n in range(61, 91):
+            confirmed[n] = pub.send(n)
+        wait_synced(nodes)
+        check(nodes, confirmed)
+        stale.close()
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+@pytest.mark.parametrize("min_insync", [1, 0])
+def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tmp_path: Path, min_insync: int) -> None:
+    nodes = start_group(tmp_path, etcd, 2, "--min-insync", str(min_insync))
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        head, _ = leader(etcd, nodes)
+        follower = next(node for node in nodes if node is not head)
+        asking = Publisher([follower.ingest])
+        assert not asking._connect()  # a follower refuses ATTACH, naming the leader
+        assert asking.sock is not None
+        asking.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
+        refusal = asking._answer(P.Invalid, 5.0)
+        assert isinstance(refusal, P.Invalid) and f"the leader is {head.name} at {head.ingest}" in refusal.reason
+        assert refusal.reason.endswith(P.RETRY_LATER)
+        asking.close()
+        follower.kill9()
+        if min_insync:
+            with pytest.raises(AssertionError, match="not confirmed"):
+                pub.send(21, deadline_s=3.0)  # journaled by the leader, held: its only follower is gone
+            flood = Publisher([head.ingest])
+            assert flood._connect()
+            assert flood.sock is not None
+            for _ in range(300):  # more batches than the leader holds uncommitted (max_out_queue, 256)
+                flood.sock.send(P.encode(P.PublishBatch(B.encode(0, [(0, b"f", b"flood")]))))
+            refused = flood._answer(P.Invalid, 5.0)  # the leader reads on (acks come that way) but refuses
+            assert isinstance(refused, P.Invalid) and refused.reason.endswith(P.RETRY_LATER), refused
+            flood.close()
+            follower.start().wait_ready()
+        confirmed[21] = pub.send(21)  # min-insync 0: once the follower left the in-sync set; 1: once it is back
+        for n in range(22, 41):
+            confirmed[n] = pub.send(n)
+        if not min_insync:
+            follower.start().wait_ready()
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_etcd_down_stops_confirms_and_they_resume_with_etcd(etcd: EtcdProcess, tmp_path: Path) -> None:
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        _, epoch = leader(etcd, nodes)
+        etcd.kill()
+        time.sleep(1.5)  # past the lease: no node may act
+        with pytest.raises(AssertionError, match="not confirmed"):
+            pub.send(21, deadline_s=2.0)
+        etcd.start()
+        for n in range(21, 41):
+            confirmed[n] = pub.send(n)
+        assert leader(etcd, nodes)[1] > epoch
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()

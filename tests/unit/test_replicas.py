@@ -1,0 +1,60 @@
+"""The leader's in-sync set and commit point (gateway.server.replicas), sans-IO."""
+
+from __future__ import annotations
+
+from gateway.server.replicas import InSync, eligible, parse_record
+
+
+def insync(min_insync: int = 1, members: tuple[str, ...] = ("b", "c")) -> InSync:
+    s = InSync("a", 7, min_insync, 1.0, {"s": 0})
+    s.start(set(members), now=0.0)
+    return s
+
+
+def test_commit_waits_for_every_in_sync_follower() -> None:
+    s = insync()
+    s.ack("b", 7, "s", 10, now=0.1)
+    s.advance({"s": 10}, now=0.1)
+    assert s.committed["s"] == 0  # c has nothing yet
+    s.ack("c", 7, "s", 8, now=0.2)
+    s.advance({"s": 10}, now=0.2)
+    assert s.committed["s"] == 8
+
+
+def test_acks_of_another_epoch_count_for_nothing() -> None:
+    s = insync(members=("b",))
+    s.ack("b", 6, "s", 10, now=0.1)  # b still follows the old leader
+    s.advance({"s": 10}, now=0.1)
+    assert s.committed["s"] == 0
+
+
+def test_below_min_insync_nothing_commits_and_the_point_never_goes_back() -> None:
+    s = insync(min_insync=1, members=("b",))
+    s.ack("b", 7, "s", 5, now=0.1)
+    s.advance({"s": 10}, now=0.1)
+    assert s.committed["s"] == 5
+    s.remove("b")
+    s.advance({"s": 12}, now=0.2)
+    assert s.committed["s"] == 5
+    alone = insync(min_insync=0, members=())
+    alone.advance({"s": 12}, now=0.2)
+    assert alone.committed["s"] == 12
+
+
+def test_a_silent_or_lagging_follower_is_a_laggard_and_a_caught_up_one_joins() -> None:
+    s = insync(members=("b",))
+    s.ack("b", 7, "s", 3, now=0.5)
+    s.advance({"s": 10}, now=0.5)  # b behind since 0.5
+    assert s.laggards(now=1.4) == []
+    assert s.laggards(now=1.6) == ["b"]
+    s.ack("c", 7, "s", 3, now=1.6)  # c holds everything committed (3)
+    s.advance({"s": 10}, now=1.6)
+    assert s.joinable() == ["c"]
+
+
+def test_the_record_names_who_may_be_elected() -> None:
+    s = insync(members=("b", "a"))  # the leader is never its own follower
+    text = s.record()
+    assert parse_record(text) == ("a", {"b"})
+    assert eligible("a", text) and eligible("b", text) and not eligible("c", text)
+    assert eligible("c", None)  # a new group: anyone
