@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -99,13 +100,13 @@ def test_registered_gateway_and_sidecar_serve_clients_that_name_the_stream(
 ) -> None:
     stream_key, key_file = key
     journal = tmp_path / "journal"
-    gateway = GatewayProcess(journal, "--etcd", etcd.url, "--stream-key", str(key_file), "--node", "gw1")
+    gateway = GatewayProcess(journal, "--etcd", etcd.url, "--stream-key", str(key_file))  # --node too: an HA node
     try:
         with start_sidecar(journal, "--etcd", etcd.url, "--stream-key", str(key_file), "--node", "sc1") as sidecar:
             found = wait_for(lambda: len(entries(etcd)) == 2 and entries(etcd))
             assert isinstance(found, dict)
             by_role = {k.rsplit("/", 1)[1].split(".")[0]: A.decode(v, [stream_key]) for k, v in found.items()}
-            assert by_role["gateway"].ingest == gateway.ingest and by_role["gateway"].node == "gw1"
+            assert by_role["gateway"].ingest == gateway.ingest and by_role["gateway"].node == socket.gethostname()
             assert by_role["sidecar"].sidecar == sidecar.endpoint
 
             with (
