@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -21,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.runner import BODY, KEYS
+from gateway.bench.runner import BODY, KEYS, stop_process
 from gateway.errors import BenchError
 from netlab import Lab
 
@@ -50,16 +49,6 @@ def _wait_ready(proc: subprocess.Popen, log: Path) -> None:
     raise BenchError(f"nats-server did not start within {READY_S} s (exit {proc.poll()}): {text}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 @contextlib.contextmanager
 def server(tmp: Path, lab: Lab | None = None, host: str = "gw") -> Iterator[tuple[str, subprocess.Popen]]:
     """nats-server with JetStream: (url, process). On loopback, or on lab host `host` at its address."""
@@ -78,7 +67,7 @@ def server(tmp: Path, lab: Lab | None = None, host: str = "gw") -> Iterator[tupl
             _wait_ready(proc, Path(store) / "server.log")
             yield f"nats://{addr}:{port}", proc
         finally:
-            _stop(proc)
+            stop_process(proc)
 
 
 def subjects() -> list[str]:

@@ -40,6 +40,7 @@ from gateway.bench.runner import (
     need_disk,
     repeat,
     stop,
+    stop_process,
 )
 from gateway.client.replay_client import ReplayClient
 from gateway.client.subscriber import Subscriber
@@ -103,12 +104,7 @@ def sidecar(root: Path, *options: str) -> Iterator[str]:
             raise BenchError(f"zeps replay did not start: {line!r}")
         yield match.group(1)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def replay_rate(endpoint: str, records: int, features: tuple[str, ...]) -> dict[str, float]:

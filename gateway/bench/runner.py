@@ -174,6 +174,17 @@ def time_limit(seconds: float, what: str) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """End a server a scenario started on this host: SIGTERM, and SIGKILL if it is still there after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def stop(*handles: HostProcess) -> None:
     """End lab processes that are still running (a failed run's), by pid; finished ones are left alone."""
     for handle in handles:

@@ -22,7 +22,19 @@ from pathlib import Path
 
 import zmq
 
-from gateway.bench.runner import BODY, KEYS, STREAM, Progress, Result, Settings, Stat, Table, Target, repeat
+from gateway.bench.runner import (
+    BODY,
+    KEYS,
+    STREAM,
+    Progress,
+    Result,
+    Settings,
+    Stat,
+    Table,
+    Target,
+    repeat,
+    stop_process,
+)
 from gateway.errors import BenchError, NotAJournal, SparkUnavailable
 from gateway.journal import JournalReader
 from gateway.wire import protocol as P
@@ -48,12 +60,7 @@ def gateway(journal: Path) -> Iterator[str]:
         _await_ping(proc, ingest)
         yield ingest
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def _await_ping(proc: subprocess.Popen, ingest: str) -> None:

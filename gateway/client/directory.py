@@ -211,19 +211,15 @@ class LanDirectory(PolledByFd):
         return self.table.streams(time.monotonic())
 
     def wait(self, stream: str, deadline: float, need: Callable[[StreamInfo], bool]) -> StreamInfo:
-        while True:
-            info = self.lookup(stream)
-            if info is not None and need(info):
-                return info
-            left = deadline - time.monotonic()
-            if left <= 0:
-                heard = ", ".join(i.name for i in self.table.streams(time.monotonic())) or "nothing"
-                signed = " signed with the stream key given" if self.keys else ""
-                raise DiscoveryError(
-                    f"stream {stream!r} was not announced{signed} on {self.where} in time (heard: {heard}): is its "
-                    "gateway up and announcing on this LAN? Or give its endpoints (--multicast, --replay, --ingest)"
-                )
-            select.select([self.sock], [], [], left)
+        return wait_until(self, stream, deadline, need, self._missing)
+
+    def _missing(self, stream: str) -> str:
+        heard = ", ".join(i.name for i in self.table.streams(time.monotonic())) or "nothing"
+        signed = " signed with the stream key given" if self.keys else ""
+        return (
+            f"stream {stream!r} was not announced{signed} on {self.where} in time (heard: {heard}): is its "
+            "gateway up and announcing on this LAN? Or give its endpoints (--multicast, --replay, --ingest)"
+        )
 
     def listen(self, seconds: float) -> list[StreamInfo]:
         """Every stream announced within `seconds` (announcements come about once a second)."""
@@ -241,6 +237,25 @@ class LanDirectory(PolledByFd):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_until(
+    directory: Directory,
+    stream: str,
+    deadline: float,
+    need: Callable[[StreamInfo], bool],
+    missing: Callable[[str], str],
+) -> StreamInfo:
+    """What `directory` says of `stream` once `need` holds of it, waiting on its fileno() until `deadline`
+    (time.monotonic()); DiscoveryError(missing(stream)) then."""
+    while True:
+        info = directory.lookup(stream)
+        if info is not None and need(info):
+            return info
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DiscoveryError(missing(stream))
+        select.select([directory.fileno()], [], [], left)
 
 
 def count_drop(dropped: dict[str, int], where: str, kind: str, what: str) -> None:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from gateway.client.directory import StreamInfo, count_drop, merged
+from gateway.client.directory import StreamInfo, count_drop, merged, wait_until
 from gateway.errors import CoordinatorError, DiscoveryError, McastError, Unauthenticated
 from gateway.transport.etcd import Entry, Etcd
 from gateway.transport.pollable import PolledByFd
@@ -127,14 +127,7 @@ class EtcdDirectory(PolledByFd):
         return [info for name in names if (info := self.lookup(name)) is not None]
 
     def wait(self, stream: str, deadline: float, need: Callable[[StreamInfo], bool]) -> StreamInfo:
-        while True:
-            info = self.lookup(stream)
-            if info is not None and need(info):
-                return info
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise DiscoveryError(self._missing(stream))
-            select.select([self._fd], [], [], left)
+        return wait_until(self, stream, deadline, need, self._missing)
 
     def _missing(self, stream: str) -> str:
         if not self.answered:
