@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.cli import config, discovery_opts, keyopts
 from gateway.cli.options import (
     Parser,
+    add_pgm_engine,
     byte_size,
     duration,
     host_port,
@@ -55,6 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-kbps", type=positive, help="multicast rate: PGM ZMQ_RATE, NORM and UDP pacing (100000)")
     p.add_argument("--recovery-ivl-ms", type=positive, help="PGM recovery interval in ms (default 2000)")
     p.add_argument("--datagram-bytes", type=byte_size(256, 65507), help="udp:// datagram size at most (1472: one MTU)")
+    add_pgm_engine(p)
     p.add_argument("--heartbeat-ms", type=positive, help="heartbeat interval in ms (default 100)")
     p.add_argument("--linger-ms", type=nonnegative, help="longest wait to fill a batch, in ms (default 2)")
     p.add_argument("--batch-records", type=positive, help="records per batch at most (default 1024)")
@@ -127,7 +129,9 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.wire.streamkey import StreamKey
 
     given = {k: v for k, v in vars(args).items() if v is not None}
-    tuning = {k: given[k] for k in ("rate_kbps", "recovery_ivl_ms", "datagram_bytes") if k in given}
+    tuning: dict[str, Any] = {k: given[k] for k in ("rate_kbps", "recovery_ivl_ms", "datagram_bytes") if k in given}
+    if "pgm_engine" in given:
+        tuning["libzmq_pgm"] = given["pgm_engine"] == "libzmq"
     durability = {"mode": given["fsync"]} if "fsync" in given else {}
     if "fsync_ms" in given:
         durability["group_ms"] = given["fsync_ms"]

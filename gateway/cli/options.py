@@ -33,6 +33,18 @@ _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*):(\d+|\*)$")
 
 
+def add_pgm_engine(p: argparse.ArgumentParser) -> None:
+    """--pgm-engine: which engine drives epgm:// and pgm:// in this process (gateway.mcast.Tuning.libzmq_pgm)."""
+    from gateway.mcast import PGM_ENGINE_ENV, PGM_ENGINES
+
+    p.add_argument(
+        "--pgm-engine",
+        choices=PGM_ENGINES,
+        help=f"who drives epgm:// and pgm://: libzmq (its fixed NAK timers) or openpgm (NAKs in milliseconds; "
+        f"docs/pgm.md says when to choose which); default: ${PGM_ENGINE_ENV}, else libzmq",
+    )
+
+
 def integer(low: int | None = None, high: int | None = None, what: str = "") -> Callable[[str], int]:
     """An int within low..high (either bound optional); `what` names the unit in the message."""
 

@@ -8,7 +8,19 @@ import sys
 import time
 
 from gateway.cli import discovery_opts, keyopts
-from gateway.cli.options import Parser, Position, duration, host_port, mcast_endpoint, position, positive, say, since
+from gateway.cli.options import (
+    Parser,
+    Position,
+    add_pgm_engine,
+    duration,
+    host_port,
+    integer,
+    mcast_endpoint,
+    position,
+    positive,
+    say,
+    since,
+)
 from gateway.cli.output import add_format, write_records
 
 _FLUSH_S = 0.1  # a busy stream's output reaches a pipe at least this often
@@ -54,6 +66,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=duration, help="exit after this long without a record, e.g. 10s")
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
     p.add_argument("--max-lag", type=positive, help="records behind the live feed before switching to replay")
+    add_pgm_engine(p)
+    p.add_argument(
+        "--fill-udp",
+        metavar="PORT",
+        type=integer(0, 65535),
+        help="the sidecar's fill port for udp:// gap fills by datagram (docs/protocol.md); default: the replay "
+        "endpoint's port on udp:// feeds; 0: fill over TCP only",
+    )
     p.add_argument("--summary-only", action="store_true", help="print no records, only the summary")
     add_format(p)
     p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics (counters, lag, state) at HOST:PORT")
@@ -99,6 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.client.metrics import SubscriberMetrics
     from gateway.client.subscriber import Subscriber
     from gateway.errors import DataLoss, ZepsError
+    from gateway.mcast import Tuning
     from gateway.wire.streamkey import StreamKey
 
     stop = []
@@ -122,6 +143,8 @@ def _run(args: argparse.Namespace) -> int:
             interface=args.interface,
             directory=directory,
             discovery_timeout=args.discovery_timeout,
+            tuning=Tuning(libzmq_pgm=args.pgm_engine == "libzmq") if args.pgm_engine else None,
+            fill_udp=args.fill_udp,
         ) as sub:
             metrics = SubscriberMetrics(sub) if args.metrics else None
             if metrics:

@@ -78,3 +78,16 @@ def test_command_line_wins_over_the_config_file() -> None:
     args = argparse.Namespace(max_clients=5, stream=[], journal=None)
     config.merge(args, {"max_clients": 9, "stream": ["a"], "journal": Path("/j")})
     assert (args.max_clients, args.stream, args.journal) == (5, ["a"], Path("/j"))
+
+
+def test_pgm_engine_chooses_who_drives_pgm(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.cli.gateway import configure
+
+    monkeypatch.delenv("ZEPS_PGM_ENGINE", raising=False)
+    base = ["gateway", "--stream", "px", "--journal", "/nonexistent", "--ingest", "tcp://127.0.0.1:5570"]
+    assert configure(build_parser().parse_args(base)).tuning.libzmq_pgm is True
+    assert configure(build_parser().parse_args([*base, "--pgm-engine", "openpgm"])).tuning.libzmq_pgm is False
+    monkeypatch.setenv("ZEPS_PGM_ENGINE", "openpgm")  # the option wins over the environment
+    assert configure(build_parser().parse_args([*base, "--pgm-engine", "libzmq"])).tuning.libzmq_pgm is True
+    args = build_parser().parse_args(["subscribe", "--stream", "px", "--replay", "tcp://127.0.0.1:5580"])
+    assert (args.pgm_engine, args.fill_udp) == (None, None)
