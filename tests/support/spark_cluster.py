@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
@@ -190,9 +191,9 @@ def stream_read(master: str, driver_ip: str, work: str, replay: str, stream: str
 
 def stream_sink(
     master: str, driver_ip: str, work: str, replay: str, stream: str, ingest: str, sink: str, per_batch: int
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """One availableNow query from the sidecar's `stream` into the gateway's `sink` through the `zeps` sink,
-    on a checkpoint under `work`; the micro-batches it ran."""
+    on a checkpoint under `work`; the micro-batches it ran, and the rows of each."""
     spark = _session(master, driver_ip, work)
     try:
         query = (
@@ -212,7 +213,8 @@ def stream_sink(
         query.awaitTermination(300)
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
-        return {"batches": len(query.recentProgress)}
+        rows = [int(p.numInputRows) for p in query.recentProgress]
+        return {"batches": len(rows), "rows": rows}
     finally:
         spark.stop()
 
