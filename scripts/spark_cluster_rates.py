@@ -7,6 +7,7 @@ batch), then `--runs` times: a streaming read from the sidecar into Parquet, and
 With --local, the same driver runs `local[2]` on its host instead (no cluster): the figure to compare with.
 
     .venv/bin/python scripts/spark_cluster_rates.py [--runs 3] [--records 1000000] [--local]
+                                                    [--records-per-partition 100000]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--records-per-partition", type=int, default=100_000, help="records a task reads")
     parser.add_argument("--local", action="store_true", help="local[2] on the driver's host, no cluster")
     args = parser.parse_args()
     with (
@@ -49,7 +51,7 @@ def main() -> None:
             try:
                 master, driver = "local[2]" if spark is None else spark.url, lab.host("drv").ip
                 got = lab.run("drv", rates, master, driver, str(root / "driver"), replay, "ticks", ingest,
-                              "derived", args.runs, timeout=3_600)  # fmt: skip
+                              "derived", args.runs, args.records_per_partition, timeout=3_600)  # fmt: skip
             finally:
                 if spark is not None:
                     spark.stop()

@@ -220,12 +220,20 @@ def stream_sink(
 
 
 def rates(
-    master: str, driver_ip: str, work: str, replay: str, stream: str, ingest: str, sink: str, runs: int
+    master: str,
+    driver_ip: str,
+    work: str,
+    replay: str,
+    stream: str,
+    ingest: str,
+    sink: str,
+    runs: int,
+    per_partition: int = 100_000,
 ) -> dict[str, list[float]]:
     """Seconds per run, in one driver session: a streaming read of all of `stream` from the sidecar into Parquet,
     and the same read through the `zeps` sink into the gateway's `sink`; availableNow, 100,000 records a
-    micro-batch, a new checkpoint (so a new query and new producers) every run. Timed from start() to the
-    query's end: the session start is not timed."""
+    micro-batch read as tasks of `per_partition` records, a new checkpoint (so a new query and new producers)
+    every run. Timed from start() to the query's end: the session start is not timed."""
     spark = _session(master, driver_ip, work)
     out: dict[str, list[float]] = {"read": [], "write": []}
     try:
@@ -236,6 +244,7 @@ def rates(
                     .option("replay", replay)
                     .option("stream", stream)
                     .option("maxRecordsPerBatch", "100000")
+                    .option("recordsPerPartition", str(per_partition))
                     .load()
                 )
                 checkpoint = str(Path(work) / f"rates-{what}-{run}")
