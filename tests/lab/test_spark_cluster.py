@@ -5,15 +5,13 @@ cluster."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from support.servers import Stream, journal_records
-from support.spark_cluster import Cluster, batch_read, stream_read, stream_sink
+from support.spark_cluster import INGEST_PORT, Cluster, batch_read, gateway_host, stream_read, stream_sink
 
 from gateway.errors import NotAJournal
 from gateway.journal import JournalReader
@@ -21,8 +19,6 @@ from netlab import Lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
-REPLAY_PORT = 5571
-INGEST_PORT = 5570
 PER_BATCH = 100  # records per journal batch
 RECORDS = PER_BATCH * 200
 
@@ -32,24 +28,13 @@ def cluster(make_lab: Callable[..., Lab], tmp_path: Path) -> Iterator[tuple[Lab,
     """The lab, the cluster, and the sidecar's endpoint (journal at tmp_path / "journal"); on host gw also a
     gateway journaling stream "derived" (journal at tmp_path / "gateway", ingest on INGEST_PORT)."""
     lab = make_lab(["gw", "master", "w1", "w2", "drv"])
-    journal = tmp_path / "journal"
-    journal.mkdir()
-    endpoint = f"tcp://{lab.host('gw').ip}:{REPLAY_PORT}"
-    replay_log = open(tmp_path / "replay.log", "wb")  # noqa: SIM115
-    argv = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(journal), "--bind", endpoint]
-    sidecar = lab.popen("gw", argv, stdout=replay_log, stderr=subprocess.STDOUT)
-    ingest = f"tcp://{lab.host('gw').ip}:{INGEST_PORT}"
-    argv = [sys.executable, "-m", "gateway.cli", "gateway", "--journal", str(tmp_path / "gateway"), "--ingest", ingest]
-    gateway = lab.popen("gw", [*argv, "--stream", "derived"], stdout=replay_log, stderr=subprocess.STDOUT)
-    spark = Cluster(lab, tmp_path / "spark")
-    try:
-        yield lab, spark, endpoint
-    finally:
-        spark.stop()
-        for proc in (sidecar, gateway):
-            proc.terminate()
-            proc.wait(10)
-        replay_log.close()
+    (tmp_path / "journal").mkdir()
+    with gateway_host(lab, tmp_path) as (replay, _):
+        spark = Cluster(lab, tmp_path / "spark")
+        try:
+            yield lab, spark, replay
+        finally:
+            spark.stop()
 
 
 def test_batch_and_streaming_reads_on_the_cluster_survive_a_killed_executor_and_a_restart(
@@ -86,22 +71,45 @@ def test_batch_and_streaming_reads_on_the_cluster_survive_a_killed_executor_and_
     total = RECORDS + 50 * PER_BATCH
     again = lab.run("drv", stream_read, spark.url, driver_ip, work, replay, "ticks", 2_000, timeout=300)
     assert (again["rows"], again["distinct"], again["first"], again["last"]) == (total, total, 1, total)
-    stream.writer.close()
 
     # Streaming write: the sidecar's stream published through the `zeps` sink into the gateway, with an executor
     # killed -9 once the gateway has journaled some of it. Spark runs the lost tasks again as the same producers:
     # the derived stream holds every record once, in order.
     ingest = f"tcp://{lab.host('gw').ip}:{INGEST_PORT}"
-    job = lab.start("drv", stream_sink, spark.url, driver_ip, work, replay, "ticks", ingest, "derived", 2_000)
+    sink = (spark.url, driver_ip, work, replay, "ticks", ingest, "derived", 2_000)
+    job = lab.start("drv", stream_sink, *sink)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and _journaled(tmp_path / "gateway", "derived") < 2_000:
         time.sleep(0.05)
     assert _journaled(tmp_path / "gateway", "derived") < total, "the sink finished before the kill"
     killed = spark.kill_executor("w1" if spark.executors("w1") else "w2")
     assert job.join(300), "the streaming sink query did not finish"
-    assert killed and job.result()["batches"] >= total // 2_000
-    expected = [(r.key, bytes(r.body)) for r in stream.records]
-    assert [(key, body) for _, key, body in journal_records(tmp_path / "gateway", "derived")] == expected
+    first_sink = job.result()
+    assert killed and first_sink["batches"] >= total // 2_000
+    assert _derived(tmp_path) == _expected(stream)
+
+    # The sink's query restarted from its checkpoint after the commit of its last micro-batch is deleted, as if
+    # the driver died between the tasks' writes and the commit: the new driver runs that micro-batch again (same
+    # query id, batch id and rows: the same producers, deduplicated by the gateway), then the new records.
+    commits = Path(work) / "sink-checkpoint" / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for name in (str(last), f".{last}.crc"):
+        (commits / name).unlink()
+    stream.write(10, PER_BATCH)
+    stream.writer.close()
+    again = lab.run("drv", stream_sink, *sink, timeout=300)
+    assert again["rows"][0] == first_sink["rows"][-1] > 0  # the re-run micro-batch: rows the gateway already had
+    assert sum(again["rows"]) == first_sink["rows"][-1] + 10 * PER_BATCH
+    assert (commits / str(last)).exists() and (commits / str(last + 1)).exists()
+    assert _derived(tmp_path) == _expected(stream)
+
+
+def _derived(root: Path) -> list[tuple[str, bytes]]:
+    return [(key, body) for _, key, body in journal_records(root / "gateway", "derived")]
+
+
+def _expected(stream: Stream) -> list[tuple[str, bytes]]:
+    return [(r.key, bytes(r.body)) for r in stream.records]
 
 
 def _journaled(root: Path, stream: str) -> int:

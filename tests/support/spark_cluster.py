@@ -12,7 +12,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
@@ -21,6 +24,31 @@ from netlab import Lab
 
 SPARK_CLASS = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 MASTER_PORT = 7077
+REPLAY_PORT = 5571
+INGEST_PORT = 5570
+
+
+@contextmanager
+def gateway_host(lab: Lab, root: Path, host: str = "gw", sink: str = "derived") -> Iterator[tuple[str, str]]:
+    """On `host`: `zeps replay` over the journal at root / "journal" (which must exist), and a `zeps gateway`
+    journaling stream `sink` at root / "gateway"; yields their endpoints (replay, ingest). Logs in
+    root / "gw.log"; both stopped on exit."""
+    ip = lab.host(host).ip
+    replay, ingest = f"tcp://{ip}:{REPLAY_PORT}", f"tcp://{ip}:{INGEST_PORT}"
+    cli = [sys.executable, "-m", "gateway.cli"]
+    with open(root / "gw.log", "wb") as log:
+        procs = [
+            lab.popen(host, [*cli, "replay", "--journal", str(root / "journal"), "--bind", replay],
+                      stdout=log, stderr=subprocess.STDOUT),
+            lab.popen(host, [*cli, "gateway", "--journal", str(root / "gateway"), "--ingest", ingest,
+                             "--stream", sink], stdout=log, stderr=subprocess.STDOUT),
+        ]  # fmt: skip
+        try:
+            yield replay, ingest
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(10)
 
 
 def spark_env(host_ip: str, work: Path) -> dict[str, str]:
@@ -163,9 +191,9 @@ def stream_read(master: str, driver_ip: str, work: str, replay: str, stream: str
 
 def stream_sink(
     master: str, driver_ip: str, work: str, replay: str, stream: str, ingest: str, sink: str, per_batch: int
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """One availableNow query from the sidecar's `stream` into the gateway's `sink` through the `zeps` sink,
-    on a checkpoint under `work`; the micro-batches it ran."""
+    on a checkpoint under `work`; the micro-batches it ran, and the rows of each."""
     spark = _session(master, driver_ip, work)
     try:
         query = (
@@ -185,6 +213,52 @@ def stream_sink(
         query.awaitTermination(300)
         if query.exception() is not None:
             raise RuntimeError(f"the streaming query failed: {query.exception()}")
-        return {"batches": len(query.recentProgress)}
+        rows = [int(p.numInputRows) for p in query.recentProgress]
+        return {"batches": len(rows), "rows": rows}
+    finally:
+        spark.stop()
+
+
+def rates(
+    master: str,
+    driver_ip: str,
+    work: str,
+    replay: str,
+    stream: str,
+    ingest: str,
+    sink: str,
+    runs: int,
+    per_partition: int = 100_000,
+) -> dict[str, list[float]]:
+    """Seconds per run, in one driver session: a streaming read of all of `stream` from the sidecar into Parquet,
+    and the same read through the `zeps` sink into the gateway's `sink`; availableNow, 100,000 records a
+    micro-batch read as tasks of `per_partition` records, a new checkpoint (so a new query and new producers)
+    every run. Timed from start() to the query's end: the session start is not timed."""
+    spark = _session(master, driver_ip, work)
+    out: dict[str, list[float]] = {"read": [], "write": []}
+    try:
+        for run in range(runs):
+            for what in ("read", "write"):
+                df = (
+                    spark.readStream.format("zeps")
+                    .option("replay", replay)
+                    .option("stream", stream)
+                    .option("maxRecordsPerBatch", "100000")
+                    .option("recordsPerPartition", str(per_partition))
+                    .load()
+                )
+                checkpoint = str(Path(work) / f"rates-{what}-{run}")
+                if what == "read":
+                    writer = df.writeStream.format("parquet").option("path", str(Path(work) / f"rates-out-{run}"))
+                else:
+                    writer = df.select("key", "body").writeStream.format("zeps")
+                    writer = writer.option("ingest", ingest).option("stream", sink)
+                started = time.monotonic()
+                query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+                query.awaitTermination(600)
+                out[what].append(time.monotonic() - started)
+                if query.exception() is not None:
+                    raise RuntimeError(f"the {what} query failed: {query.exception()}")
+        return out
     finally:
         spark.stop()
