@@ -48,3 +48,30 @@ def make_lab() -> Iterator[Callable[..., Lab]]:
 def lab(make_lab: Callable[..., Lab]) -> Lab:
     """A lab with hosts "pub" and "sub"."""
     return make_lab(["pub", "sub"])
+
+
+# One local Spark for every Spark test module (a session starts in 4-30 s). Here, not in a conftest.py of its own:
+# lab hosts import this module by its name, "conftest", which a second conftest.py would take over.
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """A local Spark for the whole test session: two cores, a failed task tried up to 4 times (local[N,F]: local
+    mode retries only when the master says so), small, quiet, loopback only."""
+    from gateway.spark import get_session
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = get_session(
+        "zeps-tests",
+        master="local[2,4]",
+        conf={
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        },
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
