@@ -228,6 +228,10 @@ def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list
                            udp=endpoint.transport == "epgm")  # fmt: skip
     sock = ctx.socket(zmq.SUB)
     tuning.apply(sock, endpoint)
+    # No high-water mark on the pipe: libzmq 4.3.4's PGM receiver aborts the whole process when that pipe is full
+    # and packets keep coming (pgm_receiver.cpp:131), which any host on the LAN can cause. Unread messages wait
+    # in memory instead; the Subscriber's drain (client.feed_drain) keeps reading, and drops beyond its own bound.
+    sock.setsockopt(zmq.RCVHWM, 0)
     for name in names:
         sock.setsockopt(zmq.SUBSCRIBE, name)
     sock.connect(str(resolved))

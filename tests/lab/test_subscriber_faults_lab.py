@@ -111,3 +111,19 @@ def test_an_application_that_stops_reading_for_10s_at_a_high_rate(deployment: De
     check_all(result, count)
     summary = result["summary"]
     assert summary["feed_dropped"] > 0 and summary["from_replay"] > 0, (publishing_s, summary)
+
+
+def test_a_pgm_feed_left_unread_never_aborts_the_process(deployment: Deployment) -> None:
+    """No drain at all, the application away for 5 s at 100,000 records/s with small junk flooding the group:
+    libzmq's PGM receiver aborted the process when its pipe filled (pgm_receiver.cpp:131). The SUB's pipe has
+    no high-water mark (gateway.mcast), so it cannot fill: the backlog waits there, and all of it arrives."""
+    lab = deployment.lab
+    ready = MP.Queue()
+    count = 400_000
+    pausing = functools.partial(subscribe_pausing, pause_after=1, pause_s=5.0, drain=False)
+    sub = lab.start("sub", pausing, deployment.for_host("sub"), deployment.replay, "earliest", count, ready)
+    ready.get(timeout=WAIT_S)
+    junk = lab.start("rogue", flood_junk, deployment.for_host("rogue")[0], 5.0, 20_000.0, 20)
+    assert lab.run("pub", publish, deployment.ingest, 0, count, 100_000.0, timeout=WAIT_S) == count
+    assert junk.result(timeout=WAIT_S) > 5_000
+    check_all(sub.result(timeout=WAIT_S), count)
