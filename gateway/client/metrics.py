@@ -27,6 +27,16 @@ class SubscriberMetrics(Metrics):
         self.registry.register(_SubscriberCollector(subscriber))
 
 
+# OpenPGM's counters of feeds read with gateway.transport.pgm (ReceiverStats); libzmq's engine exposes none.
+_PGM_COUNTERS = (
+    ("repairs", "PGM repairs received (RDATA delivered: losses PGM itself repaired), per stream and feed"),
+    ("resets", "Times OpenPGM reported data lost for good (each starts a new session), per stream and feed"),
+    ("lost", "Sequences OpenPGM lost for good (the reconciler fills them from replay), per stream and feed"),
+    ("junk", "Packets on the group that are not libzmq's framing (a rogue or broken sender), per stream and feed"),
+    ("overruns", "Messages dropped because the reader fell behind the receiver's queue, per stream and feed"),
+)
+
+
 class _SubscriberCollector(Collector):
     def __init__(self, subscriber: Subscriber) -> None:
         self.sub = subscriber
@@ -87,6 +97,12 @@ class _SubscriberCollector(Collector):
             gauge = GaugeMetricFamily(f"zeps_subscriber_{name}", help_text, labels=["stream"])
             gauge.add_metric(stream, value)
             yield gauge
+        pgm = sub.pgm_counters()
+        for name, help_text in _PGM_COUNTERS if pgm else ():
+            family = CounterMetricFamily(f"zeps_subscriber_pgm_{name}", help_text, labels=["stream", "feed"])
+            for feed, counts in pgm.items():
+                family.add_metric([sub.stream, feed], counts[name])
+            yield family
         state = StateSetMetricFamily("zeps_subscriber_state", "The reconciler's state, per stream", labels=["stream"])
         state.add_metric(stream, {s.name: s.name == sub.state for s in State})
         yield state

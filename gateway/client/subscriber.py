@@ -57,6 +57,7 @@ feeds are read only during those calls: for an application that never stops call
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -89,6 +90,7 @@ from gateway.errors import (
 )
 from gateway.mcast import Endpoint, Tuning, open_sub
 from gateway.transport.curve import CurveClientKeys
+from gateway.transport.pgm import PgmReceiver
 from gateway.wire import batch as B
 from gateway.wire.heartbeat import Heartbeat, parse_payload
 from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
@@ -445,6 +447,16 @@ class Subscriber:
     @property
     def lag(self) -> int:
         return 0 if self.reconciler is None else self.reconciler.lag
+
+    def pgm_counters(self) -> dict[str, dict[str, int]]:
+        """OpenPGM's own counters, per feed name, of the feeds read through gateway.transport.pgm (repairs,
+        resets, lost, junk, overruns: `ReceiverStats`); none for libzmq's engine, which exposes none. The
+        receivers' I/O threads update them; a read is a snapshot."""
+        return {
+            feed: dataclasses.asdict(receiver.stats)
+            for receiver, feed in self.feeds.items()
+            if isinstance(receiver, PgmReceiver)
+        }
 
     def summary(self) -> dict[str, int]:
         if self.drain is not None:

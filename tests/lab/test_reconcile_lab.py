@@ -5,6 +5,7 @@ In every scenario the delivered sequence must equal the published one, record fo
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -14,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.feedlab import STREAM, WAIT_S, deploy, expected, publish, subscribe, subscribe_async
 
+from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment
 from netlab.impair import Impairment, counters, drop_next, impair, wait_burst
 from netlab.procs import MP
@@ -124,6 +126,26 @@ def test_random_5pct_loss_on_the_subscriber_link(deployment: Deployment) -> None
     result = sub.result(timeout=WAIT_S)
     check(result, result["records"][0][0], 30_000)
     assert counters(lab, "sub", "in").dropped > 100  # the loss was real
+
+
+def test_openpgm_counters_are_subscriber_metrics(deployment: Deployment) -> None:
+    """The feed read through gateway.transport.pgm (the gateway sends with libzmq's engine: the same wire) under
+    2% loss: OpenPGM repairs what it can, and its counters are in the subscriber's metrics."""
+    lab = deployment.lab
+    impair(lab, "sub", Impairment(loss_pct=2.0), direction="in")
+    run = functools.partial(subscribe, metrics=True, tuning=Tuning(libzmq_pgm=False))
+    sub = start_subscriber(deployment, "latest", 20_000, run=run)
+    lab.run("pub", publish, deployment.ingest, 0, 20_000, 10_000.0, timeout=WAIT_S)
+    result = sub.result(timeout=WAIT_S)
+    check(result, result["records"][0][0], 20_000)
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(result["metrics"])
+        for sample in family.samples
+        if sample.name.startswith("zeps_subscriber_pgm_") and sample.labels == {"stream": STREAM, "feed": "A"}
+    }
+    assert samples["zeps_subscriber_pgm_repairs_total"] > 0, result["metrics"]
+    assert {"zeps_subscriber_pgm_lost_total", "zeps_subscriber_pgm_junk_total"} <= samples.keys()
 
 
 def test_burst_of_1000_lost_packets_is_filled_from_replay(deployment: Deployment) -> None:

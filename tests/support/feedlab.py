@@ -77,10 +77,17 @@ class _Tally:
 
 
 def subscribe(
-    multicast: list[str], replay: str, start: Any, until: int, ready: Any = None, **options: Any
+    multicast: list[str],
+    replay: str,
+    start: Any,
+    until: int,
+    ready: Any = None,
+    *,
+    metrics: bool = False,
+    **options: Any,
 ) -> dict[str, Any]:
     """Run a Subscriber (with `options`) until sequence `until` is delivered; returns (seq, body) pairs and the
-    summary."""
+    summary (and, with `metrics`, its metrics exposition text)."""
     tally = _Tally(until)
     with Subscriber(STREAM, multicast=multicast, replay=replay, start=start, progress_timeout=1.0, **options) as sub:
         if ready is not None:
@@ -90,7 +97,10 @@ def subscribe(
                 tally.take(sub.next(timeout=0.5))
             except DataLoss as exc:
                 tally.losses.append((exc.lo, exc.hi))
-        return tally.result(sub)
+        result = tally.result(sub)
+        if metrics:
+            result["metrics"] = generate_latest(SubscriberMetrics(sub).registry).decode()
+        return result
 
 
 def subscribe_async(multicast: list[str], replay: str, start: Any, until: int, ready: Any = None) -> dict[str, Any]:
