@@ -158,7 +158,8 @@ class Elector:
             return
         lead.granted(sent_at, epoch, self.ttl_s)
         self._holder = Holder(self.value, epoch, self._lease)
-        log.info("leadership: %s leads %s in epoch %d", self.value, self.key, epoch)
+        # not the value: a group's holds its ack key (gateway.server.ha), which no log should carry
+        log.info("leadership: this process leads %s in epoch %d (lease %x)", self.key, epoch, self._lease)
 
     def _publish(self) -> None:
         lead = self._leadership

@@ -3,7 +3,9 @@
 Why the replay protocol (docs/ha.md): the leader's sidecar already serves its journal from any sequence and
 then live, batch by batch, with credit; a follower is one more subscriber of it, so a leader needs no second
 server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's
-ingest: REPLICA-ACK(node, stream, epoch, sequence) after each batch journaled, and a PING every `ACK_EVERY_S`.
+ingest: REPLICA-ACK(node, stream, epoch, sequence, mac) after each batch journaled, and a PING every
+`ACK_EVERY_S`. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node
+that reads the group's etcd can make an ack the leader counts, not any client of its ingest (docs/ha.md).
 An ingest that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off).
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
@@ -16,8 +18,11 @@ per change of leader; everything else never waits.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
+import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +38,22 @@ from gateway.wire import protocol as P
 log = logging.getLogger(__name__)
 
 ACK_EVERY_S = 0.05
+ACK_MAC_SIZE = 16  # bytes of HMAC-SHA256 kept: 128 bits, past any guessing over a network
+_ACK_DOMAIN = b"zeps replica-ack\0"
+
+
+def ack_mac(key: bytes, node: str, stream: str, epoch: int, seq: int) -> bytes:
+    """The MAC of a REPLICA-ACK, bound to everything it says (so none can be replayed as another ack)."""
+    n, s = node.encode(), stream.encode()
+    msg = b"".join(
+        (_ACK_DOMAIN, struct.pack(">H", len(n)), n, struct.pack(">H", len(s)), s, struct.pack(">QQ", epoch, seq))
+    )
+    return hmac.digest(key, msg, hashlib.sha256)[:ACK_MAC_SIZE]
+
+
+def ack_valid(key: bytes, ack: P.ReplicaAck) -> bool:
+    """Whether `ack` was made with `key` (constant time)."""
+    return hmac.compare_digest(ack_mac(key, ack.node, ack.stream, ack.epoch, ack.sequence), bytes(ack.mac))
 
 
 class ReplaySource(Protocol):
@@ -57,19 +78,20 @@ ReplayFactory = Callable[[str, str, float, zmq.Context], ReplaySource]
 
 @dataclass(frozen=True)
 class LeaderInfo:
-    """What the leader key's value says of its holder."""
+    """What the leader key's value says of its holder; `ack_key` (hex) keys its followers' REPLICA-ACK macs."""
 
     node: str
     ingest: str
     replay: str
+    ack_key: str
 
     def encode(self) -> str:
-        return json.dumps({"node": self.node, "ingest": self.ingest, "replay": self.replay})
+        return json.dumps({"node": self.node, "ingest": self.ingest, "replay": self.replay, "ack_key": self.ack_key})
 
     @classmethod
     def decode(cls, text: str) -> LeaderInfo:
         data = json.loads(text)
-        return cls(str(data["node"]), str(data["ingest"]), str(data["replay"]))
+        return cls(str(data["node"]), str(data["ingest"]), str(data["replay"]), str(data.get("ack_key", "")))
 
     @property
     def reachable_ingest(self) -> str:
@@ -94,6 +116,7 @@ class Follower:
         timeout_s: float = 0.5,
     ) -> None:
         self.node, self.leader, self.epoch = node, leader, epoch
+        self._ack_key = bytes.fromhex(leader.ack_key)
         self._replay = replay
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
@@ -152,7 +175,7 @@ class Follower:
     def journaled(self, stream: str, seq: int) -> None:
         """Acknowledge `stream` through `seq` at once."""
         self.acked[stream] = seq
-        self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
+        self._ack(stream, seq)
 
     def tick(self, now: float) -> bool:
         """Read the leader's answers, ack and ping when due; whether the leader went silent: a ping of ours
@@ -169,8 +192,12 @@ class Follower:
             if self._unanswered_since is None:
                 self._unanswered_since = now
             for stream, seq in self.acked.items():
-                self._send(P.ReplicaAck(self.node, stream, self.epoch, seq))
+                self._ack(stream, seq)
         return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
+
+    def _ack(self, stream: str, seq: int) -> None:
+        mac = ack_mac(self._ack_key, self.node, stream, self.epoch, seq)
+        self._send(P.ReplicaAck(self.node, stream, self.epoch, seq, mac))
 
     def _send(self, cmd: P.Command) -> None:
         with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it

@@ -490,8 +490,9 @@ class Gateway:
                 self._attach(identity, version, stream)
             case P.Ping():
                 self._reply(identity, P.PingOk())
-            case P.ReplicaAck(node=node, stream=stream, epoch=epoch, sequence=seq) if self.ha is not None:
-                self.ha.ack(node, epoch, stream, seq)
+            case P.ReplicaAck() if self.ha is not None:
+                if not self.ha.ack(cmd):
+                    self.metrics.rejected.labels("forged-ack").inc()
             case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
             case _ if session is None:

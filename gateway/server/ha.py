@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -31,10 +32,11 @@ from gateway.journal import JournalReader
 from gateway.journal.epochs import start_epoch
 from gateway.journal.tools import cut_after
 from gateway.server.elector import Elector
-from gateway.server.follower import Follower, LeaderInfo, ReplayFactory
+from gateway.server.follower import Follower, LeaderInfo, ReplayFactory, ack_valid
 from gateway.server.replicas import InSync, eligible, parse_record
 from gateway.transport.etcd import Etcd
 from gateway.wire import batch as B
+from gateway.wire import protocol as P
 
 if TYPE_CHECKING:
     from gateway.server.gateway import Gateway
@@ -59,7 +61,11 @@ class HaNode:
         self.gw, self.node, self._replay = gw, cfg.node, replay
         prefix = group_key(cfg.streams)
         self.leader_key, self.isr_key = f"{prefix}/leader", f"{prefix}/insync"
-        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint)
+        # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
+        # followers key their acks' macs with it, so that no client of our ingest can forge an ack.
+        self._ack_key = secrets.token_bytes(32)
+        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self._ack_key.hex())
+        self._forged_logged = False
         self._etcd = Etcd(cfg.etcd, timeout_s=0.25)
         self.elector = Elector(
             cfg.etcd,
@@ -127,9 +133,21 @@ class HaNode:
             where = f"the leader is {info.node} at {info.reachable_ingest} (epoch {holder.create_revision})"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
-    def ack(self, node: str, epoch: int, stream: str, seq: int) -> None:
-        if self.insync is not None:
-            self.insync.ack(node, epoch, stream, seq, time.monotonic())
+    def ack(self, ack: P.ReplicaAck) -> bool:
+        """Count a follower's ack if its mac proves a node of the group made it; False for a forged one."""
+        if self.insync is None:
+            return True  # a follower takes no acks; nothing to tell
+        if not ack_valid(self._ack_key, ack):
+            if not self._forged_logged:  # once: a forger can send many
+                log.warning(
+                    "ha: dropped a REPLICA-ACK for node %r with a wrong mac (not from a node of the group); "
+                    "further ones are only counted (zeps_gateway_rejected_messages)",
+                    ack.node,
+                )
+                self._forged_logged = True
+            return False
+        self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, time.monotonic())
+        return True
 
     # --- the loop's hook ---------------------------------------------------------------------------------
 

@@ -17,8 +17,19 @@ from gateway.transport.metrics import Metrics, precreate
 # Messages refused at the ingest, by kind: auth (a connection refused by CURVE), no-signature (not ZEPS),
 # invalid (a malformed or misplaced command, answered with INVALID), clients (ATTACH over --max-clients),
 # pub-frame (a plain PUB message that is not key + body), oversize (a plain PUB body over the limit),
-# not-leader (a publish to a follower node of a group), uncommitted (to a leader whose in-sync followers lag).
-REJECTED_KINDS = ("auth", "no-signature", "invalid", "clients", "pub-frame", "oversize", "not-leader", "uncommitted")
+# not-leader (a publish to a follower node of a group), uncommitted (to a leader whose in-sync followers lag),
+# forged-ack (a REPLICA-ACK whose mac the leader's ack key did not make: not from a node of the group).
+REJECTED_KINDS = (
+    "auth",
+    "no-signature",
+    "invalid",
+    "clients",
+    "pub-frame",
+    "oversize",
+    "not-leader",
+    "uncommitted",
+    "forged-ack",
+)
 # Records accepted and then refused because the journal did not take them: journal-full (out of disk space),
 # journal (another write error).
 REFUSED_REASONS = ("journal-full", "journal")

@@ -31,7 +31,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     21 PUBLISH-BATCH   batch:chunk                             C       batch
     22 SNAPSHOT        prefixes:strings                        C       snapshot
     23 SNAPSHOT-END    last:8 records:8                        S       snapshot
-    24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8      C       (a follower gateway to its leader, HA)
+    24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -285,12 +285,14 @@ class SnapshotEnd(Command):
 
 @_command
 class ReplicaAck(Command):
-    """A follower gateway (docs/ha.md) has journaled `stream` through `sequence`, copied from the leader of `epoch`."""
+    """A follower gateway (docs/ha.md) has journaled `stream` through `sequence`, copied from the leader of `epoch`;
+    `mac` proves it is a node of the group (gateway.server.follower.ack_mac)."""
 
     node: String
     stream: String
     epoch: Number8
     sequence: Number8
+    mac: Chunk
 
 
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.

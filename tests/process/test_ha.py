@@ -13,6 +13,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,6 +325,51 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
         wait_synced(nodes)
         check(nodes, confirmed)
     finally:
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A client of the leader's ingest that sends REPLICA-ACKs in a follower's name, for sequences that follower
+    has not copied (it is SIGSTOPped), must not get them confirmed; the follower's own acks still count."""
+    nodes = start_group(tmp_path, etcd, 2, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    stop = threading.Event()
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue.setsockopt(zmq.LINGER, 0)
+
+    def forge(node: str, epoch: int) -> None:
+        while not stop.wait(0.01):  # faster than the follower's own acks, for every sequence to come
+            for mac in (b"", bytes(16), os.urandom(16)):
+                rogue.send(P.encode(P.ReplicaAck(node, STREAM, epoch, 1 << 40, mac)))
+
+    forger: threading.Thread | None = None
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        head, epoch = leader(etcd, nodes)
+        follower = next(node for node in nodes if node is not head)
+        rogue.connect(head.ingest)
+        follower.signal(signal.SIGSTOP)
+        forger = threading.Thread(target=forge, args=(follower.name, epoch), daemon=True)
+        forger.start()
+        with pytest.raises(AssertionError, match="not confirmed"):
+            pub.send(21, deadline_s=3.0)  # journaled by the leader; its only in-sync follower does not have it
+        assert "dropped a REPLICA-ACK" in head.log.read_text()
+        follower.signal(signal.SIGCONT)  # the forger goes on: the genuine acks alone commit
+        confirmed[21] = pub.send(21)
+        for n in range(22, 41):
+            confirmed[n] = pub.send(n)
+        assert leader(etcd, nodes) == (head, epoch)
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        stop.set()
+        if forger is not None:
+            forger.join(5)
+        rogue.close()
         pub.close()
         for node in nodes:
             node.kill9()

@@ -55,7 +55,7 @@ SPEC = {
     21: ("PUBLISH-BATCH", [("batch", C)], "batch"),
     22: ("SNAPSHOT", [("prefixes", SS)], "snapshot"),
     23: ("SNAPSHOT-END", [("last", N8), ("records", N8)], "snapshot"),
-    24: ("REPLICA-ACK", [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8)], None),
+    24: ("REPLICA-ACK", [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8), ("mac", C)], None),
 }
 
 
