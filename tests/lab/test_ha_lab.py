@@ -1,5 +1,6 @@
 """Failover with multicast in a namespace lab: etcd on its own host, three nodes multicasting on one group, a
-confirming publisher and a subscriber on hosts of their own, the leader killed -9 (gateway and sidecar) twice
+confirming publisher and a subscriber on hosts of their own (with and without 2% loss of the multicast reaching
+the subscriber), the leader killed -9 (gateway and sidecar) twice
 and restarted as a follower.
 
 The checker: the subscriber got sequences 1..head in order with no gap and no loss, every confirmed record
@@ -32,9 +33,15 @@ def wait_progress(progress, beyond: int, timeout: float = WAIT_S) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("loss", [0.0, 0.02], ids=["no-loss", "2%-loss"])
 @pytest.mark.parametrize("transport", ["udp", "epgm"])
-def test_subscribers_ride_through_leader_kills_on_multicast(make_lab, tmp_path: Path, transport: str) -> None:
+def test_subscribers_ride_through_leader_kills_on_multicast(
+    make_lab, tmp_path: Path, transport: str, loss: float
+) -> None:
     lab = make_lab(["etcd", "n1", "n2", "n3", "pub", "sub"])
+    if loss:  # of the multicast reaching the subscriber's host (the rule goes with the namespace)
+        drop = f"INPUT -p udp --dport {MCAST_PORT} -m statistic --mode random --probability {loss} -j DROP"
+        assert lab.popen("sub", ["iptables", "-I", *drop.split()]).wait(10) == 0
     etcd_proc, etcd = start_etcd(lab, tmp_path / "etcd")
     channel = f"{transport}://{lab.group(1)}:{MCAST_PORT}"
     nodes = {name: Node(lab, tmp_path, name, etcd, channel).start() for name in ("n1", "n2", "n3")}
@@ -83,7 +90,9 @@ def test_subscribers_ride_through_leader_kills_on_multicast(make_lab, tmp_path: 
     missing = set(confirmed) - set(numbers)
     assert not missing, f"confirmed records never delivered: {sorted(missing)[:20]}\n{logs}"
     assert got["summary"]["from_live"] > 0, got["summary"]  # multicast carried part of the stream
+    if loss and transport == "udp":
+        assert got["summary"]["gaps_filled"] > 0, got["summary"]  # holes filled from a sidecar
     assert epochs == sorted(set(epochs)), f"the epoch did not grow with each failover: {epochs}"
     assert status["epoch"] == epochs[-1] and status["leader"] in nodes, status
-    print(f"{transport}: {len(confirmed)} confirmed, head {head}, kill -9 -> confirms again "
+    print(f"{transport} loss {loss}: {len(confirmed)} confirmed, head {head}, kill -9 -> confirms again "
           f"{[round(f, 3) for f in failovers]} s, epochs {epochs}, subscriber {got['summary']}")  # fmt: skip
