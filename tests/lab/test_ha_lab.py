@@ -25,6 +25,14 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 KILLS = 2
 
 
+def outage(got: dict, killed: float, confirmed_before: int) -> float:
+    """From a kill to the subscriber's first delivery of a record published after it: one past the five the
+    publisher had in flight (those the old leader may have confirmed and multicast)."""
+    deliveries = zip(got["records"], got["arrived"], strict=True)
+    after = (t for (_, body), t in deliveries if int(body.removeprefix(b"record-")) > confirmed_before + 5)
+    return next(after, float("inf")) - killed
+
+
 def wait_progress(progress, beyond: int, timeout: float = WAIT_S) -> None:
     """Until the publisher has had more than `beyond` records confirmed."""
     deadline = time.monotonic() + timeout
@@ -55,6 +63,7 @@ def test_subscribers_ride_through_leader_kills_on_multicast(
         pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stop, progress)
         epochs: list[int] = []
         failovers: list[float] = []
+        kills: list[tuple[float, int]] = []
         for _ in range(KILLS):
             wait_progress(progress, progress.value + 100)
             name, epoch = lab.run("etcd", leader, etcd)
@@ -62,6 +71,7 @@ def test_subscribers_ride_through_leader_kills_on_multicast(
             before = progress.value
             nodes[name].kill9()
             killed = time.monotonic()
+            kills.append((killed, before))
             wait_progress(progress, before + 5)  # confirms resumed: a successor leads
             failovers.append(time.monotonic() - killed)
             nodes[name].start().wait_ready()  # it rejoins as a follower
@@ -94,5 +104,7 @@ def test_subscribers_ride_through_leader_kills_on_multicast(
         assert got["summary"]["gaps_filled"] > 0, got["summary"]  # holes filled from a sidecar
     assert epochs == sorted(set(epochs)), f"the epoch did not grow with each failover: {epochs}"
     assert status["epoch"] == epochs[-1] and status["leader"] in nodes, status
+    outages = [round(outage(got, *kill), 3) for kill in kills]
     print(f"{transport} loss {loss}: {len(confirmed)} confirmed, head {head}, kill -9 -> confirms again "
-          f"{[round(f, 3) for f in failovers]} s, epochs {epochs}, subscriber {got['summary']}")  # fmt: skip
+          f"{[round(f, 3) for f in failovers]} s, -> subscriber receives again {outages} s, epochs {epochs}, "
+          f"subscriber {got['summary']}")  # fmt: skip

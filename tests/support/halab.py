@@ -127,8 +127,9 @@ def publish(ingests: list[str], stop: Any, progress: Any, limit: int = 5_000) ->
 
 def subscribe(multicast: str, replays: list[str], ready: Any, until: Any) -> dict[str, Any]:
     """A Subscriber on the group and every sidecar, from the earliest record until the sequence put on `until`
-    (or WAIT_S after it was started without one): what it delivered, losses, and its summary."""
+    (or WAIT_S after it was started without one): what it delivered and when, losses, and its summary."""
     got: list[tuple[int, bytes]] = []
+    arrived: list[float] = []  # time.monotonic() of each delivery (one clock for every namespace)
     losses: list[tuple[int, int]] = []
     target: int | None = None
     with Subscriber(STREAM, multicast=[multicast], replay=replays, start="earliest", progress_timeout=1.0) as sub:
@@ -145,4 +146,5 @@ def subscribe(multicast: str, replays: list[str], ready: Any, until: Any) -> dic
                 continue
             if rec is not None:
                 got.append((rec.seq, bytes(rec.body)))
-        return {"records": got, "losses": losses, "summary": sub.summary(), "target": target}
+                arrived.append(time.monotonic())
+        return {"records": got, "arrived": arrived, "losses": losses, "summary": sub.summary(), "target": target}
