@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import zmq
 from support.deadlines import SLACK_S, exercise_deadlines
-from support.servers import STREAM, GatewayProcess, Side, Stream, free_port, journal_records, side
+from support.servers import STREAM, GatewayProcess, Side, Stream, assert_exactly_once, free_port, side
 
 from gateway.client.async_publisher import AsyncPublisher
 from gateway.client.async_subscriber import AsyncSubscriber
@@ -37,14 +37,6 @@ pytestmark = pytest.mark.timeout(180)
 
 def dead() -> str:
     return f"tcp://127.0.0.1:{free_port()}"
-
-
-def assert_journal_exactly_once(root: Path, bodies: list[bytes]) -> None:
-    records = journal_records(root)
-    assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1))
-    got = [body for _, _, body in records]
-    assert len(set(got)) == len(got), f"{len(got) - len(set(got))} records journaled twice"
-    assert got == bodies, f"{len(bodies) - len(got)} records missing or out of order"
 
 
 # --- Publisher ------------------------------------------------------------------------------------------------
@@ -89,7 +81,7 @@ def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -
         others.proc.send_signal(signal.SIGCONT)
         others.stop()
         gw.stop()
-    assert_journal_exactly_once(tmp_path / "gw", [b"%d" % i for i in range(100)])
+    assert_exactly_once(tmp_path / "gw", [b"%d" % i for i in range(100)])
 
 
 def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_once(tmp_path: Path) -> None:
@@ -132,7 +124,7 @@ def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_o
         pub.close()
     finally:
         gw.stop()
-    assert_journal_exactly_once(tmp_path, bodies)
+    assert_exactly_once(tmp_path, bodies)
     print("kill -9 -> next confirm at the other address (after it answered PING):")
     print(", ".join(f"{total * 1000:.0f} ms ({after * 1000:.0f} ms)" for total, after in outages))
     assert max(after for _, after in outages) < 2.5, (
@@ -207,7 +199,7 @@ def test_a_node_that_is_not_the_leader_sends_the_publisher_to_the_one_it_names(t
             assert pub.endpoint == gw.ingest and pub.confirmed == 300 and "PUBLISH-BATCH" in seen
     finally:
         gw.stop()
-    assert_journal_exactly_once(tmp_path, bodies)
+    assert_exactly_once(tmp_path, bodies)
 
 
 # --- Subscriber -----------------------------------------------------------------------------------------------

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import zmq
 from support.servers import STREAM, GatewayProcess, journal_records, zeps_client
+from support.servers import assert_exactly_once as journal_exactly_once
 
 from gateway import AsyncPublisher
 from gateway.client.publisher import Publisher
@@ -27,13 +27,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def assert_exactly_once(root: Path, bodies: list[bytes]) -> None:
-    """The journal holds every body once, in publish order, at contiguous sequences."""
-    records = journal_records(root)
-    assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1))
-    got = [body for _, _, body in records]
-    dups = [body for body, n in Counter(got).items() if n > 1]
-    assert not dups, f"{len(dups)} records journaled twice, e.g. {dups[:3]}"
-    assert got == bodies, f"{len(bodies) - len(got)} records missing or out of order"
+    """The journal holds every body once, in publish order, at contiguous sequences, and verifies clean."""
+    journal_exactly_once(root, bodies)
     assert verify_root(root).clean
 
 

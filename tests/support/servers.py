@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,16 @@ def journal_records(root: Path, stream: str = STREAM) -> list[tuple[int, str, by
         while (batch := cursor.next_batch()) is not None:
             out.extend((r.seq, r.key, r.body) for r in batch.records())
         return out
+
+
+def assert_exactly_once(root: Path, bodies: list[bytes]) -> None:
+    """The journal holds every body once, in publish order, at contiguous sequences."""
+    records = journal_records(root)
+    assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1))
+    got = [body for _, _, body in records]
+    dups = [body for body, n in Counter(got).items() if n > 1]
+    assert not dups, f"{len(dups)} records journaled twice, e.g. {dups[:3]}"
+    assert got == bodies, f"{len(bodies) - len(got)} records missing or out of order"
 
 
 def zeps_client(endpoint: str) -> zmq.Socket:
