@@ -11,7 +11,10 @@ metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY
 EAGAIN, which means "this client is slow": it gets nothing more this turn and no one else waits for it.
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
 it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
-segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
+segment's size, for appends; and, on a node of a replicated group, its committed mark, with a pread), and
+only when one changed do that stream's tailing cursors read again. On such a node the sidecar serves only
+committed records (gateway.journal.committed; docs/ha.md, "Guarantees"), to subscriptions, fetches, fills
+and snapshots alike.
 Snapshot indexes (gateway.server.snapshots) follow their journals on a timer of their own, in bounded slices.
 """
 
@@ -31,6 +34,7 @@ import zmq
 
 from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
+from gateway.journal.committed import MarkReader, open_mark
 from gateway.journal.layout import list_segments, seg_path
 from gateway.server.announcer import Announcer, Discovery, journal_streams
 from gateway.server.fills import FillAnswerer, FillLimits, FillPort
@@ -97,14 +101,16 @@ class _TailWatch:
     """Whether a stream may have grown since the last look, for the price of two stats.
 
     The newest segment's size changes with every append (one write() per batch); the directory's mtime
-    changes when a segment is created or deleted, and only then is the directory listed again.
+    changes when a segment is created or deleted, and only then is the directory listed again (and the
+    committed mark looked for: a node of a group has one, which changes as its records are committed).
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._mtime = -1
         self._newest: Path | None = None
-        self._stamp: tuple[int, int] | None = None
+        self._mark: MarkReader | None = None
+        self._stamp: tuple[int, int, int | None] | None = None
 
     def changed(self) -> bool:
         try:
@@ -113,7 +119,11 @@ class _TailWatch:
                 self._mtime = mtime
                 segments = list_segments(self.directory)
                 self._newest = seg_path(self.directory, segments[-1]) if segments else None
-            stamp = (mtime, os.stat(self._newest).st_size if self._newest else 0)
+                if self._mark is not None:
+                    self._mark.close()
+                self._mark = open_mark(self.directory)
+            mark = self._mark.read() if self._mark is not None else None
+            stamp = (mtime, os.stat(self._newest).st_size if self._newest else 0, mark)
         except OSError:  # a segment deleted between listing and stat, or the stream removed: look again
             self._newest, stamp = None, None
         changed = stamp is None or stamp != self._stamp
@@ -345,7 +355,7 @@ class ReplayServer:
             log.warning("replay: %s has appeared: serving it", self.config.journal)
         try:
             P.validate_stream_name(stream)
-            return JournalReader(self.config.journal, stream)
+            return JournalReader(self.config.journal, stream, committed=True)
         except (P.ProtocolError, ValueError, NotAJournal):
             pass
         have = sorted(p.name for p in self.config.journal.iterdir() if p.is_dir())

@@ -32,6 +32,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     22 SNAPSHOT        prefixes:strings                        C       snapshot
     23 SNAPSHOT-END    last:8 records:8                        S       snapshot
     24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
+    25 REPLICA-COMMIT  stream:s epoch:8 sequence:8                   S  (the leader to its followers, HA)
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -295,8 +296,18 @@ class ReplicaAck(Command):
     mac: Chunk
 
 
+@_command
+class ReplicaCommit(Command):
+    """The leader of `epoch` (docs/ha.md) has committed `stream` through `sequence`: a follower may let its
+    sidecar serve that far (gateway.journal.committed)."""
+
+    stream: String
+    epoch: Number8
+    sequence: Number8
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 25+ are free.
+# Ids 26+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -322,6 +333,7 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (22, "SNAPSHOT", Snapshot, FEATURE_SNAPSHOT, "client"),
     (23, "SNAPSHOT-END", SnapshotEnd, FEATURE_SNAPSHOT, "server"),
     (24, "REPLICA-ACK", ReplicaAck, None, "client"),
+    (25, "REPLICA-COMMIT", ReplicaCommit, None, "server"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------
