@@ -68,6 +68,10 @@ class JournalReader:
                 "journal root and stream name; the gateway creates the directory when it first opens the stream"
             )
 
+    def unbounded(self) -> JournalReader:
+        """The same stream read to its end, whatever its committed mark says (a follower copying it)."""
+        return JournalReader(self.root, self.stream)
+
     @property
     def first_seq(self) -> int:
         """The first retained sequence (the head's next sequence when nothing is retained)."""
@@ -349,9 +353,8 @@ class Cursor:
 
     def _cut_under_us(self, kept: int) -> JournalError:
         return JournalError(
-            f"stream {self._reader.stream!r} was cut back to about {kept} under a reader that had returned up "
-            f"to {self._returned}, and holds other records there now: read it again from there (a cut drops only "
-            "records that were never committed: a sidecar serves none of those)"
+            f"stream {self._reader.stream!r} was cut to about {kept} under a reader that had returned "
+            f"{self._returned}: other records are there now; read again from {kept + 1}"
         )
 
     def _rescan(self, offset: int) -> None:

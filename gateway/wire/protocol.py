@@ -83,8 +83,19 @@ FEATURE_RANGE: Final = "range"
 FEATURE_TIME: Final = "time"
 FEATURE_SNAPSHOT: Final = "snapshot"
 FEATURE_PRODUCER: Final = "producer"  # PUBLISH-BATCH may carry FLAG_PRODUCER: the gateway drops re-sent records
+# A sidecar of a replicated group's node serves committed records only (docs/ha.md); a session granted this is
+# served to the journal's end: a follower gateway copying its leader's journal (the leader's commit waits for it).
+FEATURE_UNCOMMITTED: Final = "uncommitted"
 FEATURES: Final = frozenset(
-    {FEATURE_BATCH, FEATURE_CONFIRM, FEATURE_RANGE, FEATURE_TIME, FEATURE_SNAPSHOT, FEATURE_PRODUCER}
+    {
+        FEATURE_BATCH,
+        FEATURE_CONFIRM,
+        FEATURE_RANGE,
+        FEATURE_TIME,
+        FEATURE_SNAPSHOT,
+        FEATURE_PRODUCER,
+        FEATURE_UNCOMMITTED,
+    }
 )
 
 Buffer = bytes | bytearray | memoryview
