@@ -221,6 +221,7 @@ class HaNode:
             return
         for gone in insync.members - target:
             insync.remove(gone)  # only now: commits went on without it only once etcd no longer lists it
+            self._peers.pop(gone, None)  # told of commits again once it acks again
         log.info("ha: in sync now: %s (was %s)", sorted(target), sorted(self._recorded))
         self._recorded = target
 
