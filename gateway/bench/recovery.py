@@ -9,7 +9,7 @@ gap from the replay sidecar (by datagram at its fill port, FETCH over TCP as the
 the multicast with libnorm. Each with one feed and with A/B
 feeds (two groups, the subscriber takes the first copy of each batch). Every record must arrive once, in
 order; "records from replay" counts those the sidecar filled. The wire columns count packets on the gateway
-host's interface during each run: the repairs sent (PGM RDATA, NORM_DATA with its repair flag, fill-datagram
+host's interface during each run: the repairs sent (PGM RDATA, NORM data segments sent again, fill-datagram
 answers from the sidecar's fill port) and the requests for them (PGM NAKs, NORM_NACKs, fill requests).
 """
 
