@@ -8,6 +8,7 @@ failover's outage: from the fault to the subscriber's first delivery of a record
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from netlab import Impairment, Lab, impair
 from netlab.procs import MP
 
 LOSS_PCT = 1.5  # of everything reaching the subscriber's host (multicast and its sidecar connections)
+OUTAGE_WINDOW_S = 10.0  # a fault's outage is looked for this long after it (its hold included)
 LEASE_S = 1.0  # the gateway's etcd lease (gateway.server.elector.DEFAULT_TTL_S)
 
 
@@ -46,7 +48,6 @@ class Group:
     etcd_proc: subprocess.Popen
     etcd: str
     progress: Any  # MP.Value: records the publisher has had confirmed
-    outages: list[dict[str, float]] = field(default_factory=list)
     faults: list[tuple[float, int, str]] = field(default_factory=list)  # (when, confirmed then, what)
 
     def leader(self) -> tuple[str, int]:
@@ -150,7 +151,13 @@ def run_group(
     _check_subscriber(got, journal, confirmed, head, group.logs())
     outages = [_outage(got, when, before) for when, before, _ in group.faults]
     return {"confirmed": len(confirmed), "head": head, "epochs": epochs, "outages": outages, "faults": group.faults,
-            "summary": got["summary"], "check": check, "sub_link": link}  # fmt: skip
+            "summary": got["summary"], "check": check, "sub_link": link, "cuts": _cuts(group)}  # fmt: skip
+
+
+def _cuts(group: Group) -> list[str]:
+    """What nodes cut from their journals on rejoining (their logs' "dropped A..B" lines)."""
+    return [f"{n.name}: {line.split('ha: ', 1)[-1]}" for n in group.nodes.values()
+            for line in n.log.read_text().splitlines() if "which leader" in line]  # fmt: skip
 
 
 def _zeps_ha_check(journals: list[Path]) -> dict[str, Any]:
@@ -189,12 +196,17 @@ def _check_subscriber(
     assert not missing, f"confirmed records never delivered: {missing[:20]}\n{logs}"
 
 
-def _outage(got: dict[str, Any], when: float, confirmed_before: int) -> float:
-    """From a fault to the subscriber's first delivery of a record published after it: one past the five the
-    publisher had in flight (those the old leader may have confirmed and multicast)."""
-    deliveries = zip(got["records"], got["arrived"], strict=True)
+def _outage(got: dict[str, Any], when: float, confirmed_before: int) -> dict[str, float]:
+    """A fault's outage as the subscriber saw it: `first_new`, from the fault to its first delivery of a record
+    published after it (one past the five the publisher had in flight, which the old leader may have
+    confirmed); `silence`, the longest wait between deliveries from the fault to OUTAGE_WINDOW_S after it, and
+    `silence_from`, when it began (seconds after the fault)."""
+    deliveries = list(zip(got["records"], got["arrived"], strict=True))
     after = (t for (_, body), t in deliveries if int(body.removeprefix(b"record-")) > confirmed_before + 5)
-    return round(next(after, float("inf")) - when, 3)
+    times = [when] + [t for _, t in deliveries if when < t <= when + OUTAGE_WINDOW_S]
+    silence, since = max(((b - a, a - when) for a, b in itertools.pairwise(times)), default=(float("inf"), 0.0))
+    first_new = next(after, float("inf")) - when
+    return {"first_new": round(first_new, 3), "silence": round(silence, 3), "silence_from": round(since, 3)}
 
 
 # -- faults: each returns with the group healed ------------------------------------------------------------------
