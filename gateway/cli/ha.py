@@ -70,10 +70,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from gateway.errors import NotAJournal
     from gateway.journal import journal_streams
     from gateway.journal.crosscheck import check_group
 
-    streams = args.stream or sorted({s for root in args.journal for s in journal_streams(root)})
+    streams = args.stream or sorted({s for root in args.journal if _holds_any(root) for s in journal_streams(root)})
+    if not streams:
+        named = ", ".join(str(j) for j in args.journal)
+        raise NotAJournal(f"no journal streams under {named}: pass the nodes' journal roots")
     failed = []
     for stream in streams:
         result = check_group(args.journal, stream)
@@ -83,3 +87,8 @@ def _check(args: argparse.Namespace) -> int:
     for line in failed:
         print(f"zeps ha check: {line}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _holds_any(root: Path) -> bool:
+    """False for an empty directory (a node that never journaled anything): not a reason to stop the check."""
+    return not root.is_dir() or any(root.iterdir())

@@ -100,10 +100,12 @@ def test_zeps_ha_check_prints_one_line_and_exits_1_on_a_violation(tmp_path: Path
     a, b = tmp_path / "a", tmp_path / "b"
     batches = leader_journal(a, 4)
     follower_journal(b, batches)
-    assert main(["ha", "check", "--journal", str(a), "--journal", str(b)]) == 0
+    (tmp_path / "c").mkdir()  # a node that never journaled anything
+    assert main(["ha", "check", "--journal", str(a), "--journal", str(b), "--journal", str(tmp_path / "c")]) == 0
     out, err = capsys.readouterr()
     line = json.loads(out)
     assert line["ok"] and line["checked"] == 12 and line["nodes"][str(b)] == {"first": 1, "head": 12}, line
+    assert line["nodes"][str(tmp_path / "c")] == {"first": 1, "head": 0}, line
     assert err == ""
     with JournalWriter.open(b, S) as w:
         w.append(batch(1, "b-alone"))
@@ -116,7 +118,9 @@ def test_zeps_ha_check_prints_one_line_and_exits_1_on_a_violation(tmp_path: Path
     assert err.count("\n") == 1 and err.startswith(f"zeps ha check: stream {S}: sequence 13 holds different"), err
 
 
-@pytest.mark.parametrize("argv", [["ha", "check"], ["ha", "check", "--journal", "/nonexistent/zeps"]])
-def test_zeps_ha_check_usage_errors_exit_2(argv: list[str], capsys) -> None:
+@pytest.mark.parametrize("argv", [["ha", "check"], ["ha", "check", "--journal", "/nonexistent/zeps"], ["empty"]])
+def test_zeps_ha_check_usage_errors_exit_2(argv: list[str], capsys, tmp_path: Path) -> None:
+    if argv == ["empty"]:  # journal roots that hold no stream at all
+        argv = ["ha", "check", "--journal", str(tmp_path)]
     assert main(argv) == 2
     assert capsys.readouterr().err.count("\n") == 1
