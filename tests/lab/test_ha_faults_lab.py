@@ -7,8 +7,11 @@ killed -9 and rejoining, etcd killed -9 and restarted; each then healed.
 
 Each scenario ends with the checker: `zeps ha check` over every node's journal (one record per sequence, no
 gap, no record twice), every confirmed record in the journal exactly once, and the subscriber got 1..head in
-order with the journal's content at each sequence, every confirmed record among them. Each failover's outage
-(fault -> the subscriber receives a record published after it) is printed (`-s`).
+order with the journal's content at each sequence, every confirmed record among them; and a deposed leader
+(paused, partitioned, cut off from etcd) sent no datagram to the group once its successor had (a plain socket
+on the subscriber's host hears every datagram and its source), unless it leads again at the end. Each
+failover's outage (fault -> the subscriber receives a record published after it; the longest silence) is
+printed (`-s`).
 """
 
 from __future__ import annotations
@@ -50,5 +53,6 @@ def test_group_survives(make_lab, tmp_path: Path, scenario: str) -> None:
     print(f"\n{scenario} ({count} nodes): {[what for _, _, what in result['faults']]}: outage {result['outages']} s; "
           f"{result['confirmed']} confirmed, head {result['head']}, epochs {epochs}; subscriber: "
           f"{link.dropped} of {link.seen} packets dropped, {summary['gaps_filled']} gaps filled, "
-          f"{summary['from_replay']} records from a sidecar; cuts {result['cuts']}; zeps ha check: "
+          f"{summary['from_replay']} records from a sidecar; cuts {result['cuts']}; {result['datagrams']} datagrams "
+          f"heard, none from the deposed {result['checked_deposed']} after their successor; zeps ha check: "
           f"{result['check']}")  # fmt: skip

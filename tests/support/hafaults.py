@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ class Group:
     etcd: str
     progress: Any  # MP.Value: records the publisher has had confirmed
     faults: list[tuple[float, int, str]] = field(default_factory=list)  # (when, confirmed then, what)
+    deposed: list[tuple[float, str]] = field(default_factory=list)  # (when, the leader a fault deposes)
 
     def leader(self) -> tuple[str, int]:
         return self.lab.run("etcd", leader, self.etcd)
@@ -66,6 +68,11 @@ class Group:
         now = time.monotonic()
         self.faults.append((now, self.progress.value, what))
         return now
+
+    def depose(self, name: str) -> None:
+        """Note that the fault starting now must end `name`'s leadership: it may multicast nothing once another
+        node has (checked on what reached the subscriber's host)."""
+        self.deposed.append((time.monotonic(), name))
 
     def restart_etcd(self) -> None:
         """kill -9 of etcd, then etcd again on the same data directory."""
@@ -114,7 +121,7 @@ def run_group(
     names = [f"n{i}" for i in range(1, count + 1)]
     nodes = {name: FaultNode(lab, root, name, etcd, channel).start() for name in names}
     group = Group(lab, root, nodes, etcd_proc, etcd, MP.Value("i", 0))
-    sub = pub = None
+    sub = pub = heard = None
     try:
         for node in nodes.values():
             node.wait_ready()
@@ -122,6 +129,7 @@ def run_group(
         sub = lab.start("sub", subscribe, f"{transport}://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}",
                         [n.replay for n in nodes.values()], ready, until)  # fmt: skip
         ready.get(timeout=WAIT_S)
+        heard = lab.start("sub", listen, lab.group(1), MCAST_PORT, lab.host("sub").ip, stop)
         pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stop, group.progress)
         epochs = []
         for fault in faults:
@@ -133,11 +141,13 @@ def run_group(
         confirmed, head = pub.result(WAIT_S)
         until.put(head)
         got = sub.result(WAIT_S + 10)
-        epochs.append(group.leader()[1])
+        senders = heard.result(WAIT_S)
+        final_leader, final_epoch = group.leader()
+        epochs.append(final_epoch)
         synced = group.wait_synced()
         link = impair.counters(lab, "sub")
     finally:
-        for proc in (pub, sub):
+        for proc in (pub, sub, heard):
             if proc is not None:
                 proc.terminate()
         for node in nodes.values():
@@ -150,8 +160,39 @@ def run_group(
     _check_journal(journal, confirmed, head)
     _check_subscriber(got, journal, confirmed, head, group.logs())
     outages = [_outage(got, when, before) for when, before, _ in group.faults]
+    stale = {name: _stale(senders, when, lab.host(name).ip) for when, name in group.deposed if name != final_leader}
+    assert not any(stale.values()), f"a deposed leader multicast after its successor: {stale}\n{group.logs()}"
     return {"confirmed": len(confirmed), "head": head, "epochs": epochs, "outages": outages, "faults": group.faults,
-            "summary": got["summary"], "check": check, "sub_link": link, "cuts": _cuts(group)}  # fmt: skip
+            "summary": got["summary"], "check": check, "sub_link": link, "cuts": _cuts(group),
+            "datagrams": len(senders), "checked_deposed": sorted(stale)}  # fmt: skip
+
+
+def listen(group: str, port: int, interface: str, stop: Any) -> list[tuple[str, float]]:
+    """In a lab host: (source address, time.monotonic()) of every datagram sent to the multicast group, until
+    `stop` is set (at most 300 s, 10^6 datagrams)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # beside the subscriber's socket
+    sock.bind((group, port))
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, socket.inet_aton(group) + socket.inet_aton(interface))
+    sock.settimeout(0.1)
+    heard: list[tuple[str, float]] = []
+    deadline = time.monotonic() + 300
+    with sock:
+        while not stop.is_set() and time.monotonic() < deadline and len(heard) < 1_000_000:
+            try:
+                _, (source, _) = sock.recvfrom(65536)
+            except TimeoutError:
+                continue
+            heard.append((source, time.monotonic()))
+    return heard
+
+
+def _stale(senders: list[tuple[str, float]], since: float, deposed: str) -> list[float]:
+    """When `deposed` sent datagrams after another node first did, from `since` on (seconds after `since`)."""
+    successor = next((t for source, t in senders if t > since and source != deposed), None)
+    if successor is None:
+        return []
+    return [round(t - since, 3) for source, t in senders if source == deposed and t > successor]
 
 
 def _cuts(group: Group) -> list[str]:
@@ -216,6 +257,7 @@ def pause_leader(group: Group) -> None:
     """SIGSTOP of the leader's gateway for 2.5 leases, then SIGCONT."""
     name, epoch = group.leader()
     group.fault(f"SIGSTOP {name} (epoch {epoch}) for {2.5 * LEASE_S} s")
+    group.depose(name)
     group.nodes[name].signal_gateway(signal.SIGSTOP)
     time.sleep(2.5 * LEASE_S)
     group.nodes[name].signal_gateway(signal.SIGCONT)
@@ -225,6 +267,7 @@ def partition_leader(group: Group, hold_s: float = 3.0) -> None:
     """The leader's host cut off from everyone (etcd, followers, clients) for `hold_s`, then healed."""
     name, epoch = group.leader()
     group.fault(f"partition {name} (epoch {epoch}) from everyone for {hold_s} s")
+    group.depose(name)
     impair.partition(group.lab, name)
     try:
         time.sleep(hold_s)
@@ -236,6 +279,7 @@ def cut_leader_from_etcd(group: Group, hold_s: float = 3.0) -> None:
     """The leader cut off from etcd only (clients and followers still reach it) for `hold_s`, then healed."""
     name, epoch = group.leader()
     group.fault(f"cut {name} (epoch {epoch}) from etcd for {hold_s} s")
+    group.depose(name)
     group.cut_from_etcd(name, True)
     try:
         time.sleep(hold_s)
