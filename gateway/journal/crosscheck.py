@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gateway.errors import JournalError, JournalTrimmed, NotAJournal
 from gateway.journal.reader import JournalReader
-from gateway.wire.batch import PRODUCER
+from gateway.wire.batch import PRODUCER, Batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +76,18 @@ class GroupCheck:
 
 _RECORD = struct.Struct("<qqqI")  # journal time, the record's own time, ttl, key length: then key, body
 
+# One node's walk yields its batches in order as (first sequence not yet compared, batch), or, where a property
+# fails, (sequence, what failed) and ends.
+_Item = tuple[int, Batch | str]
+
 
 def check_group(journals: Sequence[str | os.PathLike[str]], stream: str) -> GroupCheck:
     """Check `stream` across the nodes' journal roots (named by their paths as given). A node without the
-    stream counts as an empty journal. Raises NotAJournal if a root is not a journal root at all."""
+    stream counts as an empty journal. Raises NotAJournal if a root is not a journal root at all.
+
+    Nodes copy batches verbatim, so the walk compares whole batches (one memcmp each) and looks at records
+    only where batches differ in bytes or in boundaries: then the first record that differs is the divergence.
+    """
     names = [os.fspath(j) for j in journals]
     if len(set(names)) != len(names):
         raise ValueError(f"a journal is named twice in {names}: give each node's journal root once")
@@ -92,33 +100,65 @@ def check_group(journals: Sequence[str | os.PathLike[str]], stream: str) -> Grou
         name: NodeRange(r.first_seq, r.last_seq) if r is not None else NodeRange(1, 0) for name, r in readers.items()
     }
     result = GroupCheck(stream, ranges)
-    walks = {name: _records(r, ranges[name]) for name, r in readers.items() if r is not None}
+    walks = {name: _batches(r, ranges[name]) for name, r in readers.items() if r is not None}
     current = {name: item for name, walk in walks.items() if (item := next(walk, None)) is not None}
     while current:
-        seq = min(s for s, _ in current.values())
-        here = {name: content for name, (s, content) in current.items() if s == seq}
-        for name, content in here.items():
-            if isinstance(content, str):
-                result.violation = f"node {name}: {content}"
+        seq = min(start for start, _ in current.values())
+        here: dict[str, Batch] = {}
+        for name, (start, batch) in current.items():
+            if start != seq:
+                continue
+            if isinstance(batch, str):
+                result.violation = f"node {name}: {batch}"
                 return result
-        records = {name: c for name, c in here.items() if isinstance(c, Content)}
-        if len({c.digest for c in records.values()}) > 1:
-            result.divergence = {"seq": seq, "nodes": {name: c.plain() for name, c in records.items()}}
-            differ = ", ".join(f"{name} has {c.digest} (key {c.key!r}, {c.size} bytes)" for name, c in records.items())
-            result.violation = f"sequence {seq} holds different records: {differ}"
-            return result
-        result.checked = seq
-        for name in here:
-            if (item := next(walks[name], None)) is None:
+            here[name] = batch
+        hi = min([b.last_seq for b in here.values()] + [start - 1 for start, _ in current.values() if start > seq])
+        whole = {(b.first_seq, b.last_seq, bytes(b.buf)) for b in here.values()}
+        if len(whole) > 1 or next(iter(whole))[:2] != (seq, hi):
+            differ = _first_difference(here, seq, hi)
+            if differ is not None:
+                at, contents = differ
+                result.divergence = {"seq": at, "nodes": {name: c.plain() for name, c in contents.items()}}
+                text = ", ".join(
+                    f"{name} has {c.digest} (key {c.key!r}, {c.size} bytes)" for name, c in contents.items()
+                )
+                result.violation = f"sequence {at} holds different records: {text}"
+                return result
+        result.checked = hi
+        for name, batch in here.items():
+            if batch.last_seq > hi:
+                current[name] = (hi + 1, batch)
+            elif (item := next(walks[name], None)) is None:
                 del current[name]
             else:
                 current[name] = item
     return result
 
 
-def _records(reader: JournalReader, span: NodeRange) -> Iterator[tuple[int, Content | str]]:
-    """(sequence, content) of each record of one node from its first to its head, checking as it goes; the
-    first property that fails ends it with (sequence, what failed)."""
+def _first_difference(batches: dict[str, Batch], lo: int, hi: int) -> tuple[int, dict[str, Content]] | None:
+    """The first sequence in lo..hi whose records differ between the nodes' batches, with each node's record."""
+    walks = {name: _contents(batch, lo, hi) for name, batch in batches.items()}
+    for seq in range(lo, hi + 1):
+        contents = {name: next(walk) for name, walk in walks.items()}
+        if len({c.digest for c in contents.values()}) > 1:
+            return seq, contents
+    return None
+
+
+def _contents(batch: Batch, lo: int, hi: int) -> Iterator[Content]:
+    """Each record lo..hi of a batch as compared: every byte that makes it that record, producer number included."""
+    producer = batch.producer
+    for seq, ts, key, body, ttl in batch.entries(lo, hi):
+        digest = hashlib.blake2b(_RECORD.pack(batch.ts_ns, ts, ttl, len(key)), digest_size=8)
+        digest.update(key)
+        digest.update(body)
+        if producer is not None:
+            digest.update(PRODUCER.pack(producer[0], producer[1] + seq - batch.first_seq))
+        yield Content(digest.hexdigest(), key.tobytes().decode(errors="replace"), len(body))
+
+
+def _batches(reader: JournalReader, span: NodeRange) -> Iterator[_Item]:
+    """One node's batches from its first sequence to its head, checking continuity and producer numbers."""
     highest: dict[int, tuple[int, int]] = {}  # producer id -> (its highest number, at which sequence)
     expected = span.first
     try:
@@ -128,26 +168,19 @@ def _records(reader: JournalReader, span: NodeRange) -> Iterator[tuple[int, Cont
                 if batch is None:
                     yield expected, f"holds nothing after {expected - 1}, below its head {span.head}"
                     return
-                producer = batch.producer
-                for seq, ts, key, body, ttl in batch.entries(expected, span.head):
-                    digest = hashlib.blake2b(_RECORD.pack(batch.ts_ns, ts, ttl, len(key)), digest_size=8)
-                    digest.update(key)
-                    digest.update(body)
-                    if producer is not None:
-                        number = producer[1] + seq - batch.first_seq
-                        digest.update(PRODUCER.pack(producer[0], number))
-                        before = highest.get(producer[0])
-                        if before is not None and number <= before[0]:
-                            yield (
-                                seq,
-                                (
-                                    f"a record twice: producer {producer[0]:#x} number {number} at sequence {seq}, "
-                                    f"after its number {before[0]} at sequence {before[1]}"
-                                ),
-                            )
-                            return
-                        highest[producer[0]] = (number, seq)
-                    yield seq, Content(digest.hexdigest(), key.tobytes().decode(errors="replace"), len(body))
+                if (producer := batch.producer) is not None:
+                    before = highest.get(producer[0])
+                    if before is not None and producer[1] <= before[0]:
+                        yield (
+                            batch.first_seq,
+                            (
+                                f"a record twice: producer {producer[0]:#x} number {producer[1]} at sequence "
+                                f"{batch.first_seq}, after its number {before[0]} at sequence {before[1]}"
+                            ),
+                        )
+                        return
+                    highest[producer[0]] = (producer[1] + batch.last_seq - batch.first_seq, batch.last_seq)
+                yield batch.first_seq, batch
                 expected = batch.last_seq + 1
     except JournalTrimmed as exc:
         yield exc.seq, f"sequences {exc.seq}..{exc.first_retained - 1} are missing below its head"

@@ -73,6 +73,28 @@ def test_a_diverged_node_is_named_at_its_first_differing_sequence(tmp_path: Path
     assert check_group([a, b], S).divergence["seq"] == 1  # type: ignore[index]
 
 
+def test_batches_cut_differently_are_compared_record_by_record(tmp_path: Path) -> None:
+    """The same records in other batch boundaries agree; a record that differs inside a batch is named exactly."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    batches = leader_journal(a, 4)  # 1..3, 4..6, 7..9, 10..12
+    with JournalWriter.open(b, S) as w:
+        w.append_replica(batches[0])
+        w.append_replica(Batch.parse(batches[1].part(4, 4)))
+        w.append_replica(Batch.parse(batches[1].part(5, 6)))
+        w.append_replica(Batch.parse(batches[2].part(7, 8)))
+        w.append_replica(Batch.parse(batches[2].part(9, 9)))
+        w.append_replica(batches[3])
+    result = check_group([a, b], S)
+    assert result.ok and result.checked == 12, result.violation
+    with JournalWriter.open(c, S) as w:  # records 1..7 as a has them, then other records from 8 on
+        w.append_replica(batches[0])
+        w.append_replica(batches[1])
+        w.append_replica(Batch.parse(batches[2].part(7, 7)))
+        w.append(batch(5, "other"))
+    result = check_group([a, b, c], S)
+    assert result.divergence is not None and result.divergence["seq"] == 8 and result.checked == 7, result
+
+
 def test_a_gap_below_the_head_is_a_violation(tmp_path: Path) -> None:
     a = tmp_path / "a"
     leader_journal(a, 40, segment_bytes=400)  # several segments
