@@ -54,5 +54,6 @@ def test_group_survives(make_lab, tmp_path: Path, scenario: str) -> None:
           f"{result['confirmed']} confirmed, head {result['head']}, epochs {epochs}; subscriber: "
           f"{link.dropped} of {link.seen} packets dropped, {summary['gaps_filled']} gaps filled, "
           f"{summary['from_replay']} records from a sidecar; cuts {result['cuts']}; {result['datagrams']} datagrams "
-          f"heard, none from the deposed {result['checked_deposed']} after their successor; zeps ha check: "
+          f"heard; the deposed leader's after its successor's (s after the fault, payloads): {result['stale']}; "
+          f"zeps ha check: "
           f"{result['check']}")  # fmt: skip
