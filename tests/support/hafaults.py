@@ -3,7 +3,8 @@ support.halab: a group under load (a confirming Publisher given every ingest, a 
 and every sidecar, loss at the subscriber), one fault at a time, and the checks every scenario ends with.
 
 A fault is a callable given the running group; it returns when the group is healed. The run measures each
-failover's outage: from the fault to the subscriber's first delivery of a record published after it.
+fault's outage as the subscriber saw it (`_outage`), and hears every datagram sent to the group from the
+subscriber's host, to judge what a deposed leader sent after its successor took over (`_check_stale`).
 """
 
 from __future__ import annotations
