@@ -31,14 +31,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import select
 import struct
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Protocol
 
 import zmq
 
@@ -218,7 +221,7 @@ class _Socket:
         self.lib = lib()
         self.sock = _VOIDP()
         err = ctypes.POINTER(_Error)()
-        where = f"{'epgm' if udp else 'pgm'}://{interface};{group}:{port}"
+        self.where = where = f"{'epgm' if udp else 'pgm'}://{interface};{group}:{port}"
         res = ctypes.POINTER(_AddrInfo)()
         if not self.lib.pgm_getaddrinfo(f"{interface};{group}".encode(), None, ctypes.byref(res), ctypes.byref(err)):
             raise PgmError(f"{where}: {_take_error(self.lib, err)}: give the interface's IPv4 address")
@@ -275,6 +278,11 @@ class _Socket:
         finally:
             self.lib.pgm_freeaddrinfo(res)
         self.mss = self.get(PGM_MSS)
+
+    @property
+    def address(self) -> int:
+        """The pgm_sock_t's address, for the native receive loop (gateway/transport/_pgm_loop.c)."""
+        return self.sock.value or 0
 
     def _setp(self, name: int, value: object, size: int, level: int = _IPPROTO_PGM) -> None:
         if not self.lib.pgm_setsockopt(self.sock, level, name, value, size):
@@ -471,72 +479,63 @@ class ReceiverStats:
     overruns: int = 0  # messages dropped because `hwm` messages waited for the consumer
 
 
-class PgmReceiver(PolledByFd, _IoThread):
-    """Receives the messages of every PGM sender on `group:port` whose first frame starts with a subscription.
+class _ReceiveLoop(Protocol):
+    """What drives one receiving socket: `_pgm_loop.ReceiveLoop` (a native thread) or `_PythonReceiveLoop`.
 
-    Like a ZeroMQ SUB: prefix subscriptions on the first frame, `poll`, `recv_multipart`, `close`, and a
-    `fileno` for zmq.Poller (readable exactly while a message waits). It joins a running session at the next
-    message start and, after an unrecoverable loss, resumes at the next message start too: it yields only
-    whole messages; gaps are for the caller's sequence numbers. Junk on the group (not PGM, or PGM that is not
-    libzmq's framing) is counted and skipped.
-
-    Once `hwm` messages wait here, newer ones are dropped (counted in `stats.overruns`): a consumer slower than
-    the feed sees a sequence gap (for replay to fill), never unbounded memory, and PGM goes on reading and
-    repairing at the wire's pace. (Pausing the reads instead overruns the socket's buffer: OpenPGM then has
-    thousands of sequences to NAK for at once, which the sender no longer holds; measured, it stopped
-    delivering for good.)
+    The thread alone calls libpgm, reassembles APDUs, and queues whole messages (at most `hwm`: newer ones are
+    counted as overruns); `fileno` is an eventfd readable while messages wait; `take` pops the oldest.
     """
+
+    def start(self) -> None: ...
+    def take(self) -> list[bytes] | None: ...
+    def ready(self) -> int: ...
+    def counters(self) -> dict[str, int]: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class _PythonReceiveLoop(_IoThread):
+    """The receive loop in a Python thread: used when gateway.transport._pgm_loop was not built (no C compiler
+    or no libpgm-dev) or ZEPS_PURE_PYTHON=1. It needs the GIL between libpgm calls, so a busy interpreter delays
+    OpenPGM's timers and, at full rate, its reads (docs/pgm.md, "Cost at full rate")."""
 
     def __init__(
         self,
-        interface: str,
-        group: str,
-        port: int,
-        settings: PgmSettings,
-        subscriptions: Sequence[bytes] = (),
-        *,
-        udp: bool = True,
-        hwm: int = 1000,
-        max_message_bytes: int = 64 * 1024 * 1024,
+        sock: _Socket,
+        reopen: Callable[[], _Socket],
+        subscriptions: Sequence[bytes],
+        hwm: int,
+        max_message_bytes: int,
     ) -> None:
-        _IoThread.__init__(self, f"pgm-recv {group}:{port}")
-        self._open = lambda: _Socket(interface, group, port, settings, sender=False, udp=udp)
-        self._s = self._open()
-        self.hwm = hwm
+        super().__init__(f"pgm-recv {sock.where}")
+        self._s, self._reopen, self.hwm = sock, reopen, hwm
         self._apdus = Reassembler(subscriptions, max_message_bytes)
         self.stats = ReceiverStats()
         self._ready: deque[list[bytes]] = deque()
-        self._room = threading.Condition(self.lock)
         self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # holds 1 while messages wait
         self._signalled = False
-        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+        self._ep = sock.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+
+    def start(self) -> None:
         self.thread.start()
 
     def fileno(self) -> int:
         return self._signal
 
-    def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
-        """zmq.POLLIN once a message is ready (waits up to `timeout` ms; None waits for good), else 0."""
-        del flags
-        if self._ready:
-            return zmq.POLLIN
-        ready = select.select([self._signal], [], [], None if timeout is None else timeout / 1000)[0]
-        return zmq.POLLIN if ready and self._ready else 0
+    def ready(self) -> int:
+        return len(self._ready)
 
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
-        """The next whole message; zmq.Again with NOBLOCK when none is ready."""
-        del copy
-        while True:
-            with self._room:
-                if self._ready:
-                    frames = self._ready.popleft()
-                    if not self._ready and self._signalled:
-                        os.eventfd_read(self._signal)
-                        self._signalled = False
-                    return frames
-            if flags & zmq.NOBLOCK:
-                raise zmq.Again()  # no message ready
-            self.poll(None)
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return dataclasses.asdict(self.stats)
+
+    def take(self) -> list[bytes] | None:
+        with self.lock:
+            frames = self._ready.popleft() if self._ready else None
+            if not self._ready and self._signalled:
+                os.eventfd_read(self._signal)
+                self._signalled = False
+            return frames
 
     def run(self) -> None:
         recv = self._s.lib.pgm_recvmsgv
@@ -544,6 +543,7 @@ class PgmReceiver(PolledByFd, _IoThread):
         base, n = ctypes.addressof(msgv), _SIZE()
         while not self.stopping:
             s = self._s
+            ctypes.c_void_p.from_address(base + 8).value = None  # a reset puts its error skb here
             status = recv(s.sock, msgv, _MSGV_BATCH, _MSG_ERRQUEUE, ctypes.byref(n), None)
             if status == IO_NORMAL:
                 self._deliver(base, n.value)
@@ -577,11 +577,11 @@ class PgmReceiver(PolledByFd, _IoThread):
             at += _MSGV_SIZE
             apdus += 1
             feed(tsi, parts[0] if count == 1 else b"".join(parts), out)
-        self.stats.repairs += repairs
-        self.stats.apdus += apdus
-        self.stats.junk = self._apdus.junk
-        if out:
-            with self.lock:
+        with self.lock:
+            self.stats.repairs += repairs
+            self.stats.apdus += apdus
+            self.stats.junk = self._apdus.junk
+            if out:
                 room = max(0, self.hwm - len(self._ready))
                 self.stats.overruns += max(0, len(out) - room)
                 self._ready.extend(out[:room])
@@ -591,31 +591,129 @@ class PgmReceiver(PolledByFd, _IoThread):
                     self._signalled = True
 
     def _reset(self, skb: int | None) -> None:
-        """OpenPGM lost data for good: count it, then start a new session, which joins every sender afresh.
+        """OpenPGM lost data for good: count it, then have the receiver open a new session (PgmReceiver._reopen)."""
+        with self.lock:
+            self.stats.resets += 1
+            if skb:
+                self.stats.lost += _SKB.unpack(ctypes.string_at(skb, _SKB.size))[1]  # this session's lost_count
+        if skb:
+            self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
+        self._apdus.lose_all()
+        self._ep.close()
+        self._s = self._reopen()
+        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+
+    def close(self) -> None:
+        self.stop(5.0)
+        self._ep.close()
+        self.close_fd()
+        os.close(self._signal)
+
+
+def _native_loop() -> ModuleType | None:
+    if os.environ.get("ZEPS_PURE_PYTHON") == "1":
+        return None
+    try:
+        from gateway.transport import _pgm_loop
+    except ImportError:  # built without a C compiler or without libpgm-dev
+        return None
+    return _pgm_loop
+
+
+_native = _native_loop()
+RECEIVE_LOOP = "native" if _native else "python"  # which loop PgmReceiver runs (docs/pgm.md)
+
+
+class PgmReceiver(PolledByFd):
+    """Receives the messages of every PGM sender on `group:port` whose first frame starts with a subscription.
+
+    Like a ZeroMQ SUB: prefix subscriptions on the first frame, `poll`, `recv_multipart`, `close`, and a
+    `fileno` for zmq.Poller (readable exactly while a message waits). It joins a running session at the next
+    message start and, after an unrecoverable loss, resumes at the next message start too: it yields only
+    whole messages; gaps are for the caller's sequence numbers. Junk on the group (not PGM, or PGM that is not
+    libzmq's framing) is counted and skipped.
+
+    The socket is driven by a native thread (gateway/transport/_pgm_loop.c) that never takes the GIL per
+    packet, or by `_PythonReceiveLoop` where that extension was not built (`RECEIVE_LOOP` says which).
+
+    Once `hwm` messages wait here, newer ones are dropped (counted in `stats.overruns`): a consumer slower than
+    the feed sees a sequence gap (for replay to fill), never unbounded memory, and PGM goes on reading and
+    repairing at the wire's pace. (Pausing the reads instead overruns the socket's buffer: OpenPGM then has
+    thousands of sequences to NAK for at once, which the sender no longer holds; measured, it stopped
+    delivering for good.)
+    """
+
+    def __init__(
+        self,
+        interface: str,
+        group: str,
+        port: int,
+        settings: PgmSettings,
+        subscriptions: Sequence[bytes] = (),
+        *,
+        udp: bool = True,
+        hwm: int = 1000,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._open = lambda: _Socket(interface, group, port, settings, sender=False, udp=udp)
+        self._s = self._open()
+        subscriptions = tuple(subscriptions)
+        self._loop: _ReceiveLoop
+        if _native is not None:
+            self._loop = _native.ReceiveLoop(self._s.address, self._reopen_address, subscriptions, hwm,
+                                             max_message_bytes)  # fmt: skip
+        else:
+            self._loop = _PythonReceiveLoop(self._s, self._reopen, subscriptions, hwm, max_message_bytes)
+        self._closed = False
+        self._loop.start()
+
+    def _reopen(self) -> _Socket:
+        """A new session after an unrecoverable loss, called by the loop's thread (the socket's only user).
 
         Measured: an OpenPGM receiver (libzmq's too) that has reported unrecoverable loss may deliver nothing
         more, for good, while its senders go on (docs/pgm.md). A new socket joins like a late joiner, at each
         sender's next message start; what passes meanwhile is a sequence gap, for replay to fill.
         """
-        self.stats.resets += 1
-        if skb:
-            self.stats.lost += _SKB.unpack(ctypes.string_at(skb, _SKB.size))[1]  # this session's lost_count
-            self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
         fresh = self._open()
-        self._ep.close()
         self._s.close()
-        self._s, self._ep = fresh, fresh.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
-        self._apdus.lose_all()
+        self._s = fresh
+        return fresh
+
+    def _reopen_address(self) -> int:
+        return self._reopen().address
+
+    @property
+    def stats(self) -> ReceiverStats:
+        """The counters so far (a snapshot)."""
+        return ReceiverStats(**self._loop.counters())
+
+    def fileno(self) -> int:
+        return self._loop.fileno()
+
+    def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
+        """zmq.POLLIN once a message is ready (waits up to `timeout` ms; None waits for good), else 0."""
+        del flags
+        if self._loop.ready():
+            return zmq.POLLIN
+        ready = select.select([self.fileno()], [], [], None if timeout is None else timeout / 1000)[0]
+        return zmq.POLLIN if ready and self._loop.ready() else 0
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
+        """The next whole message; zmq.Again with NOBLOCK when none is ready."""
+        del copy
+        while (frames := self._loop.take()) is None:
+            if flags & zmq.NOBLOCK:
+                raise zmq.Again()  # no message ready
+            self.poll(None)
+        return frames
 
     def close(self, linger: int | None = None) -> None:
         del linger
-        if not self._s.sock:
+        if self._closed:
             return
-        self.stop(5.0)
-        self._ep.close()
+        self._closed = True
+        self._loop.close()
         self._s.close()
-        self.close_fd()
-        os.close(self._signal)
 
     def __enter__(self) -> PgmReceiver:
         return self
