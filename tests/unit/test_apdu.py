@@ -34,7 +34,7 @@ def feed(r: Reassembler | _pgm_loop.Reassembler, sender: bytes, apdus: list[byte
 
 @pytest.fixture(params=[Reassembler, _pgm_loop.Reassembler], ids=["python", "c"])
 def make(request: pytest.FixtureRequest) -> Make:
-    return request.param  # type: ignore[no-any-return]
+    return request.param
 
 
 def test_a_message_larger_than_a_packet_spans_apdus_and_comes_back_whole(make: Make) -> None:
@@ -60,7 +60,7 @@ def test_a_receiver_skips_until_a_message_starts_and_filters_by_prefix(make: Mak
 
 
 def test_senders_are_reassembled_apart_and_a_loss_waits_for_the_next_start(make: Make) -> None:
-    r, out = make(), []
+    r, out = make(), list[list[bytes]]()
     big_a, big_b = [b"a", bytes(3000)], [b"b", bytes(2000)]
     pa, pb = packetise(big_a, 1400), packetise(big_b, 1400)
     for x, y in zip(pa, [*pb, b""], strict=False):  # interleaved packets of two senders
