@@ -15,6 +15,7 @@ touches the socket and the reassembler; `take`, `counters` and the thread share 
 under one mutex, held for a few pointer moves. `Reassembler` is the same C reassembler for Python callers
 (tests/unit/test_apdu.py runs the APDU rules on both twins).
 */
+#define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np, ppoll */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -59,7 +60,7 @@ static int buf_add(buf_t *b, const void *src, size_t n)
 typedef struct msg {
     struct msg *next;
     size_t len;
-    unsigned char data[];
+    unsigned char data[] __attribute__((aligned(16)));
 } msg_t;
 
 typedef struct {
@@ -536,6 +537,7 @@ static void *loop_run(void *arg)
 {
     LoopObject *self = arg;
     struct pgm_msgv_t msgv[MSGV_BATCH];
+    pthread_setname_np(pthread_self(), "pgm-recv");
     while (!__atomic_load_n(&self->stopping, __ATOMIC_ACQUIRE)) {
         size_t bytes = 0;
         msgv[0].msgv_skb[0] = NULL; /* a reset puts its error skb here (MSG_ERRQUEUE) */
@@ -725,6 +727,334 @@ static PyTypeObject LoopType = {
     .tp_methods = Loop_methods,
 };
 
+
+/* ---- SendLoop: the native thread that drives one sending OpenPGM socket ---- */
+
+enum { S_MESSAGES, S_APDUS, S_RATE_LIMITED, S_DROPPED, N_SEND_COUNTERS };
+static const char *const send_counter_names[N_SEND_COUNTERS] = {"messages", "apdus", "rate_limited", "dropped"};
+
+typedef struct {
+    PyObject_HEAD
+    pgm_sock_t *sock;
+    size_t hwm;
+    int wake;
+    int started, stopping;
+    pthread_t thread;
+    pthread_mutex_t lock; /* the queue, `stopping` and the counters */
+    pthread_cond_t room;  /* signalled when a message has left the queue */
+    msgq_t queue;         /* messages as APDUs: each [u64 size][u64 unused][bytes], padded to 16 bytes */
+    size_t sent;          /* bytes of the oldest message already sent (only the thread touches it) */
+    uint64_t counters[N_SEND_COUNTERS]; /* apdus and rate_limited: written by the thread alone, unlocked */
+} SendLoopObject;
+
+static void send_wait(SendLoopObject *self, long long timeout_us, int writable)
+{
+    struct pollfd fds[4];
+    nfds_t n = 0;
+    if (writable) { /* OpenPGM's send socket is full: wait for room, but keep the timers going */
+        fds[n++] = (struct pollfd){.fd = sock_fd(self->sock, PGM_SEND_SOCK), .events = POLLOUT};
+        if (timeout_us < 0 || timeout_us > 1000)
+            timeout_us = 1000;
+    } else {
+        fds[n++] = (struct pollfd){.fd = sock_fd(self->sock, PGM_RECV_SOCK), .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = sock_fd(self->sock, PGM_REPAIR_SOCK), .events = POLLIN};
+        fds[n++] = (struct pollfd){.fd = sock_fd(self->sock, PGM_PENDING_SOCK), .events = POLLIN};
+    }
+    fds[n++] = (struct pollfd){.fd = self->wake, .events = POLLIN};
+    struct timespec ts = {.tv_sec = timeout_us / 1000000, .tv_nsec = timeout_us % 1000000 * 1000};
+    ppoll(fds, n, timeout_us < 0 ? NULL : &ts, NULL);
+    uint64_t drained;
+    if (fds[n - 1].revents & POLLIN && read(self->wake, &drained, sizeof drained) < 0) {
+        /* nothing to do: another wake raced it (the eventfd is non-blocking) */
+    }
+}
+
+static long long send_remain_us(SendLoopObject *self, int name)
+{
+    struct timeval tv;
+    socklen_t len = sizeof tv;
+    if (!pgm_getsockopt(self->sock, IPPROTO_PGM, name, &tv, &len))
+        return 1000;
+    long long us = (long long)tv.tv_sec * 1000000 + tv.tv_usec;
+    return us < 0 ? 0 : us;
+}
+
+/* OpenPGM's checksum-and-copy (pgm_compat_csum_partial_copy) stores to its packet buffer with aligned SSE
+   moves at the source's 16-byte alignment: a source that is not 16-byte aligned crashes it (seen). So every
+   queued APDU starts 16-byte aligned, behind a 16-byte header. */
+#define APDU_HEAD 16
+
+static size_t apdu_span(size_t size)
+{
+    return APDU_HEAD + ((size + 15) & ~(size_t)15);
+}
+
+static void send_done(SendLoopObject *self, int counter)
+{
+    pthread_mutex_lock(&self->lock);
+    free(msgq_pop(&self->queue));
+    self->counters[counter]++;
+    pthread_cond_broadcast(&self->room);
+    pthread_mutex_unlock(&self->lock);
+    self->sent = 0;
+}
+
+static void *send_run(void *arg)
+{
+    SendLoopObject *self = arg;
+    pthread_setname_np(pthread_self(), "pgm-send");
+    struct pgm_msgv_t dummy;
+    for (;;) {
+        size_t bytes;
+        /* NAKs, SPMRs and the repairs they ask for; SPM timers */
+        int status = pgm_recvmsgv(self->sock, &dummy, 1, 0, &bytes, NULL);
+        long long rate_wait = status == PGM_IO_STATUS_RATE_LIMITED ? send_remain_us(self, PGM_RATE_REMAIN) : -1;
+        int blocked = 0;
+        for (;;) {
+            pthread_mutex_lock(&self->lock);
+            const msg_t *m = self->queue.head; /* only this thread removes messages: m stays valid */
+            pthread_mutex_unlock(&self->lock);
+            if (!m)
+                break;
+            uint64_t size;
+            memcpy(&size, m->data + self->sent, sizeof size);
+            status = pgm_send(self->sock, m->data + self->sent + APDU_HEAD, size, &bytes);
+            if (status == PGM_IO_STATUS_NORMAL) {
+                self->counters[S_APDUS]++;
+                self->sent += apdu_span(size);
+                if (self->sent == m->len)
+                    send_done(self, S_MESSAGES);
+                continue;
+            }
+            if (status == PGM_IO_STATUS_RATE_LIMITED) {
+                self->counters[S_RATE_LIMITED]++;
+                rate_wait = send_remain_us(self, PGM_RATE_REMAIN);
+            } else if (status == PGM_IO_STATUS_WOULD_BLOCK) {
+                blocked = 1;
+            } else {
+                send_done(self, S_DROPPED); /* not seen in practice: counted, and the rest goes on */
+                continue;
+            }
+            break;
+        }
+        pthread_mutex_lock(&self->lock);
+        const int done = self->stopping && !self->queue.head;
+        pthread_mutex_unlock(&self->lock);
+        if (done)
+            return NULL;
+        long long timeout = send_remain_us(self, PGM_TIME_REMAIN); /* sending re-arms the heartbeat SPMs */
+        if (rate_wait >= 0 && rate_wait < timeout)
+            timeout = rate_wait;
+        send_wait(self, timeout, blocked);
+    }
+}
+
+static int SendLoop_init(SendLoopObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"sock", "hwm", NULL};
+    PyObject *sock;
+    Py_ssize_t hwm;
+    if (self->sock) {
+        PyErr_SetString(PyExc_RuntimeError, "SendLoop is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:SendLoop", kwlist, &sock, &hwm))
+        return -1;
+    self->sock = PyLong_AsVoidPtr(sock);
+    if (!self->sock || hwm < 1) {
+        self->sock = NULL;
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "SendLoop needs a socket address and hwm >= 1");
+        return -1;
+    }
+    self->hwm = (size_t)hwm;
+    self->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (self->wake < 0) {
+        self->sock = NULL;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    pthread_mutex_init(&self->lock, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&self->room, &attr);
+    pthread_condattr_destroy(&attr);
+    int rc = pthread_create(&self->thread, NULL, send_run, self);
+    if (rc) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->started = 1;
+    return 0;
+}
+
+static void wake_thread(int fd)
+{
+    const uint64_t one = 1;
+    if (write(fd, &one, sizeof one) < 0) {
+        /* the eventfd is full (2^64 - 2 wakes): the thread is awake anyway */
+    }
+}
+
+static struct timespec deadline_after(double seconds)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    const long long ns = t.tv_nsec + (long long)(seconds * 1e9);
+    t.tv_sec += ns / 1000000000, t.tv_nsec = ns % 1000000000;
+    return t;
+}
+
+PyDoc_STRVAR(send_doc, "send(apdus, wait_s) -> bool: queue one message (its APDUs); False when `hwm` messages "
+                       "still wait after wait_s seconds.");
+
+static PyObject *SendLoop_send(SendLoopObject *self, PyObject *args)
+{
+    PyObject *apdus;
+    double wait_s;
+    if (!PyArg_ParseTuple(args, "O!d:send", &PyList_Type, &apdus, &wait_s))
+        return NULL;
+    if (!self->started) {
+        PyErr_SetString(PyExc_RuntimeError, "SendLoop is closed");
+        return NULL;
+    }
+    size_t len = 0;
+    const Py_ssize_t n = PyList_GET_SIZE(apdus);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *apdu = PyList_GET_ITEM(apdus, i);
+        if (!PyBytes_Check(apdu) || PyBytes_GET_SIZE(apdu) == 0) {
+            PyErr_SetString(PyExc_TypeError, "send(): APDUs are non-empty bytes");
+            return NULL;
+        }
+        len += apdu_span((size_t)PyBytes_GET_SIZE(apdu));
+    }
+    msg_t *m = malloc(sizeof *m + len);
+    if (!m)
+        return PyErr_NoMemory();
+    m->len = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *apdu = PyList_GET_ITEM(apdus, i);
+        const uint64_t size = (uint64_t)PyBytes_GET_SIZE(apdu);
+        memcpy(m->data + m->len, &size, sizeof size);
+        memcpy(m->data + m->len + APDU_HEAD, PyBytes_AS_STRING(apdu), size);
+        m->len += apdu_span(size);
+    }
+    int queued = 0, was_idle = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    if (self->queue.count >= self->hwm && wait_s > 0) {
+        const struct timespec until = deadline_after(wait_s);
+        while (self->queue.count >= self->hwm && pthread_cond_timedwait(&self->room, &self->lock, &until) == 0)
+            ;
+    }
+    if (self->queue.count < self->hwm) {
+        was_idle = !self->queue.count;
+        msgq_push(&self->queue, m);
+        queued = 1;
+    }
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (!queued)
+        free(m);
+    else if (was_idle)
+        wake_thread(self->wake);
+    return PyBool_FromLong(queued);
+}
+
+/* Let the thread send what is queued for up to `linger_s`, then drop the rest; the socket is unused after. */
+static void send_close(SendLoopObject *self, double linger_s)
+{
+    if (!self->started)
+        return;
+    pthread_mutex_lock(&self->lock);
+    self->stopping = 1;
+    pthread_mutex_unlock(&self->lock);
+    wake_thread(self->wake);
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* pthread_timedjoin_np takes CLOCK_REALTIME */
+    const long long ns = until.tv_nsec + (long long)(linger_s * 1e9);
+    until.tv_sec += ns / 1000000000, until.tv_nsec = ns % 1000000000;
+    if (pthread_timedjoin_np(self->thread, NULL, &until) != 0) { /* still rate limited: give up on the rest */
+        pthread_mutex_lock(&self->lock);
+        msgq_t rest = self->queue;
+        if (rest.head) { /* the thread may be sending the oldest: keep it, drop the others */
+            msg_t *keep = rest.head, *drop = keep->next;
+            keep->next = NULL;
+            self->queue.tail = keep, self->queue.count = 1;
+            while (drop) {
+                msg_t *next = drop->next;
+                free(drop);
+                drop = next;
+            }
+        }
+        pthread_mutex_unlock(&self->lock);
+        wake_thread(self->wake);
+        pthread_join(self->thread, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    self->started = 0;
+    msgq_clear(&self->queue);
+    close(self->wake);
+    self->wake = -1;
+}
+
+static PyObject *SendLoop_close(SendLoopObject *self, PyObject *args)
+{
+    double linger_s;
+    if (!PyArg_ParseTuple(args, "d:close", &linger_s))
+        return NULL;
+    send_close(self, linger_s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *SendLoop_counters(SendLoopObject *self, PyObject *Py_UNUSED(arg))
+{
+    uint64_t c[N_SEND_COUNTERS];
+    pthread_mutex_lock(&self->lock);
+    memcpy(c, self->counters, sizeof c);
+    pthread_mutex_unlock(&self->lock);
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < N_SEND_COUNTERS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(c[i]);
+        if (!v || PyDict_SetItemString(d, send_counter_names[i], v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+static void SendLoop_dealloc(SendLoopObject *self)
+{
+    send_close(self, 0);
+    if (self->sock) {
+        pthread_mutex_destroy(&self->lock);
+        pthread_cond_destroy(&self->room);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef SendLoop_methods[] = {
+    {"send", (PyCFunction)SendLoop_send, METH_VARARGS, send_doc},
+    {"close", (PyCFunction)SendLoop_close, METH_VARARGS, "close(linger_s): send what is queued for up to linger_s."},
+    {"counters", (PyCFunction)SendLoop_counters, METH_NOARGS, "counters() -> dict: SenderStats' fields."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SendLoopType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway.transport._pgm_loop.SendLoop",
+    .tp_doc = "SendLoop(sock, hwm): one socket's native send thread, started at once.",
+    .tp_basicsize = sizeof(SendLoopObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)SendLoop_init,
+    .tp_dealloc = (destructor)SendLoop_dealloc,
+    .tp_methods = SendLoop_methods,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gateway.transport._pgm_loop",
     "The receive loop of gateway.transport.pgm in a native thread (see _pgm_loop.c).", -1, NULL, NULL, NULL, NULL,
@@ -733,15 +1063,17 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__pgm_loop(void)
 {
-    if (PyType_Ready(&ReassemblerType) < 0 || PyType_Ready(&LoopType) < 0)
+    if (PyType_Ready(&ReassemblerType) < 0 || PyType_Ready(&LoopType) < 0 || PyType_Ready(&SendLoopType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
     Py_INCREF(&ReassemblerType);
     Py_INCREF(&LoopType);
+    Py_INCREF(&SendLoopType);
     if (PyModule_AddObject(m, "Reassembler", (PyObject *)&ReassemblerType) < 0 ||
-        PyModule_AddObject(m, "ReceiveLoop", (PyObject *)&LoopType) < 0) {
+        PyModule_AddObject(m, "ReceiveLoop", (PyObject *)&LoopType) < 0 ||
+        PyModule_AddObject(m, "SendLoop", (PyObject *)&SendLoopType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

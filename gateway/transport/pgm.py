@@ -348,54 +348,66 @@ class _IoThread:
         os.close(self.wake)
 
 
+def _native_loop() -> ModuleType | None:
+    if os.environ.get("ZEPS_PURE_PYTHON") == "1":
+        return None
+    try:
+        from gateway.transport import _pgm_loop
+    except ImportError:  # built without a C compiler or without libpgm-dev
+        return None
+    return _pgm_loop
+
+
+_native = _native_loop()
+IO_LOOPS = "native" if _native else "python"  # which loops PgmSender and PgmReceiver run (docs/pgm.md)
+
+
 @dataclass(slots=True)
 class SenderStats:
     messages: int = 0
     apdus: int = 0
     rate_limited: int = 0  # times the I/O thread waited for OpenPGM's rate limiter
+    dropped: int = 0  # messages pgm_send refused with an error (not seen in practice)
 
 
-class PgmSender(_IoThread):
-    """Sends ZeroMQ-style multipart messages on a PGM session at `rate_kbps`, with backpressure.
+class _SendLoop(Protocol):
+    """What drives one sending socket: `_pgm_loop.SendLoop` (a native thread) or `_PythonSendLoop`.
 
-    `send_multipart` queues a whole message or raises zmq.Again once `hwm` messages wait for the rate limiter
-    (after waiting up to `linger_ms` unless NOBLOCK), so nothing is dropped to make room. The duck-typed subset
-    of zmq.Socket that the gateway uses: send_multipart, close.
+    `send` queues one message (its APDUs) unless `hwm` messages still wait after `wait_s` seconds; the thread
+    alone calls libpgm: it sends at OpenPGM's rate, answers NAKs with repairs and keeps the SPM timers.
     """
 
-    def __init__(self, interface: str, group: str, port: int, settings: PgmSettings, *, udp: bool = True,
-                 hwm: int = 64, linger_ms: int = 2_000) -> None:  # fmt: skip
-        super().__init__(f"pgm-send {group}:{port}")
-        self._s = _Socket(interface, group, port, settings, sender=True, udp=udp)
-        self.hwm, self.linger_ms = hwm, linger_ms
-        self.mss = self._s.mss
+    def send(self, apdus: list[bytes], wait_s: float, /) -> bool: ...
+    def counters(self) -> dict[str, int]: ...
+    def close(self, linger_s: float, /) -> None: ...
+
+
+class _PythonSendLoop(_IoThread):
+    """The send loop in a Python thread, where gateway.transport._pgm_loop was not built (as `_PythonReceiveLoop`)."""
+
+    def __init__(self, sock: _Socket, hwm: int) -> None:
+        super().__init__(f"pgm-send {sock.where}")
+        self._s, self.hwm = sock, hwm
         self._queue: deque[list[bytes]] = deque()  # messages as APDUs, oldest first
         self._room = threading.Condition(self.lock)
         self.stats = SenderStats()
-        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_REPAIR_SOCK, PGM_PENDING_SOCK), self.wake)
-        self._send_fd = self._s.get(PGM_SEND_SOCK)
+        self._ep = sock.poller((PGM_RECV_SOCK, PGM_REPAIR_SOCK, PGM_PENDING_SOCK), self.wake)
+        self._send_fd = sock.get(PGM_SEND_SOCK)
         self.thread.start()
 
-    def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
-        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
-        return packetise(frames, self.mss)
-
-    def send_multipart(
-        self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
-    ) -> None:
-        """Queue one message; zmq.Again when `hwm` messages wait already (blocks up to linger_ms unless NOBLOCK)."""
-        del copy  # the frames are always copied (into APDUs, then by OpenPGM into its window)
-        apdus = self.apdus(frames)
+    def send(self, apdus: list[bytes], wait_s: float) -> bool:
         with self._room:
-            if len(self._queue) >= self.hwm:
-                if flags & zmq.NOBLOCK:
-                    raise zmq.Again()  # the queue drains at the sender's rate
-                if not self._room.wait_for(lambda: len(self._queue) < self.hwm, self.linger_ms / 1000):
-                    raise zmq.Again()  # still full after linger_ms
+            if not self._room.wait_for(lambda: len(self._queue) < self.hwm, wait_s):
+                return False
             self._queue.append(apdus)
             was_idle = len(self._queue) == 1
         if was_idle:
             self.notify()
+        return True
+
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return dataclasses.asdict(self.stats)
 
     def run(self) -> None:
         s, send, recv = self._s, self._s.lib.pgm_send, self._s.lib.pgm_recvmsgv
@@ -418,7 +430,7 @@ class PgmSender(_IoThread):
                     self.stats.apdus += 1
                     message.pop(0)
                     if not message:
-                        self._sent()
+                        self._done(dropped=False)
                     continue
                 if status == IO_RATE_LIMITED:
                     self.stats.rate_limited += 1
@@ -426,8 +438,7 @@ class PgmSender(_IoThread):
                 elif status == IO_WOULD_BLOCK:
                     blocked = True
                 else:
-                    log.warning("pgm_send returned status %d: message dropped", status)
-                    self._sent()
+                    self._done(dropped=True)
                     continue
                 break
             with self.lock:
@@ -442,24 +453,67 @@ class PgmSender(_IoThread):
                 self.wait(self._ep, timeout)
         writable.close()
 
-    def _sent(self) -> None:
+    def _done(self, *, dropped: bool) -> None:
         with self._room:
             self._queue.popleft()
-            self.stats.messages += 1
+            if dropped:
+                self.stats.dropped += 1
+            else:
+                self.stats.messages += 1
             self._room.notify()
+
+    def close(self, linger_s: float) -> None:
+        self.stop(linger_s)
+        if self.thread.is_alive():  # still rate limited: give up on all but the message being sent
+            with self.lock:
+                while len(self._queue) > 1:
+                    self._queue.pop()
+            self.thread.join()
+        self._ep.close()
+        self.close_fd()
+
+
+class PgmSender:
+    """Sends ZeroMQ-style multipart messages on a PGM session at `rate_kbps`, with backpressure.
+
+    `send_multipart` queues a whole message or raises zmq.Again once `hwm` messages wait for the rate limiter
+    (after waiting up to `linger_ms` unless NOBLOCK), so nothing is dropped to make room. The duck-typed subset
+    of zmq.Socket that the gateway uses: send_multipart, close. The socket is driven by a native thread
+    (gateway/transport/_pgm_loop.c), or by `_PythonSendLoop` where that extension was not built.
+    """
+
+    def __init__(self, interface: str, group: str, port: int, settings: PgmSettings, *, udp: bool = True,
+                 hwm: int = 64, linger_ms: int = 2_000) -> None:  # fmt: skip
+        self._s = _Socket(interface, group, port, settings, sender=True, udp=udp)
+        self.hwm, self.linger_ms = hwm, linger_ms
+        self.mss = self._s.mss
+        self._loop: _SendLoop = _native.SendLoop(self._s.address, hwm) if _native else _PythonSendLoop(self._s, hwm)
+        self._closed = False
+
+    @property
+    def stats(self) -> SenderStats:
+        """The counters so far (a snapshot)."""
+        return SenderStats(**self._loop.counters())
+
+    def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
+        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
+        return packetise(frames, self.mss)
+
+    def send_multipart(
+        self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
+    ) -> None:
+        """Queue one message; zmq.Again when `hwm` messages wait already (blocks up to linger_ms unless NOBLOCK)."""
+        del copy  # the frames are always copied (into APDUs, then by OpenPGM into its window)
+        if not self._loop.send(self.apdus(frames), 0.0 if flags & zmq.NOBLOCK else self.linger_ms / 1000):
+            raise zmq.Again()  # the queue drains at the sender's rate
 
     def close(self, linger_ms: int | None = None) -> None:
         """Send what is queued (for up to `linger_ms`), then close the session."""
-        if not self._s.sock:
+        if self._closed:
             return
-        self.stop((self.linger_ms if linger_ms is None else linger_ms) / 1000)
-        if self.thread.is_alive():  # still rate limited: give up on the rest
-            with self.lock:
-                self._queue.clear()
-            self.thread.join()
-        self._ep.close()
+        self._closed = True
+        self._loop.close((self.linger_ms if linger_ms is None else linger_ms) / 1000)
         self._s.close()
-        self.close_fd()
 
     def __enter__(self) -> PgmSender:
         return self
@@ -610,20 +664,6 @@ class _PythonReceiveLoop(_IoThread):
         os.close(self._signal)
 
 
-def _native_loop() -> ModuleType | None:
-    if os.environ.get("ZEPS_PURE_PYTHON") == "1":
-        return None
-    try:
-        from gateway.transport import _pgm_loop
-    except ImportError:  # built without a C compiler or without libpgm-dev
-        return None
-    return _pgm_loop
-
-
-_native = _native_loop()
-RECEIVE_LOOP = "native" if _native else "python"  # which loop PgmReceiver runs (docs/pgm.md)
-
-
 class PgmReceiver(PolledByFd):
     """Receives the messages of every PGM sender on `group:port` whose first frame starts with a subscription.
 
@@ -634,7 +674,7 @@ class PgmReceiver(PolledByFd):
     libzmq's framing) is counted and skipped.
 
     The socket is driven by a native thread (gateway/transport/_pgm_loop.c) that never takes the GIL per
-    packet, or by `_PythonReceiveLoop` where that extension was not built (`RECEIVE_LOOP` says which).
+    packet, or by `_PythonReceiveLoop` where that extension was not built (`IO_LOOPS` says which).
 
     Once `hwm` messages wait here, newer ones are dropped (counted in `stats.overruns`): a consumer slower than
     the feed sees a sequence gap (for replay to fill), never unbounded memory, and PGM goes on reading and
