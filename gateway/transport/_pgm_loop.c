@@ -1,19 +1,23 @@
-/* gateway.transport._pgm_loop: the receive loop of gateway.transport.pgm in a native thread.
+/* gateway.transport._pgm_loop: the I/O loops of gateway.transport.pgm in native threads.
 
-Why: OpenPGM advances its timers (NAKs, SPMRs) and drains its socket only while someone calls into it. In a
-Python thread that caller needs the GIL between libpgm calls, so a subscriber whose main thread is busy
-delays it: at a 1 Gbit/s burst the socket buffer overflowed, OpenPGM reset and ~40% of the records came
-from replay (docs/pgm.md, "Cost at full rate"). Here one pthread per socket alone calls libpgm: ppoll(2) on
-the socket's descriptors for at most OpenPGM's next timer, pgm_recvmsgv, the APDU reassembly of
-gateway/wire/apdu.py (the same rules and table, in C), and whole messages into a bounded queue. It never
-takes the GIL per packet: the consumer reads an eventfd (readable while messages wait) and takes messages
-one call each. The GIL is taken only after an unrecoverable loss, to have Python open a fresh socket
-(PgmReceiver._reopen: every socket option stays in one place, pgm.py).
+Why: OpenPGM advances its timers (NAKs, SPMs, repairs) and drains its sockets only while someone calls into
+them. In a Python thread that caller needs the GIL between libpgm calls, so a busy interpreter delays it: at a
+1 Gbit/s burst the subscriber's socket buffer overflowed, OpenPGM reset and ~40% of the records came from
+replay (docs/pgm.md, "Cost at full rate"). Here one pthread per socket alone calls libpgm and never takes
+the GIL per packet.
 
-Threading contract: `ReceiveLoop.start` starts the thread, `close` joins it; between them only the thread
-touches the socket and the reassembler; `take`, `counters` and the thread share the queue and the counters
-under one mutex, held for a few pointer moves. `Reassembler` is the same C reassembler for Python callers
-(tests/unit/test_apdu.py runs the APDU rules on both twins).
+- ReceiveLoop: ppoll(2) on the socket's descriptors for at most OpenPGM's next timer, pgm_recvmsgv, the APDU
+  reassembly of gateway/wire/apdu.py (the same rules and table, in C), and whole messages into a bounded
+  queue, handed over once per pgm_recvmsgv batch. The consumer reads an eventfd (readable while messages
+  wait) and takes messages one call each. The GIL is taken only after an unrecoverable loss, to have Python
+  open a fresh socket (PgmReceiver._reopen: every socket option stays in one place, pgm.py).
+- SendLoop: Python queues each message as its APDUs (packetised by gateway.wire.apdu); the thread sends them
+  at OpenPGM's rate, answers NAKs and keeps the SPM heartbeats; `send` waits (GIL released) for room.
+
+Threading contract: between a loop's start and `close` only its thread touches the socket (and the
+reassembler); the Python side and the thread share the queue and the counters under one mutex, held for a
+few pointer moves. `Reassembler` is the C reassembler for Python callers (tests/unit/test_apdu.py runs the
+APDU rules on both twins and checks that they agree).
 */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np, ppoll */
 #define PY_SSIZE_T_CLEAN

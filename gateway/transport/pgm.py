@@ -1,4 +1,4 @@
-"""PGM multicast through OpenPGM itself (libpgm via ctypes): a sender and a receiver with timers set for a LAN.
+"""PGM multicast through OpenPGM itself (libpgm): a sender and a receiver with timers set for a LAN.
 
 Why not libzmq's epgm://: libzmq 4.3.4 compiles OpenPGM's NAK timers in (src/pgm_socket.cpp): a receiver waits
 up to 50 ms before its first NAK and 200 ms before it repeats one or gives up waiting for a repair, and PGM
@@ -16,9 +16,14 @@ A plain pyzmq SUB reads our feed; our receiver reads a libzmq PUB.
 OpenPGM has no thread of its own: its timers (NAKs, SPM heartbeats, repairs) advance only while someone calls
 into the socket. So each `PgmSender` and `PgmReceiver` owns one I/O thread that alone calls libpgm for its
 socket, waiting in poll(2) on the socket's descriptors for at most the time OpenPGM reports to its next timer
-(PGM_TIME_REMAIN, PGM_RATE_REMAIN). Threading contract: the owner calls the public methods from one thread;
-they only touch a queue under a lock and an eventfd; libpgm sees a single thread per socket, as libzmq's
-engine does. ctypes releases the GIL during every libpgm call.
+(PGM_TIME_REMAIN, PGM_RATE_REMAIN). That thread is native (gateway/transport/_pgm_loop.c: the receiver's
+reassembles the APDUs too and hands whole messages over in batches; neither takes the GIL per packet), so a
+busy interpreter delays neither OpenPGM's timers nor its reads. Where that extension was not built (no C
+compiler or no libpgm-dev), or with ZEPS_PURE_PYTHON=1, the same loops run in Python threads
+(`_PythonSendLoop`, `_PythonReceiveLoop`), which need the GIL between libpgm calls and fall behind at full
+rate (docs/pgm.md, "Cost at full rate"); `IO_LOOPS` says which run. Threading contract: the owner calls the
+public methods from one thread; they only touch a queue under a lock and an eventfd; libpgm sees a single
+thread per socket, as libzmq's engine does (a reset reopens the receiver's socket from that thread).
 
 Counters (`PgmReceiver.stats`): repairs received are the RDATA packets delivered (the packet type is in the
 buffer), unrecoverable losses the count OpenPGM reports with each reset (`lost_count`). The NAK counters live
