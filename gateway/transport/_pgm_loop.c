@@ -348,6 +348,12 @@ static PyObject *Reassembler_feed(ReassemblerObject *self, PyObject *args)
     PyObject *out;
     if (!PyArg_ParseTuple(args, "y*y*O!:feed", &key, &apdu, &PyList_Type, &out))
         return NULL;
+    if ((size_t)key.len > sizeof ((stream_t *)0)->key) { /* a PGM sender is its 8-byte TSI */
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&apdu);
+        PyErr_SetString(PyExc_ValueError, "feed(): a sender is named by at most 16 bytes");
+        return NULL;
+    }
     msgq_t done = {0};
     int rc = reasm_feed(&self->r, key.buf, (size_t)key.len, apdu.buf, (size_t)apdu.len, &done);
     PyBuffer_Release(&key);
