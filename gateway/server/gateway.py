@@ -40,6 +40,7 @@ from gateway.server.registrar import node_registrar
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
+from gateway.transport.pollable import PolledByFd
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
@@ -279,11 +280,11 @@ class Gateway:
             if stream in out.sent_head:
                 out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
 
-    def watch(self, sock: zmq.Socket) -> None:
-        """Wake the loop when `sock` is readable (a follower's replication link)."""
+    def watch(self, sock: zmq.Socket | PolledByFd) -> None:
+        """Wake the loop when `sock` is readable (a follower's replication link, the elector's outcomes)."""
         self._poller.register(sock, zmq.POLLIN)
 
-    def unwatch(self, sock: zmq.Socket) -> None:
+    def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
         self._poller.unregister(sock)
 
     def _visible(self, lane: _Lane) -> int:

@@ -397,3 +397,60 @@ def test_etcd_down_stops_confirms_and_they_resume_with_etcd(etcd: EtcdProcess, t
         pub.close()
         for node in nodes:
             node.kill9()
+
+
+def test_the_loop_keeps_serving_while_etcd_is_paused(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """Every etcd request runs on the elector's thread: with etcd SIGSTOPped (requests hang until their timeout)
+    while the leader is dropping a silent follower from the in-sync set (a write to etcd), the nodes' loops still
+    answer PING at once, and a publisher gets its answer (a refusal once the lease is gone) without delay."""
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "0")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    probe = zmq.Context.instance().socket(zmq.DEALER)
+    probe.setsockopt(zmq.LINGER, 0)
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        head, _ = leader(etcd, nodes)
+        silent, other = [node for node in nodes if node is not head]
+        assert etcd.proc is not None
+        probe.connect(head.ingest)
+        probe.connect(other.ingest)
+        silent.signal(signal.SIGSTOP)
+        time.sleep(0.8)  # the leader drops it from the in-sync set after 1 s (ha_lag_s): a write to etcd
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        worst = 0.0
+        end = time.monotonic() + 2.5  # past the lease: the leader steps down meanwhile
+        while time.monotonic() < end:
+            for _ in range(2):  # one PING to each node (round robin)
+                sent = time.monotonic()
+                probe.send(P.encode(P.Ping()))
+                assert probe.poll(2000), "a node's loop did not answer PING within 2 s"
+                assert isinstance(P.decode(probe.recv()), P.PingOk)
+                worst = max(worst, time.monotonic() - sent)
+            time.sleep(0.01)
+        asking = Publisher([head.ingest])
+        asking.sock = zmq.Context.instance().socket(zmq.DEALER)
+        asking.sock.setsockopt(zmq.LINGER, 0)
+        asking.sock.connect(head.ingest)
+        sent = time.monotonic()
+        asking.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
+        answered = asking._answer(P.Invalid, 2.0)
+        answer_s = time.monotonic() - sent
+        asking.close()
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+        silent.signal(signal.SIGCONT)
+        print(f"etcd paused: slowest PING {worst * 1000:.1f} ms, ATTACH refused in {answer_s * 1000:.1f} ms")
+        assert isinstance(answered, P.Invalid) and answered.reason.endswith(P.RETRY_LATER), answered
+        assert worst < 0.2, f"a loop stalled {worst:.3f} s while etcd was paused"
+        for n in range(21, 41):
+            confirmed[n] = pub.send(n)
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        if etcd.proc is not None:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+        probe.close()
+        pub.close()
+        for node in nodes:
+            node.kill9()
