@@ -14,7 +14,9 @@ reads the same announcements from etcd, and `FileDirectory` (gateway.client.file
   restarted elsewhere is preferred at once over the old address, still remembered until it expires). The
   sidecar a gateway names (its --replay-endpoint, a static setting) is the fallback when none announces, so a
   moved sidecar is followed without restarting the gateway.
-- Channels, ingest, head and rate come from gateway announcements.
+- Channels, ingest, head and rate come from gateway announcements. Of a replicated group's nodes (docs/ha.md)
+  the leader of the highest epoch is listed first (its ingest is `ingest`), then former leaders not yet
+  expired, then followers: a publisher goes to the leader, and has the others to try.
 
 `LanDirectory` is the IO shell, driven by its user's thread: `drain()` reads what has arrived without waiting
 (a Subscriber polls `fileno()` with its other sockets); `wait()` blocks at most until the caller's deadline.
@@ -102,6 +104,7 @@ class Directory(Protocol):
 def merged(stream: str, said: Sequence[tuple[A.Announcement, A.StreamAd]]) -> StreamInfo:
     """`stream` as every node says it (newest node first): the rules of the module docstring."""
     gateways = [(ann, ad) for ann, ad in said if ann.role == A.GATEWAY]
+    gateways.sort(key=lambda s: (not s[0].leader, -s[0].epoch))  # a group's leader first (stable: newest next)
     return StreamInfo(
         stream,
         channels=tuple(dict.fromkeys(ch for _, ad in gateways for ch in ad.channels)),

@@ -153,6 +153,12 @@ class HaNode:
     def epoch(self) -> int:
         return self.insync.epoch if self.insync is not None else 0
 
+    def standing(self) -> tuple[int, bool]:
+        """(epoch, leads) for announcements: the epoch this node leads, or the one whose leader it follows."""
+        if self.insync is not None:
+            return self.insync.epoch, True
+        return (self.follower.epoch if self.follower is not None else 0), False
+
     def committed(self, stream: str) -> int:
         return self.insync.committed[stream] if self.insync is not None else 0
 

@@ -6,6 +6,7 @@ confirmed with; the journals are prefixes of one another; no sequence holds two 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 import zmq
 from support.etcd import EtcdProcess
-from support.servers import free_port, journal_records
+from support.servers import assert_exactly_once, free_port, journal_records
 
+from gateway import EtcdDirectory, Subscriber
+from gateway import Publisher as Client
 from gateway.journal.epochs import read_epochs
 from gateway.server.ha import REPORT_EVERY_S, group_key
 from gateway.transport.etcd import Etcd
@@ -57,6 +60,8 @@ class Node:
             self.replay,
             "--tail-poll-ms",
             "1",
+            "--etcd",
+            etcd,
         ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -452,5 +457,66 @@ def test_the_loop_keeps_serving_while_etcd_is_paused(etcd: EtcdProcess, tmp_path
             os.kill(etcd.proc.pid, signal.SIGCONT)
         probe.close()
         pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_clients_given_only_etcd_find_the_group_and_follow_each_new_leader(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A `Publisher` and a `Subscriber` given only etcd (the directory, as `zeps publish/subscribe --etcd`) find
+    the leader's ingest and the nodes' sidecars there, and follow each new leader: the leader killed -9 twice,
+    every record journaled exactly once and delivered once, in order."""
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    sent: list[bytes] = []
+    outages: list[float] = []
+    with EtcdDirectory([etcd.url], poll_s=0.1) as found, EtcdDirectory([etcd.url], poll_s=0.1) as heard:
+        pub = Client(None, STREAM, directory=found, confirm=True, linger_ms=1, timeout=30)
+        sub = Subscriber(STREAM, directory=heard, start="earliest")
+        try:
+            first, _ = leader(etcd, nodes)
+            assert pub.endpoint == first.ingest  # the leader's, not a follower's
+            for kill in range(3):
+                for i in range(100):
+                    sent.append(f"{kill}-{i}".encode())
+                    pub.publish("k", sent[-1])
+                pub.flush()
+                if kill == 2:
+                    break
+                victim, epoch = leader(etcd, nodes)
+                victim.kill9()
+                killed = time.monotonic()
+                sent.append(f"{kill}-after-kill".encode())
+                pub.publish("k", sent[-1])
+                pub.flush()
+                outages.append(time.monotonic() - killed)
+                successor, new_epoch = leader(etcd, nodes)
+                assert new_epoch > epoch and pub.endpoint == successor.ingest
+                victim.start().wait_ready()
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                rec = sub.next(timeout=0.2)
+                if rec is not None:
+                    got.append(rec.body)
+            assert got == sent, f"{len(got)} of {len(sent)} delivered"
+        finally:
+            pub.close()
+            sub.close()
+    try:
+        cli = [sys.executable, "-m", "gateway.cli"]
+        published = subprocess.run([*cli, "publish", "--etcd", etcd.url, "--stream", STREAM, "--body", "by-cli"],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        sent.append(b"by-cli")
+        heard_all = subprocess.run([*cli, "subscribe", "--etcd", etcd.url, "--stream", STREAM, "--from", "earliest",
+                                    "--count", str(len(sent)), "--timeout", "20"],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert heard_all.returncode == 0, heard_all.stderr
+        lines = [json.loads(line) for line in heard_all.stdout.splitlines()]
+        assert [(r["seq"], base64.b64decode(r["body_b64"])) for r in lines] == list(enumerate(sent, 1))
+        wait_synced(nodes)
+        for node in nodes:
+            assert_exactly_once(node.journal, sent, STREAM)
+        print("a publisher given only etcd: kill -9 -> confirmed by the new leader in", [f"{o:.3f}" for o in outages])
+    finally:
         for node in nodes:
             node.kill9()
