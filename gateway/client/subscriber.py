@@ -601,7 +601,7 @@ class Subscriber:
                 self.sidecars.add(item.replay)
                 log.info("replay sidecar found from heartbeats: %s", item.replay)
             if self.reconciler is not None:
-                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed), now))
+                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed, item.epoch), now))
         elif self.reconciler is not None:  # before the start is known, replay covers what passes now
             self._execute(self.reconciler.handle(R.Live(item, feed), now))
 
