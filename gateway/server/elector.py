@@ -172,20 +172,20 @@ class Elector(PolledByFd):
         self._publish()
 
     def _run_jobs(self) -> None:
-        """Run the jobs posted so far, each once, in the order their names were first posted."""
-        while not self._stop.is_set():
-            with self._lock:
-                if not self._jobs:
-                    return
-                name = next(iter(self._jobs))
-                job = self._jobs.pop(name)
+        """Run the jobs posted so far, each once, in the order their names were first posted (those posted
+        meanwhile wait for the next pass: a renewal due comes first)."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, {}
+        for name, job in jobs.items():
+            if self._stop.is_set():
+                return
             try:
                 outcome = job(self._etcd)
             except CoordinatorError as exc:
                 outcome = exc
             with self._lock:
                 self._outcomes.append((name, outcome))
-                os.eventfd_write(self._fd, 1)  # under the lock: close() joins this thread before closing it
+                os.eventfd_write(self._fd, 1)  # close() joins this thread before it closes the fd
 
     def _step_wait(self, interval: float) -> float:
         if self._leadership.role is Role.LEADER:

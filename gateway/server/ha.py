@@ -111,8 +111,9 @@ class HaNode:
         self.follower: Follower | None = None
         self._retry_at = 0.0
         self._recorded: set[str] = set()  # the in-sync set as last written to etcd
-        self._writing: tuple[int, frozenset[str] | None] | None = None  # the write in flight: (epoch, set; None:
-        self._dropping: set[str] = set()  # a take-over)              # and the members it drops
+        # the write of the in-sync set in flight: (epoch, members; None for a take-over), and whom it drops
+        self._writing: tuple[int, frozenset[str] | None] | None = None
+        self._dropping: set[str] = set()
         self._write_retry_at = 0.0
         self.status_key = f"{prefix}/nodes/{cfg.node}"
         self._report_at = 0.0
