@@ -7,10 +7,12 @@ The gateway's loop calls `may_act(now)` before it multicasts or confirms; it nev
 
 The owner's other etcd work (the in-sync set, the node's status: gateway.server.ha) runs on the same thread
 as *jobs*: `post(name, job)` (any thread, never waits) leaves `job(etcd)` for the thread, a later job of the
-same name replacing one not yet started (the newest intent wins); the thread runs posted jobs after each
-renewal or poll that was due, and appends each outcome (what the job returned, or the CoordinatorError it
-raised) to a queue that `outcomes()` empties. `fileno()` is an eventfd, readable while outcomes wait, for the
-owner's poller. A job must not touch its owner's state: it gets what it needs when posted and returns a value.
+same name replacing one not yet started (the newest intent wins). The thread runs posted jobs after each
+renewal or poll that was due and stops a pass when the next one falls due, so a job delays a renewal by its
+own requests at most (a job should make one). It appends each outcome (what the job returned, or the
+CoordinatorError it raised) to a queue that `outcomes()` empties; `fileno()` is an eventfd, readable while
+outcomes wait, for the owner's poller. A job shares nothing with the owner's thread: it gets copies of what
+it needs when posted and returns a value.
 
 A follower that finds the key held polls it every renewal interval; as soon as it is gone (the leader's lease
 expired or was revoked), the follower campaigns. A leader whose renewal fails keeps its authority only until
@@ -156,7 +158,7 @@ class Elector(PolledByFd):
             if self._suspected or self._step_wait(interval) <= 0:  # not woken only for a job
                 self._suspected = False
                 self._guarded_step(interval)
-            self._run_jobs()
+            self._run_jobs(interval)
 
     def _guarded_step(self, interval: float) -> None:
         try:
@@ -171,13 +173,16 @@ class Elector(PolledByFd):
             self._unreachable = False
         self._publish()
 
-    def _run_jobs(self) -> None:
-        """Run the jobs posted so far, each once, in the order their names were first posted (those posted
-        meanwhile wait for the next pass: a renewal due comes first)."""
+    def _run_jobs(self, interval: float) -> None:
+        """Run the jobs posted so far, each once, in the order their names were first posted, until a renewal
+        or poll is due (the rest wait for the next pass, as do jobs posted meanwhile)."""
         with self._lock:
             jobs, self._jobs = self._jobs, {}
-        for name, job in jobs.items():
-            if self._stop.is_set():
+        for i, (name, job) in enumerate(jobs.items()):
+            if self._stop.is_set() or self._step_wait(interval) <= 0:
+                with self._lock:  # back, unless a newer job of the same name came meanwhile
+                    self._jobs = dict(list(jobs.items())[i:]) | self._jobs
+                self._wake.set()
                 return
             try:
                 outcome = job(self._etcd)

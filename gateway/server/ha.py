@@ -16,9 +16,12 @@ every `REPORT_EVERY_S`.
 Threading contract: every method runs on the gateway's loop and none waits on etcd. Every etcd request of the
 node runs on the elector's thread (gateway.server.elector): the loop posts what etcd should say as a job (the
 in-sync set it wants under its epoch, the node's status), the job carries copies of what it needs and touches
-nothing of the node, and its outcome comes back through `Elector.outcomes()`, which `tick` empties (the
+nothing the loop uses, and its outcome comes back through `Elector.outcomes()`, which `tick` empties (the
 elector's eventfd is in the loop's poller, so an outcome wakes it). One write of the in-sync set is in flight
-at a time, so outcomes apply in the order the writes were made. The in-memory set is never smaller than what
+at a time, so outcomes apply in the order the writes were made. Each job is one request, so that it delays
+a renewal of the lease by one request at most: a take-over inherits the in-sync set that `_eligible` read
+for the campaign that won (`_campaigned_on`, the one state of the node's on the elector's thread; the
+campaign's transaction proved it unchanged when the epoch began). The in-memory set is never smaller than what
 etcd lists: a joiner is added in memory before it is written, a laggard removed only once the write that
 dropped it came back written (fenced by the epoch, as ever).
 """
@@ -68,14 +71,6 @@ class Written:
     written: bool
 
 
-def take_over(isr_key: str, leader_key: str, node: str, epoch: int, etcd: Etcd) -> Written:
-    """(elector thread) Inherit the in-sync set of the previous epoch, less its leader and this node."""
-    old_leader, members = parse_record(etcd.get(isr_key))
-    inherited = frozenset(members - {old_leader, node})
-    written = etcd.put_if_held(isr_key, insync_record(epoch, node, set(inherited)), leader_key, epoch)
-    return Written(epoch, inherited, written)
-
-
 def write_insync(isr_key: str, leader_key: str, node: str, epoch: int, members: frozenset[str], etcd: Etcd) -> Written:
     """(elector thread) Make the in-sync set `members`, only while this node leads `epoch`."""
     written = etcd.put_if_held(isr_key, insync_record(epoch, node, set(members)), leader_key, epoch)
@@ -100,6 +95,7 @@ class HaNode:
         self._ack_key = secrets.token_bytes(32)
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self._ack_key.hex())
         self._forged_logged = False
+        self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         self.elector = Elector(
             cfg.etcd,
             self.leader_key,
@@ -121,6 +117,7 @@ class HaNode:
     def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
         """(elector thread) May this node campaign: it led or was in sync last (the set's revision), or None."""
         record = etcd.holder(self.isr_key)
+        self._campaigned_on = None if record is None else record.value
         if record is None:
             return (self.isr_key, 0)  # a new group: anyone, unless a set is written meanwhile
         return (self.isr_key, record.mod_revision) if eligible(self.node, record.value) else None
@@ -215,7 +212,14 @@ class HaNode:
         if self._writing is not None or now < self._write_retry_at:
             return
         self._writing, self._dropping = (epoch, None), set()
-        self.elector.post("insync", partial(take_over, self.isr_key, self.leader_key, self.node, epoch))
+        self.elector.post("insync", partial(self._take_over, epoch))
+
+    def _take_over(self, epoch: int, etcd: Etcd) -> Written:
+        """(elector thread) Inherit the in-sync set of the campaign that won `epoch` (if the last one did: else
+        the write is fenced out), less the previous leader and this node."""
+        old_leader, members = parse_record(self._campaigned_on)
+        inherited = frozenset(members - {old_leader, self.node})
+        return write_insync(self.isr_key, self.leader_key, self.node, epoch, inherited, etcd)
 
     def _written(self, outcome: Written | CoordinatorError, now: float) -> None:
         """A write of the in-sync set came back: lead (a take-over), or apply what it changed."""

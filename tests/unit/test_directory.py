@@ -79,6 +79,11 @@ def test_a_groups_leader_of_the_newest_epoch_is_listed_first() -> None:
     assert info is not None and info.epoch == 9
     assert info.ingests == ("tcp://10.0.0.2:5570", "tcp://10.0.0.1:5570", "tcp://10.0.0.3:5570")
     assert info.ingest == "tcp://10.0.0.2:5570" and info.named[0] == "tcp://10.0.0.2:5580"
+    for node_id in (3, 2, 1):  # the sidecars announce themselves too, the leader's not last heard of
+        table.heard(sidecar(10 + node_id, f"tcp://10.0.0.{node_id}:5580"), 0.3)
+    info = table.lookup("px", 0.5)
+    assert info is not None and info.sidecar == "tcp://10.0.0.2:5580"  # the one on the leader's journal
+    assert set(info.sidecars) == {f"tcp://10.0.0.{n}:5580" for n in (1, 2, 3)}
 
 
 def test_an_older_announcement_of_a_node_is_dropped() -> None:
