@@ -408,7 +408,8 @@ def test_the_loop_keeps_serving_while_etcd_is_paused(etcd: EtcdProcess, tmp_path
     """Every etcd request runs on the elector's thread: with etcd SIGSTOPped (requests hang until their timeout)
     while the leader is dropping a silent follower from the in-sync set (a write to etcd), the nodes' loops still
     answer PING at once, and a publisher gets its answer (a refusal once the lease is gone) without delay."""
-    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "0")
+    # --fsync never: an fdatasync on a disk shared with other jobs can hold a loop too, which is not the point here
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "0", "--fsync", "never")
     pub = Publisher([n.ingest for n in nodes])
     confirmed: dict[int, int] = {}
     probe = zmq.Context.instance().socket(zmq.DEALER)
