@@ -106,6 +106,11 @@ drain reports when N reaches it. An answer whose coverage jumps ahead of its own
 means the same (replay answers are contiguous, and a subscription from the first retained record is
 never sent TRIMMED): the range jumped over is reported with reason "skipped".
 
+A heartbeat (``HeadSeen``) of an older epoch than the newest one seen is ignored in every state and
+counted (``stats.stale_heartbeats``): a replicated group's leader that was paused and deposed (docs/ha.md)
+cannot move the head, fix the position or count as live. Epoch 0 is a single gateway's, never older than
+another 0.
+
 ``ReplayLost`` voids every outstanding request (no ``Cancel``: the connection is gone);
 ``ReplayRestored`` re-issues what is still needed. Timers run after every event; ``Tick`` exists so
 that they run when nothing else happens.
@@ -413,6 +418,7 @@ class Reconciler:
         self._closing = False
         self._silence = SilenceWatch(self._policy)
         self._now = 0.0
+        self._epoch = 0  # the newest epoch a heartbeat carried
         self._out: list[Action] = []
 
         if start.kind == "latest":
@@ -513,8 +519,18 @@ class Reconciler:
         self._stream.take(ev.batch, f"live:{ev.feed}")
 
     def _fix_from_head(self, ev: HeadSeen) -> None:
+        if self._stale(ev):
+            return
         self._pos.saw_live(ev.head, self._now)
         self._pos.next = ev.head + 1
+
+    def _stale(self, ev: HeadSeen) -> bool:
+        """A heartbeat of an older epoch than one seen (a deposed leader's): counted, to be ignored."""
+        if ev.epoch < self._epoch:
+            self._stats.stale_heartbeats += 1
+            return True
+        self._epoch = ev.epoch
+        return False
 
     def _fix_from_replay(self, ev: Replay) -> None:
         fetch = self._requests.find(ev.request_id)
@@ -532,7 +548,8 @@ class Reconciler:
             self._requests.progress(fetch, max(fetch.covered_to, ev.first_retained - 1), self._now)
 
     def _raise_head(self, ev: HeadSeen) -> None:
-        self._pos.saw_live(ev.head, self._now)
+        if not self._stale(ev):
+            self._pos.saw_live(ev.head, self._now)
 
     def _take_or_hold_live(self, ev: Live) -> None:
         """Live while replay leads: taken if it continues the stream at N, else held."""

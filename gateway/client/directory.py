@@ -14,7 +14,10 @@ reads the same announcements from etcd, and `FileDirectory` (gateway.client.file
   restarted elsewhere is preferred at once over the old address, still remembered until it expires). The
   sidecar a gateway names (its --replay-endpoint, a static setting) is the fallback when none announces, so a
   moved sidecar is followed without restarting the gateway.
-- Channels, ingest, head and rate come from gateway announcements.
+- Channels, ingest, head and rate come from gateway announcements. Of a replicated group's nodes (docs/ha.md)
+  the leader of the highest epoch is listed first (its ingest is `ingest`, and the sidecar it names, if one
+  announces itself, is `sidecar`), then former leaders not yet expired, then followers: a publisher goes to
+  the leader, a subscriber to the sidecar that serves the leader's journal, and both have the others to try.
 
 `LanDirectory` is the IO shell, driven by its user's thread: `drain()` reads what has arrived without waiting
 (a Subscriber polls `fileno()` with its other sockets); `wait()` blocks at most until the caller's deadline.
@@ -102,10 +105,14 @@ class Directory(Protocol):
 def merged(stream: str, said: Sequence[tuple[A.Announcement, A.StreamAd]]) -> StreamInfo:
     """`stream` as every node says it (newest node first): the rules of the module docstring."""
     gateways = [(ann, ad) for ann, ad in said if ann.role == A.GATEWAY]
+    gateways.sort(key=lambda s: (not s[0].leader, -s[0].epoch))  # a group's leader first (stable: newest next)
+    leaders = {ann.sidecar for ann, _ in gateways[:1] if ann.leader}  # the sidecar on the leader's journal
+    sidecars = [ann.sidecar for ann, _ in said if ann.role == A.SIDECAR and ann.sidecar]
+    sidecars.sort(key=lambda endpoint: endpoint not in leaders)
     return StreamInfo(
         stream,
         channels=tuple(dict.fromkeys(ch for _, ad in gateways for ch in ad.channels)),
-        sidecars=tuple(dict.fromkeys(ann.sidecar for ann, _ in said if ann.role == A.SIDECAR and ann.sidecar)),
+        sidecars=tuple(dict.fromkeys(sidecars)),
         named=tuple(dict.fromkeys(ann.sidecar for ann, _ in gateways if ann.sidecar)),
         ingests=tuple(dict.fromkeys(ann.ingest for ann, _ in gateways if ann.ingest)),
         nodes=tuple(dict.fromkeys(f"{A.ROLES[ann.role]} {ann.node}" for ann, _ in said)),

@@ -21,7 +21,9 @@ One IO thread, started by the constructor, owns the ZeroMQ socket and does every
   producer id, whose journal (replicated) holds the same per-producer numbers: exactly once across failover;
 - a Publisher that found its ingest by name keeps the directory (its fd in the IO thread's poll) and attaches
   where it says at each attach (a gateway restarted elsewhere); when the directory stops listing the endpoint
-  it is attached to, it drops that connection (DOWN) for the one listed.
+  it is attached to, it drops that connection (DOWN) for the one listed. Of a replicated group it learns every
+  node's ingest (tried in turn, as if given as a list) and goes to the leader the directory names whenever a
+  new epoch is listed (docs/ha.md): no list of nodes needs to be given.
 
 Connection states, all in the IO thread, each with its deadline::
 
@@ -38,7 +40,8 @@ Connection states, all in the IO thread, each with its deadline::
                ending "retry later" / on leaders    its leader: attach again, there if it named one)
     READY      other INVALID                        FAILED (publish/flush raise it from now on)
     any        connection dropped                   DOWN (next endpoint)
-    any        the directory no longer lists it     DOWN (attach where it lists now)
+    any        the directory no longer lists it,    DOWN (attach where it lists now)
+               or lists a leader of a newer epoch
 
 Threading contract: publish(), flush(), close() and abort() may be called from any one application thread at a
 time (the Publisher is not for concurrent callers). They touch only the queue (publish() alone appends to it, the
@@ -172,6 +175,7 @@ class Publisher:
         if not (0 <= pid <= B.MAX_PRODUCER and 0 <= next_pseq <= B.MAX_SEQ):
             raise ConfigError(f"producer {producer!r} must be (id, next number), both 0..2**64-1")
         self._directory: Directory | None = None  # the IO thread's once it runs; closed by _stop if its own
+        self._epoch = 0  # the newest epoch of the stream's group the directory listed when we last attached
         self._own_directory = directory is None
         if endpoint is None:
             keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
@@ -519,18 +523,27 @@ class Publisher:
         self._directory.drain()
         info = self._directory.lookup(self.stream)
         attached = self._state in (_State.ATTACHING, _State.EXTENDING, _State.READY)
-        if attached and info is not None and info.ingests and self.endpoint not in info.ingests:
+        if not attached or info is None or not info.ingests:
+            return
+        if self.endpoint not in info.ingests:
             self._lost(f"{self.endpoint} is no longer listed; {info.ingest} is")
+        elif info.epoch > self._epoch and info.ingest != self.endpoint:
+            self._lost(f"a new leader at {info.ingest} (epoch {info.epoch})")
 
     def _open(self) -> None:
         """DOWN -> ATTACHING: a fresh socket (nothing of the old session's pipes survives), ATTACH sent, to the
         ingest the directory lists now when the stream was found by name."""
         self._close_socket(linger=0)
         info = self._directory.lookup(self.stream) if self._directory is not None else None
-        if info is not None and info.ingest is not None and info.ingest != self.endpoint:
-            log.info("publisher %016x: %s is at %s now (directory)", self.producer_id, self.stream, info.ingest)
-            self._endpoints.move_to(info.ingest)
-            self.endpoint = info.ingest
+        if info is not None and info.ingest is not None:
+            for ingest in info.ingests:  # a group's nodes, to try in turn
+                self._endpoints.add(ingest)
+            listed = self.endpoint in info.ingests
+            if info.ingest != self.endpoint and (not listed or info.epoch > self._epoch):
+                log.info("publisher %016x: %s is at %s now (directory)", self.producer_id, self.stream, info.ingest)
+                self._endpoints.move_to(info.ingest)
+                self.endpoint = info.ingest
+            self._epoch = info.epoch
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails

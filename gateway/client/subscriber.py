@@ -601,7 +601,7 @@ class Subscriber:
                 self.sidecars.add(item.replay)
                 log.info("replay sidecar found from heartbeats: %s", item.replay)
             if self.reconciler is not None:
-                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed), now))
+                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed, item.epoch), now))
         elif self.reconciler is not None:  # before the start is known, replay covers what passes now
             self._execute(self.reconciler.handle(R.Live(item, feed), now))
 
@@ -783,9 +783,11 @@ class Subscriber:
     def _connect(self) -> ReplayClient:
         """A new replay connection, handshaking in the background of the poll loop (never waits)."""
         info = self.directory.lookup(self.stream) if self.directory is not None else None
-        if info is not None and info.sidecar and info.sidecar != self.replay_endpoint:
+        if info is not None and info.sidecar and self.replay_endpoint not in info.sidecars + info.named:
             log.info("%s: replay sidecar at %s (announced)", self.stream, info.sidecar)
             self.sidecars.move_to(info.sidecar)
+        for sidecar in info.sidecars if info is not None else ():  # a group's nodes' sidecars, tried in turn
+            self.sidecars.add(sidecar)
         if self.replay_endpoint is None:
             raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
         # The handshake deadline runs from the first connection opened since one was ready, so that the

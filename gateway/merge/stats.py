@@ -24,3 +24,4 @@ class ReconcilerStats:
     buffer_overflows: int = 0
     live_skipped: int = 0  # live batches not held while catching up (lag, or too big to hold)
     replay_dropped: int = 0  # stale replay batches (unknown request id) not at N
+    stale_heartbeats: int = 0  # heartbeats of an older epoch than one seen (a deposed leader's), ignored

@@ -86,10 +86,12 @@ class ReplayTrimmed:
 
 @dataclass(frozen=True, slots=True)
 class HeadSeen:
-    """A multicast feed announced ``head``, the last sequence journaled (0: none yet), as heartbeats do."""
+    """A multicast feed announced ``head``, the last sequence journaled (0: none yet), as heartbeats do; a
+    replicated group's leader says its ``epoch`` (0: a single gateway)."""
 
     head: int
     feed: str
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,8 +93,9 @@ class Announcer:
         log.info("announcing %s %s (%08x) on %s via %s every %d ms", A.ROLES[role], discovery.node, self.node_id,
                  discovery.where(), via, discovery.interval_ms)  # fmt: skip
 
-    def announce(self, now: float, streams: list[A.StreamAd]) -> None:
-        """Announce `streams` (their rates filled in here) on every interface; the next is due an interval on."""
+    def announce(self, now: float, streams: list[A.StreamAd], *, epoch: int = 0, leader: bool = False) -> None:
+        """Announce `streams` (their rates filled in here) on every interface, with the node's standing in its
+        group (docs/ha.md; 0 and False for a single gateway); the next is due an interval on."""
         self.due = now + self.discovery.interval_ms / 1000 * random.uniform(0.9, 1.1)
         rated = [_rated(ad, self._heads.get(ad.name), now) for ad in streams]
         self._heads = {ad.name: (ad.head, now) for ad in streams}
@@ -108,6 +109,8 @@ class Announcer:
                 advertised(self.sidecar, address),
                 time.time_ns(),
                 self.discovery.interval_ms,
+                epoch,
+                leader,
             )
             try:
                 for datagram in ann.encode_all(self.key):

@@ -1,9 +1,18 @@
 """The elector: campaigns for a group's leader key in etcd and keeps the lease alive, on a thread of its own.
 
-Threading contract: one elector thread makes every etcd request (each bounded by the client's timeout) and is
-the only writer of `Leadership`. Other threads read `authority()`: one tuple, replaced whole, so a reader never
-sees an epoch from one grant with the deadline of another. The gateway's loop calls `may_act(now)` before it
-multicasts or confirms; it never waits on etcd.
+Threading contract: one elector thread makes every etcd request of its node (each bounded by the client's
+timeout, `ttl / 4`) and is the only writer of `Leadership`. Other threads read `authority()` and `holder()`:
+each one value, replaced whole, so a reader never sees an epoch from one grant with the deadline of another.
+The gateway's loop calls `may_act(now)` before it multicasts or confirms; it never waits on etcd.
+
+The owner's other etcd work (the in-sync set, the node's status: gateway.server.ha) runs on the same thread
+as *jobs*: `post(name, job)` (any thread, never waits) leaves `job(etcd)` for the thread, a later job of the
+same name replacing one not yet started (the newest intent wins). The thread runs posted jobs after each
+renewal or poll that was due and stops a pass when the next one falls due, so a job delays a renewal by its
+own requests at most (a job should make one). It appends each outcome (what the job returned, or the
+CoordinatorError it raised) to a queue that `outcomes()` empties; `fileno()` is an eventfd, readable while
+outcomes wait, for the owner's poller. A job shares nothing with the owner's thread: it gets copies of what
+it needs when posted and returns a value.
 
 A follower that finds the key held polls it every renewal interval; as soon as it is gone (the leader's lease
 expired or was revoked), the follower campaigns. A leader whose renewal fails keeps its authority only until
@@ -24,13 +33,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gateway.errors import CoordinatorError
 from gateway.server.leadership import RENEWALS_PER_TTL, Leadership, Role
 from gateway.transport.etcd import Etcd, Holder
+from gateway.transport.pollable import PolledByFd
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +51,11 @@ DEFAULT_TTL_S = 1  # etcd's lease unit is the second; a LAN etcd with fast heart
 DEFAULT_MARGIN_S = 0.2
 
 
-class Elector:
-    """Campaigns for `key` with `value` (what followers and clients learn of the leader)."""
+Job = Callable[[Etcd], Any]
+
+
+class Elector(PolledByFd):
+    """Campaigns for `key` with `value` (what followers and clients learn of the leader); runs its owner's jobs."""
 
     def __init__(
         self,
@@ -64,6 +80,12 @@ class Elector:
         self._unreachable = False  # etcd failed the last request: said once, until it answers again
         self._holder: Holder | None = None  # who leads, as last seen (replaced whole)
         self._suspect = 0  # the epoch whose leader the gateway found silent (0: none)
+        self._suspected = False  # suspect() was called: look at the leader key now, not at the next poll
+        self._polled_at = -math.inf  # when a follower last looked at the key
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # readable while outcomes wait
+        self._lock = threading.Lock()  # guards _jobs and _outcomes
+        self._jobs: dict[str, Job] = {}  # name -> the newest job of that name not yet started
+        self._outcomes: deque[tuple[str, Any]] = deque()  # (name, result or CoordinatorError), in order run
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"elector-{key}", daemon=True)
@@ -86,13 +108,39 @@ class Elector:
     def suspect(self, epoch: int) -> None:
         """The leader of `epoch` went silent: revoke its lease and campaign now (if eligible)."""
         self._suspect = epoch
+        self._suspected = True
         self._wake.set()
+
+    def post(self, name: str, job: Job) -> None:
+        """(any thread; never waits) Run `job(etcd)` on the elector's thread, replacing a job `name` not yet
+        started; its outcome comes back through `outcomes()`."""
+        with self._lock:
+            self._jobs[name] = job
+        self._wake.set()
+
+    def outcomes(self) -> list[tuple[str, Any]]:
+        """(the owner's thread; never waits) The outcomes of jobs run since the last call, in the order run: (name,
+        what the job returned or the CoordinatorError it raised)."""
+        try:
+            os.eventfd_read(self._fd)
+        except BlockingIOError:
+            return []
+        with self._lock:
+            done = list(self._outcomes)
+            self._outcomes.clear()
+        return done
+
+    def fileno(self) -> int:
+        return self._fd
 
     def close(self, *, resign: bool = True) -> None:
         """Stops campaigning; with `resign`, revokes the lease so a successor need not wait for it to expire."""
         self._stop.set()
         self._wake.set()
         self._thread.join()
+        if self._fd >= 0:  # a second close() finds it closed
+            os.close(self._fd)
+            self._fd = -1
         self._authority = (self._authority[0], -math.inf)
         if resign and self._lease:
             try:
@@ -107,22 +155,47 @@ class Elector:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            if self._suspected or self._step_wait(interval) <= 0:  # not woken only for a job
+                self._suspected = False
+                self._guarded_step(interval)
+            self._run_jobs(interval)
+
+    def _guarded_step(self, interval: float) -> None:
+        try:
+            self._step()
+        except CoordinatorError as exc:
+            if not self._unreachable:
+                log.warning("leadership: %s (retrying every %.2f s)", exc, interval)
+            self._unreachable = True
+        else:
+            if self._unreachable:
+                log.info("leadership: etcd at %s answers again", self._etcd.url)
+            self._unreachable = False
+        self._publish()
+
+    def _run_jobs(self, interval: float) -> None:
+        """Run the jobs posted so far, each once, in the order their names were first posted, until a renewal
+        or poll is due (the rest wait for the next pass, as do jobs posted meanwhile)."""
+        with self._lock:
+            jobs, self._jobs = self._jobs, {}
+        for i, (name, job) in enumerate(jobs.items()):
+            if self._stop.is_set() or self._step_wait(interval) <= 0:
+                with self._lock:  # back, unless a newer job of the same name came meanwhile
+                    self._jobs = dict(list(jobs.items())[i:]) | self._jobs
+                self._wake.set()
+                return
             try:
-                self._step()
+                outcome = job(self._etcd)
             except CoordinatorError as exc:
-                if not self._unreachable:
-                    log.warning("leadership: %s (retrying every %.2f s)", exc, interval)
-                self._unreachable = True
-            else:
-                if self._unreachable:
-                    log.info("leadership: etcd at %s answers again", self._etcd.url)
-                self._unreachable = False
-            self._publish()
+                outcome = exc
+            with self._lock:
+                self._outcomes.append((name, outcome))
+                os.eventfd_write(self._fd, 1)  # close() joins this thread before it closes the fd
 
     def _step_wait(self, interval: float) -> float:
         if self._leadership.role is Role.LEADER:
             return max(0.0, self._leadership.renewed_at + interval - self._clock())
-        return self.poll_s
+        return max(0.0, self._polled_at + self.poll_s - self._clock())
 
     def _step(self) -> None:
         now = self._clock()
@@ -139,6 +212,7 @@ class Elector:
             else:
                 lead.renewed(now, ttl)
             return
+        self._polled_at = now
         holder = self._holder = self._etcd.holder(self.key)
         if holder is not None and holder.create_revision == self._suspect and holder.lease:
             log.warning("leadership: the leader of epoch %d went silent; revoking its lease", self._suspect)

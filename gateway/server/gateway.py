@@ -41,6 +41,7 @@ from gateway.server.registrar import node_registrar
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
+from gateway.transport.pollable import PolledByFd
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
@@ -243,6 +244,7 @@ class Gateway:
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
+        self._standing = (0, False)  # (epoch, leads) as last announced: a group's node's place in it
         self._stopping = False
         self._poller = zmq.Poller()
         self.ha: HaNode | None = None
@@ -295,11 +297,11 @@ class Gateway:
             if stream in out.sent_head:
                 out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
 
-    def watch(self, sock: zmq.Socket) -> None:
-        """Wake the loop when `sock` is readable (a follower's replication link)."""
+    def watch(self, sock: zmq.Socket | PolledByFd) -> None:
+        """Wake the loop when `sock` is readable (a follower's replication link, the elector's outcomes)."""
         self._poller.register(sock, zmq.POLLIN)
 
-    def unwatch(self, sock: zmq.Socket) -> None:
+    def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
         self._poller.unregister(sock)
 
     def _visible(self, lane: _Lane) -> int:
@@ -419,15 +421,21 @@ class Gateway:
             self._heartbeat(now)
             self._expire_producers()
         deadline = min(deadline, self._next_heartbeat)
+        standing = self.ha.standing() if self.ha is not None else (0, False)
+        moved = standing != self._standing  # a group's node took or lost the lead: clients learn it at once
+        self._standing = standing
+        epoch, leader = standing
         if self.announcer is not None:
-            if now >= self.announcer.due:
+            if now >= self.announcer.due or moved:
                 heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-                self.announcer.announce(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
+                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
+                self.announcer.announce(now, ads, epoch=epoch, leader=leader)
             deadline = min(deadline, self.announcer.due)
         if self.registrar is not None:
-            if now >= self.registrar.due:
+            if now >= self.registrar.due or moved:
                 heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-                self.registrar.register(now, gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs]))
+                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
+                self.registrar.register(now, ads, epoch=epoch, leader=leader)
             deadline = min(deadline, self.registrar.due)
         return max(0.0, deadline - time.monotonic())
 

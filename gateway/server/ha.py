@@ -16,20 +16,29 @@ sidecar serves no further: the leader from its in-sync set, a follower from the 
 as `--fsync` says (written; or fsynced, one fdatasync per drain of the replication link: a group commit).
 
 Each node also says how it is doing under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`),
-every `REPORT_EVERY_S`, from a thread of its own.
+every `REPORT_EVERY_S`.
 
-Threading contract: every method runs on the gateway's loop, except `_report`, which runs on the reporter
-thread and only reads (single attribute reads: a head, the role). The elector has a thread of its own.
+Threading contract: every method runs on the gateway's loop and none waits on etcd. Every etcd request of the
+node runs on the elector's thread (gateway.server.elector): the loop posts what etcd should say as a job (the
+in-sync set it wants under its epoch, the node's status), the job carries copies of what it needs and touches
+nothing the loop uses, and its outcome comes back through `Elector.outcomes()`, which `tick` empties (the
+elector's eventfd is in the loop's poller, so an outcome wakes it). One write of the in-sync set is in flight
+at a time, so outcomes apply in the order the writes were made. Each job is one request, so that it delays
+a renewal of the lease by one request at most: a take-over inherits the in-sync set that `_eligible` read
+for the campaign that won (`_campaigned_on`, the one state of the node's on the elector's thread; the
+campaign's transaction proved it unchanged when the epoch began). The in-memory set is never smaller than what
+etcd lists: a joiner is added in memory before it is written, a laggard removed only once the write that
+dropped it came back written (fenced by the epoch, as ever).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import secrets
-import threading
 import time
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from gateway.errors import CoordinatorError, JournalError, ReplayError
@@ -38,7 +47,7 @@ from gateway.journal.epochs import start_epoch
 from gateway.journal.tools import cut_after
 from gateway.server.elector import Elector
 from gateway.server.follower import Follower, LeaderInfo, ReplayFactory, ack_valid
-from gateway.server.replicas import InSync, eligible, parse_record
+from gateway.server.replicas import InSync, eligible, insync_record, parse_record
 from gateway.transport.etcd import Etcd
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -49,7 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
-RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (the loop must not spin on etcd)
+RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (etcd is not to be hammered)
 REPORT_EVERY_S = 0.5
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
 
@@ -57,6 +66,26 @@ COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers t
 def group_key(streams: list[str]) -> str:
     """The etcd prefix of the group serving `streams`: /zeps/ha/<streams joined by +>."""
     return "/zeps/ha/" + "+".join(sorted(streams))
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """The outcome of a write of the in-sync set fenced by `epoch`: `members`, or not written (a successor leads)."""
+
+    epoch: int
+    members: frozenset[str]
+    written: bool
+
+
+def write_insync(isr_key: str, leader_key: str, node: str, epoch: int, members: frozenset[str], etcd: Etcd) -> Written:
+    """(elector thread) Make the in-sync set `members`, only while this node leads `epoch`."""
+    written = etcd.put_if_held(isr_key, insync_record(epoch, node, set(members)), leader_key, epoch)
+    return Written(epoch, members, written)
+
+
+def put_status(key: str, status: str, etcd: Etcd) -> None:
+    """(elector thread) The node's status for `zeps ha status`."""
+    etcd.put(key, status)
 
 
 class HaNode:
@@ -72,7 +101,7 @@ class HaNode:
         self._ack_key = secrets.token_bytes(32)
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self._ack_key.hex())
         self._forged_logged = False
-        self._etcd = Etcd(cfg.etcd, timeout_s=0.25)
+        self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         self.elector = Elector(
             cfg.etcd,
             self.leader_key,
@@ -86,37 +115,39 @@ class HaNode:
         self._next_commit = 0.0
         self._retry_at = 0.0
         self._recorded: set[str] = set()  # the in-sync set as last written to etcd
+        # the write of the in-sync set in flight: (epoch, members; None for a take-over), and whom it drops
+        self._writing: tuple[int, frozenset[str] | None] | None = None
+        self._dropping: set[str] = set()
         self._write_retry_at = 0.0
         self.status_key = f"{prefix}/nodes/{cfg.node}"
-        self._stop = threading.Event()
-        self._reporter = threading.Thread(target=self._report, args=(Etcd(cfg.etcd, timeout_s=0.25),),
-                                          name="ha-report", daemon=True)  # fmt: skip
+        self._report_at = 0.0
 
     def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
         """(elector thread) May this node campaign: it led or was in sync last (the set's revision), or None."""
         record = etcd.holder(self.isr_key)
+        self._campaigned_on = None if record is None else record.value
         if record is None:
             return (self.isr_key, 0)  # a new group: anyone, unless a set is written meanwhile
         return (self.isr_key, record.mod_revision) if eligible(self.node, record.value) else None
 
     def start(self) -> HaNode:
+        self.gw.watch(self.elector)  # an outcome of etcd wakes the loop
         self.elector.start()
-        self._reporter.start()
         return self
 
-    def _report(self, etcd: Etcd) -> None:
-        while not self._stop.wait(REPORT_EVERY_S):
-            insync, follower = self.insync, self.follower
-            status = {
-                "role": "leader" if insync is not None else "follower",
-                "epoch": insync.epoch if insync is not None else (follower.epoch if follower is not None else 0),
-                "heads": {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()},
-                "time": time.time(),
-            }
-            if insync is not None:
-                status["committed"] = dict(insync.committed)
-            with contextlib.suppress(CoordinatorError):  # the elector says etcd is gone; the next report may pass
-                etcd.put(self.status_key, json.dumps(status))
+    def _report(self, now: float) -> None:
+        """Post this node's status (built here, on the loop) for the elector's thread to write."""
+        self._report_at = now + REPORT_EVERY_S
+        insync, follower = self.insync, self.follower
+        status = {
+            "role": "leader" if insync is not None else "follower",
+            "epoch": insync.epoch if insync is not None else (follower.epoch if follower is not None else 0),
+            "heads": {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()},
+            "time": time.time(),
+        }
+        if insync is not None:
+            status["committed"] = dict(insync.committed)
+        self.elector.post("status", partial(put_status, self.status_key, json.dumps(status)))
 
     # --- what the gateway asks ---------------------------------------------------------------------------
 
@@ -127,6 +158,12 @@ class HaNode:
     @property
     def epoch(self) -> int:
         return self.insync.epoch if self.insync is not None else 0
+
+    def standing(self) -> tuple[int, bool]:
+        """(epoch, leads) for announcements: the epoch this node leads, or the one whose leader it follows."""
+        if self.insync is not None:
+            return self.insync.epoch, True
+        return (self.follower.epoch if self.follower is not None else 0), False
 
     def committed(self, stream: str) -> int:
         return self.insync.committed[stream] if self.insync is not None else 0
@@ -163,30 +200,64 @@ class HaNode:
     # --- the loop's hook ---------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
+        for name, outcome in self.elector.outcomes():
+            if name == "insync":
+                self._written(outcome, now)
+            # a status not written is not worth a word: the elector says when etcd is unreachable
         epoch, until = self.elector.authority()
         acting = now < until
-        if acting and (self.insync is None or self.insync.epoch != epoch):
+        if self.insync is not None and (not acting or self.insync.epoch != epoch):
+            self._demote()  # a new epoch means this node's authority lapsed in between: it starts afresh
+        if acting and self.insync is None:
             self._promote(epoch, now)
-        elif not acting and self.insync is not None:
-            self._demote()
         if self.insync is not None:
             self._lead(now)
         else:
             self._follow(now)
+        if now >= self._report_at:
+            self._report(now)
 
     def _promote(self, epoch: int, now: float) -> None:
+        """Ask for the previous epoch's in-sync set to be taken over (`_written` makes this node lead then)."""
         self._unfollow()  # acknowledge nothing more to the old leader before acting as the new one
-        try:
-            old_leader, members = parse_record(self._etcd.get(self.isr_key))
-            insync = InSync(
-                self.node, epoch, self.gw.config.min_insync, self.gw.config.ha_lag_s, dict.fromkeys(self.gw.lanes, 0)
-            )
-            insync.start(members - {old_leader}, now)
-            if not self._etcd.put_if_held(self.isr_key, insync.record(), self.leader_key, epoch):
-                return  # no longer the leader of `epoch`: the elector finds out
-        except CoordinatorError as exc:
-            log.warning("ha: cannot take over as leader yet: %s", exc)
+        if self._writing is not None or now < self._write_retry_at:
             return
+        self._writing, self._dropping = (epoch, None), set()
+        self.elector.post("insync", partial(self._take_over, epoch))
+
+    def _take_over(self, epoch: int, etcd: Etcd) -> Written:
+        """(elector thread) Inherit the in-sync set of the campaign that won `epoch` (if the last one did: else
+        the write is fenced out), less the previous leader and this node."""
+        old_leader, members = parse_record(self._campaigned_on)
+        inherited = frozenset(members - {old_leader, self.node})
+        return write_insync(self.isr_key, self.leader_key, self.node, epoch, inherited, etcd)
+
+    def _written(self, outcome: Written | CoordinatorError, now: float) -> None:
+        """A write of the in-sync set came back: lead (a take-over), or apply what it changed."""
+        writing, self._writing = self._writing, None
+        assert writing is not None  # one write in flight at a time, and this was it
+        epoch, target = writing
+        if isinstance(outcome, CoordinatorError) or not outcome.written:
+            why = outcome if isinstance(outcome, CoordinatorError) else "a successor leads"
+            log.warning("ha: %s (%s); trying again", "cannot take over yet" if target is None else "in-sync set not "
+                        "written", why)  # fmt: skip
+            self._write_retry_at = now + RETRY_WRITE_S
+            return
+        authority, until = self.elector.authority()
+        if target is None and now < until and authority == epoch and self.insync is None:
+            self._lead_from(epoch, outcome.members, now)
+        elif target is not None and self.insync is not None and self.insync.epoch == epoch:
+            for gone in self._dropping:
+                self.insync.remove(gone)  # only now: commits went on without it only once etcd no longer lists it
+                self._peers.pop(gone, None)  # told of commits again once it acks again
+            log.info("ha: in sync now: %s (was %s)", sorted(target), sorted(self._recorded))
+            self._recorded = set(target)
+
+    def _lead_from(self, epoch: int, members: frozenset[str], now: float) -> None:
+        insync = InSync(
+            self.node, epoch, self.gw.config.min_insync, self.gw.config.ha_lag_s, dict.fromkeys(self.gw.lanes, 0)
+        )
+        insync.start(set(members), now)
         heads = {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}
         for stream, head in heads.items():
             start_epoch(self.gw.lanes[stream].writer.directory, epoch, head + 1)
@@ -207,23 +278,11 @@ class HaNode:
         for name in insync.joinable():
             insync.add(name)  # here first: commits wait for it before etcd says it may be elected
         target = insync.members - set(insync.laggards(now))
-        if target == self._recorded or now < self._write_retry_at:
+        if target == self._recorded or self._writing is not None or now < self._write_retry_at:
             return
-        try:
-            written = self._etcd.put_if_held(self.isr_key, insync.record(target), self.leader_key, insync.epoch)
-        except CoordinatorError as exc:
-            log.warning("ha: in-sync set not written (%s); trying again", exc)
-            self._write_retry_at = now + RETRY_WRITE_S
-            return
-        if not written:  # a successor leads: our authority ends without our doing anything
-            log.warning("ha: the in-sync set is no longer ours to write (a successor leads)")
-            self._write_retry_at = now + RETRY_WRITE_S
-            return
-        for gone in insync.members - target:
-            insync.remove(gone)  # only now: commits went on without it only once etcd no longer lists it
-            self._peers.pop(gone, None)  # told of commits again once it acks again
-        log.info("ha: in sync now: %s (was %s)", sorted(target), sorted(self._recorded))
-        self._recorded = target
+        self._writing, self._dropping = (insync.epoch, frozenset(target)), insync.members - target
+        self.elector.post("insync", partial(write_insync, self.isr_key, self.leader_key, self.node, insync.epoch,
+                                            frozenset(target)))  # fmt: skip
 
     def _tell_commits(self, insync: InSync, now: float) -> None:
         """Publish the commit points to our sidecar, and to our followers when they moved (or are due again)."""
@@ -345,7 +404,6 @@ class HaNode:
         self.follower = None
 
     def close(self) -> None:
-        self._stop.set()
-        self._reporter.join()
         self._unfollow()
+        self.gw.unwatch(self.elector)
         self.elector.close(resign=True)

@@ -6,7 +6,10 @@ stream key when there is one) at `/zeps/directory/STREAM/ROLE.NODEID` (gateway.w
 to a lease of `ttl_s` seconds that the thread keeps alive. When the node dies its lease ends and its entries go
 with it; when it stops cleanly it revokes the lease and they go at once.
 
-An entry is written again only when what clients resolve by changes (channels, ingest, sidecar), or every
+A node of a replicated group (docs/ha.md) says the epoch it leads or follows and whether it leads (the
+announcement's `epoch` and `leader`): clients publish to the leader of the highest epoch listed.
+
+An entry is written again only when what clients resolve by changes (channels, ingest, sidecar, epoch), or every
 REFRESH_S for the head it shows: etcd keeps every revision until it is compacted, so a put per stream per
 second would grow its history for nothing. A stream the node no longer serves is deleted.
 
@@ -73,20 +76,20 @@ class Registrar:
         log.info("registering %s %s (%08x) in etcd at %s, lease %d s", A.ROLES[role], node, self.node_id,
                  ",".join(self._etcd.urls), ttl_s)  # fmt: skip
 
-    def register(self, now: float, streams: list[A.StreamAd]) -> None:
-        """What the node serves now (the owner's loop; never waits): entries whose content changed are handed
-        to the thread to write."""
+    def register(self, now: float, streams: list[A.StreamAd], *, epoch: int = 0, leader: bool = False) -> None:
+        """What the node serves now, and its standing in its group (the owner's loop; never waits): entries
+        whose content changed are handed to the thread to write."""
         self.due = now + self.interval_ms / 1000
         made = {}
         for ad in streams:
             key = A.etcd_key(ad.name, self.role, self.node_id)
-            says = (ad.channels, self.ingest, self.sidecar)
+            says = (ad.channels, self.ingest, self.sidecar, epoch, leader)
             before = self._made.get(key)
             if before is not None and before[0] == says and now - before[1] < REFRESH_S:
                 made[key] = before
                 continue
             ann = A.Announcement(self.role, self.node_id, self.node, (ad,), self.ingest, self.sidecar,
-                                 time.time_ns(), self.interval_ms)  # fmt: skip
+                                 time.time_ns(), self.interval_ms, epoch, leader)  # fmt: skip
             try:
                 made[key] = (says, now, ann.encode(self.key))
             except McastError as exc:

@@ -97,11 +97,15 @@ class InSync:
 
     def record(self, members: set[str] | None = None) -> str:
         """The etcd value of the in-sync set (this one, or `members` about to be written)."""
-        names = sorted(self.members if members is None else members)
-        return json.dumps({"epoch": self.epoch, "leader": self.node, "insync": names})
+        return insync_record(self.epoch, self.node, self.members if members is None else members)
 
     def acked(self) -> dict[str, dict[str, int]]:
         return {name: dict(f.acked) for name, f in self.followers.items()}
+
+
+def insync_record(epoch: int, leader: str, members: set[str]) -> str:
+    """The etcd value of an in-sync set: `leader`'s followers `members`, in `epoch`."""
+    return json.dumps({"epoch": epoch, "leader": leader, "insync": sorted(members)})
 
 
 def parse_record(text: str | None) -> tuple[str, set[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from support.etcd import EtcdProcess
 
+from gateway.errors import CoordinatorError
 from gateway.server.elector import Elector
 from gateway.transport.etcd import Etcd
 
@@ -73,6 +75,7 @@ def test_a_resigning_leader_hands_over_at_once(etcd: EtcdProcess) -> None:
 
 CHILD = """
 import sys, time
+from gateway.errors import CoordinatorError
 from gateway.server.elector import Elector
 from gateway.transport.etcd import Etcd
 e = Elector(sys.argv[1], sys.argv[2], "paused").start()
@@ -121,3 +124,27 @@ def test_etcd_down_ends_authority_and_leadership_returns_with_etcd(etcd: EtcdPro
         wait_for(lambda: a.may_act(time.monotonic()), 10)
     finally:
         a.close()
+
+
+def test_jobs_run_on_the_elector_thread_and_their_outcomes_wake_the_owner(etcd: EtcdProcess) -> None:
+    elector = Elector(etcd.url, KEY, "a").start()
+    try:
+        wait_for(lambda: elector.may_act(time.monotonic()), 5)
+        for n in range(5):  # posted faster than run: the newest of a name replaces one not yet started
+            elector.post("put", lambda e, n=n: e.put("/zeps/test/job", str(n)) or n)
+        assert select.select([elector], [], [], 5)[0] == [elector]
+        outcomes: list[tuple[str, object]] = []
+        wait_for(lambda: bool(outcomes.extend(elector.outcomes())) or outcomes[-1:] == [("put", 4)], 5)
+        assert Etcd(etcd.url).get("/zeps/test/job") == "4"
+        assert not select.select([elector], [], [], 0)[0]  # nothing waits: the fd is not readable
+        assert etcd.proc is not None
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        try:
+            elector.post("get", lambda e: e.get("/zeps/test/job"))
+            assert select.select([elector], [], [], 5)[0] == [elector]
+            ((name, outcome),) = elector.outcomes()
+            assert name == "get" and isinstance(outcome, CoordinatorError), outcome  # timed out, reported
+        finally:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+    finally:
+        elector.close()

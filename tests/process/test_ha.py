@@ -6,6 +6,7 @@ confirmed with; the journals are prefixes of one another; no sequence holds two 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 import zmq
 from support.etcd import EtcdProcess
-from support.servers import free_port, journal_records
+from support.servers import assert_exactly_once, free_port, journal_records
 
+from gateway import EtcdDirectory, Subscriber
+from gateway import Publisher as Client
 from gateway.journal.epochs import read_epochs
 from gateway.server.ha import REPORT_EVERY_S, group_key
 from gateway.transport.etcd import Etcd
@@ -57,6 +60,8 @@ class Node:
             self.replay,
             "--tail-poll-ms",
             "1",
+            "--etcd",
+            etcd,
         ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -395,6 +400,125 @@ def test_etcd_down_stops_confirms_and_they_resume_with_etcd(etcd: EtcdProcess, t
         check(nodes, confirmed)
     finally:
         pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_the_loop_keeps_serving_while_etcd_is_paused(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """Every etcd request runs on the elector's thread: with etcd SIGSTOPped (requests hang until their timeout)
+    while the leader is dropping a silent follower from the in-sync set (a write to etcd), the nodes' loops still
+    answer PING at once, and a publisher gets its answer (a refusal once the lease is gone) without delay."""
+    # --fsync never: an fdatasync on a disk shared with other jobs can hold a loop too, which is not the point here
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "0", "--fsync", "never")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    probe = zmq.Context.instance().socket(zmq.DEALER)
+    probe.setsockopt(zmq.LINGER, 0)
+    try:
+        for n in range(1, 21):
+            confirmed[n] = pub.send(n)
+        head, _ = leader(etcd, nodes)
+        silent, other = [node for node in nodes if node is not head]
+        assert etcd.proc is not None
+        probe.connect(head.ingest)
+        probe.connect(other.ingest)
+        silent.signal(signal.SIGSTOP)
+        time.sleep(0.8)  # the leader drops it from the in-sync set after 1 s (ha_lag_s): a write to etcd
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        worst = 0.0
+        end = time.monotonic() + 2.5  # past the lease: the leader steps down meanwhile
+        while time.monotonic() < end:
+            for _ in range(2):  # one PING to each node (round robin)
+                sent = time.monotonic()
+                probe.send(P.encode(P.Ping()))
+                assert probe.poll(2000), "a node's loop did not answer PING within 2 s"
+                assert isinstance(P.decode(probe.recv()), P.PingOk)
+                worst = max(worst, time.monotonic() - sent)
+            time.sleep(0.01)
+        asking = Publisher([head.ingest])
+        asking.sock = zmq.Context.instance().socket(zmq.DEALER)
+        asking.sock.setsockopt(zmq.LINGER, 0)
+        asking.sock.connect(head.ingest)
+        sent = time.monotonic()
+        asking.sock.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))
+        answered = asking._answer(P.Invalid, 2.0)
+        answer_s = time.monotonic() - sent
+        asking.close()
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+        silent.signal(signal.SIGCONT)
+        print(f"etcd paused: slowest PING {worst * 1000:.1f} ms, ATTACH refused in {answer_s * 1000:.1f} ms")
+        assert isinstance(answered, P.Invalid) and answered.reason.endswith(P.RETRY_LATER), answered
+        assert worst < 0.2, f"a loop stalled {worst:.3f} s while etcd was paused"
+        for n in range(21, 41):
+            confirmed[n] = pub.send(n)
+        wait_synced(nodes)
+        check(nodes, confirmed)
+    finally:
+        if etcd.proc is not None:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+        probe.close()
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_clients_given_only_etcd_find_the_group_and_follow_each_new_leader(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A `Publisher` and a `Subscriber` given only etcd (the directory, as `zeps publish/subscribe --etcd`) find
+    the leader's ingest and the nodes' sidecars there, and follow each new leader: the leader killed -9 twice,
+    every record journaled exactly once and delivered once, in order."""
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    sent: list[bytes] = []
+    outages: list[float] = []
+    with EtcdDirectory([etcd.url], poll_s=0.1) as found, EtcdDirectory([etcd.url], poll_s=0.1) as heard:
+        pub = Client(None, STREAM, directory=found, confirm=True, linger_ms=1, timeout=30)
+        sub = Subscriber(STREAM, directory=heard, start="earliest")
+        try:
+            first, _ = leader(etcd, nodes)
+            assert pub.endpoint == first.ingest  # the leader's, not a follower's
+            for kill in range(3):
+                for i in range(100):
+                    sent.append(f"{kill}-{i}".encode())
+                    pub.publish("k", sent[-1])
+                pub.flush()
+                if kill == 2:
+                    break
+                victim, epoch = leader(etcd, nodes)
+                victim.kill9()
+                killed = time.monotonic()
+                sent.append(f"{kill}-after-kill".encode())
+                pub.publish("k", sent[-1])
+                pub.flush()
+                outages.append(time.monotonic() - killed)
+                successor, new_epoch = leader(etcd, nodes)
+                assert new_epoch > epoch and pub.endpoint == successor.ingest
+                victim.start().wait_ready()
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                rec = sub.next(timeout=0.2)
+                if rec is not None:
+                    got.append(rec.body)
+            assert got == sent, f"{len(got)} of {len(sent)} delivered"
+        finally:
+            pub.close()
+            sub.close()
+    try:
+        cli = [sys.executable, "-m", "gateway.cli"]
+        published = subprocess.run([*cli, "publish", "--etcd", etcd.url, "--stream", STREAM, "--body", "by-cli"],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        sent.append(b"by-cli")
+        heard_all = subprocess.run([*cli, "subscribe", "--etcd", etcd.url, "--stream", STREAM, "--from", "earliest",
+                                    "--count", str(len(sent)), "--timeout", "20"],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert heard_all.returncode == 0, heard_all.stderr
+        lines = [json.loads(line) for line in heard_all.stdout.splitlines()]
+        assert [(r["seq"], base64.b64decode(r["body_b64"])) for r in lines] == list(enumerate(sent, 1))
+        wait_synced(nodes)
+        for node in nodes:
+            assert_exactly_once(node.journal, sent, STREAM)
+        print("a publisher given only etcd: kill -9 -> confirmed by the new leader in", [f"{o:.3f}" for o in outages])
+    finally:
         for node in nodes:
             node.kill9()
 

@@ -86,9 +86,9 @@ def journal_records(root: Path, stream: str = STREAM) -> list[tuple[int, str, by
         return out
 
 
-def assert_exactly_once(root: Path, bodies: list[bytes]) -> None:
+def assert_exactly_once(root: Path, bodies: list[bytes], stream: str = STREAM) -> None:
     """The journal holds every body once, in publish order, at contiguous sequences."""
-    records = journal_records(root)
+    records = journal_records(root, stream)
     assert [seq for seq, _, _ in records] == list(range(1, len(records) + 1))
     got = [body for _, _, body in records]
     dups = [body for body, n in Counter(got).items() if n > 1]

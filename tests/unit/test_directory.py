@@ -65,6 +65,27 @@ def test_a_sidecar_heard_of_later_is_preferred_and_the_old_one_expires() -> None
     assert info is not None and info.sidecars == ("tcp://10.0.0.3:5590",)
 
 
+def test_a_groups_leader_of_the_newest_epoch_is_listed_first() -> None:
+    def node(node_id: int, epoch: int, leader: bool) -> A.Announcement:
+        ad = A.StreamAd("px", 5, 0, (PX,))
+        ingest, replay = f"tcp://10.0.0.{node_id}:5570", f"tcp://10.0.0.{node_id}:5580"
+        return A.Announcement(A.GATEWAY, node_id, f"n{node_id}", (ad,), ingest, replay, 1, epoch=epoch, leader=leader)
+
+    table = Table()
+    table.heard(node(1, 7, True), 0.0)  # killed: its announcement lives on until it expires
+    table.heard(node(2, 9, True), 0.1)  # its successor
+    table.heard(node(3, 9, False), 0.2)  # a follower, heard of last (newest first otherwise)
+    info = table.lookup("px", 0.5)
+    assert info is not None and info.epoch == 9
+    assert info.ingests == ("tcp://10.0.0.2:5570", "tcp://10.0.0.1:5570", "tcp://10.0.0.3:5570")
+    assert info.ingest == "tcp://10.0.0.2:5570" and info.named[0] == "tcp://10.0.0.2:5580"
+    for node_id in (3, 2, 1):  # the sidecars announce themselves too, the leader's not last heard of
+        table.heard(sidecar(10 + node_id, f"tcp://10.0.0.{node_id}:5580"), 0.3)
+    info = table.lookup("px", 0.5)
+    assert info is not None and info.sidecar == "tcp://10.0.0.2:5580"  # the one on the leader's journal
+    assert set(info.sidecars) == {f"tcp://10.0.0.{n}:5580" for n in (1, 2, 3)}
+
+
 def test_an_older_announcement_of_a_node_is_dropped() -> None:
     table = Table()
     assert table.heard(gateway(sent_ns=10, head=9), 0.0)

@@ -694,6 +694,27 @@ def test_await_live_heartbeat_fixes_the_position_after_head() -> None:
     assert r.stats.duplicates_dropped == 1
 
 
+def test_a_heartbeat_of_an_older_epoch_is_ignored_and_counted() -> None:
+    """A paused, deposed leader's heartbeats (an older epoch) cannot move the head: no tail gap, no request."""
+    r = Reconciler(Start.latest(), tail_grace=0.1)
+    assert r.handle(HeadSeen(10, "A", epoch=5), 0.0) == [StateChanged(State.AWAIT_LIVE, State.MERGED)]
+    assert r.handle(HeadSeen(50, "A", epoch=3), 0.1) == []  # the former leader wakes up, claiming more
+    assert r.handle(Tick(), 1.0) == [] and (r.head, r.state) == (10, State.MERGED)
+    assert r.stats.stale_heartbeats == 1
+    assert r.handle(HeadSeen(12, "A", epoch=7), 1.1) == []  # a newer leader's head counts
+    assert r.head == 12 and r.stats.stale_heartbeats == 1
+    assert r.handle(Tick(), 1.3) == [StateChanged(State.MERGED, State.RECOVERING), Request(1, 11, 12)]
+
+
+def test_a_stale_heartbeat_does_not_let_catching_up_merge() -> None:
+    r = Reconciler(Start.at_seq(1))
+    assert r.handle(Tick(), 0.0) == [Request(1, 1, None)]
+    r.handle(HeadSeen(5, "A", epoch=9), 0.1)
+    assert r.handle(Replay(B(1, 3), 1), 0.2) == [Emit(B(1, 3), 1, 3, "replay")]
+    r.handle(HeadSeen(2, "B", epoch=8), 0.3)  # an old leader's low head: replay has not met live yet
+    assert r.state is State.CATCHING_UP and r.head == 5 and r.stats.stale_heartbeats == 1
+
+
 def test_await_live_ignores_replay_and_reports_silence_once() -> None:
     r = Reconciler(Start.latest(), progress_timeout=1.0, max_retries=2)
     assert r.handle(Replay(B(1, 5), 7), 0.0) == []
