@@ -18,19 +18,12 @@ from pathlib import Path
 import pytest
 from support.halab import MCAST_PORT, STREAM, WAIT_S, Node, leader, publish, start_etcd, subscribe
 
+from gateway.tools.hagroup import outage
 from netlab.procs import MP
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
 KILLS = 2
-
-
-def outage(got: dict, killed: float, confirmed_before: int) -> float:
-    """From a kill to the subscriber's first delivery of a record published after it: one past the five the
-    publisher had in flight (those the old leader may have confirmed and multicast)."""
-    deliveries = zip(got["records"], got["arrived"], strict=True)
-    after = (t for (_, body), t in deliveries if int(body.removeprefix(b"record-")) > confirmed_before + 5)
-    return next(after, float("inf")) - killed
 
 
 def wait_progress(progress, beyond: int, timeout: float = WAIT_S) -> None:
