@@ -158,6 +158,15 @@ def publish_confirmed(
     return confirmed, head
 
 
+def wait_confirmed(progress: Any, beyond: int, timeout: float = WAIT_S) -> None:
+    """Until publish_confirmed has had more than `beyond` records confirmed (TimeoutError after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while progress.value <= beyond:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no record confirmed past {beyond} within {timeout} s")
+        time.sleep(0.01)
+
+
 def subscribe_all(
     multicast: str, replays: list[str], stream: str, ready: Any, until: Any, deadline_s: float = 120.0
 ) -> dict[str, Any]:

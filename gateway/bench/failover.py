@@ -1,0 +1,263 @@
+"""Failover: a replicated group's leader killed -9 under a publisher, and what replication costs when nothing fails.
+
+Failover: a namespace lab with etcd on a host of its own (heartbeat 10 ms, election 100 ms; lease TTL 1 s),
+three nodes (a gateway and its sidecar each, `--min-insync 1`) multicasting on one udp:// group, a paced
+confirming `Publisher` given the three ingests (five records confirmed at a time, 10 ms apart: ~400 records/s)
+and a reconciling `Subscriber` given the group and the three sidecars, each on a host of its own. The leader's
+gateway and sidecar are killed -9, the victim restarted as a follower, 20 times per run; a failover is the time
+from the kill to the subscriber's first delivery of a record published after it (one past the five the
+publisher had in flight). The subscriber must get every sequence once, in order, and every confirmed record,
+or the run fails. It runs with the followers' suspicion timeout (`zeps gateway --suspect-ms`) at three
+settings: a follower deposes a leader whose ingest answered nothing that long.
+
+Cost of replication: a group of one (`--min-insync 0`) against a pair (`--min-insync 1`, the follower in sync
+before anything is published), the same processes and options otherwise (udp://, the publisher given the
+leader's ingest, the subscriber the group and the leader's sidecar). Throughput is the throughput scenario's
+batching publisher, unpaced (records/s delivered, zero missing); latency is the latency scenario's
+publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import statistics
+import tempfile
+import time
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+from gateway.bench import latency, pipeline
+from gateway.bench.runner import STREAM, Progress, Result, Settings, Stat, Table, Target, repeat, stop
+from gateway.errors import BenchError
+from gateway.tools import hagroup
+from gateway.tools.hagroup import MCAST_PORT, NODE_OPTIONS, WAIT_S, Node
+from netlab import MP, Lab
+
+TITLE = "Failover: leader kill -9 -> subscribers receive again; the cost of replication"
+SUSPECT_MS = (150, 300, 600)  # the default, 300, in the middle
+NODES = ("n1", "n2", "n3")
+TARGET_P99_S = 1.0
+TARGET_RATIO = 0.8
+TARGET_EXTRA_MS = 1.0
+
+
+def estimate(settings: Settings) -> float:
+    kills, settings_n = _kills(settings), len(_suspects(settings))
+    return 30 + settings.runs * (settings_n * (20 + kills * 5) + (30 if settings.quick else 60))
+
+
+def _kills(settings: Settings) -> int:
+    return settings.size(20, 3)
+
+
+def _suspects(settings: Settings) -> tuple[int, ...]:
+    return (300,) if settings.quick else SUSPECT_MS
+
+
+def run(settings: Settings) -> Result:
+    progress = Progress("failover")
+    kills, failures = _kills(settings), list[str]()
+    failover: dict[int, dict[str, list[float]]] = {}
+    pooled: dict[int, list[float]] = {}
+    for ms in _suspects(settings):
+        pooled[ms] = []
+        once = functools.partial(_failovers, settings, ms, kills, pooled[ms])
+        failover[ms] = repeat(settings.runs, progress, f"{kills} leader kills, suspicion {ms} ms", once, failures)
+    count, lat_count = settings.size(300_000, 10_000), settings.size(50_000, 2_000)
+    cost = {insync: _cost(settings, insync, count, lat_count, progress, failures) for insync in (0, 1)}
+    single, pair = cost[0], cost[1]
+    rows = []
+    for ms in _suspects(settings):
+        got = failover[ms]
+        pool = sorted(pooled[ms])
+        rows.append((f"{ms} ms" + (" (default)" if ms == 300 else ""), Stat.of(got.get("median"), "s", 3),
+                     Stat.of(got.get("p99"), "s", 3), Stat.of(got.get("max"), "s", 3),
+                     f"{len(pool)}: p50 {_pct(pool, 50):.3f} s, p99 {_pct(pool, 99):.3f} s",
+                     Stat.of(got.get("records"))))  # fmt: skip
+    rate1, rate2 = Stat.of(single.get("rate"), "records/s"), Stat.of(pair.get("rate"), "records/s")
+    p99_1, p99_2 = Stat.of(single.get("p99"), "ms", 2), Stat.of(pair.get("p99"), "ms", 2)
+    ratio, extra = rate2.median / rate1.median, p99_2.median - p99_1.median
+    default = Stat.of(failover.get(300, {}).get("p99"), "s", 3)
+    return Result(
+        "failover",
+        TITLE,
+        method=__doc__.split("\n\n", 1)[1].strip(),
+        tables=[
+            Table(
+                f"leader kill -9 -> subscriber receives a record published after it; {kills} failovers per run, "
+                "group of 3 on udp://",
+                ("suspicion timeout", "median", "p99", "max", "failovers pooled over runs", "records, once in order"),
+                rows,
+            ),
+            Table(
+                f"what replication costs: throughput ({count:,} records, unpaced) and publish -> delivery at "
+                f"{latency.RATE:,.0f} records/s ({lat_count:,} records)",
+                ("group", "delivered", "p50", "p99", "p99.9", "max"),
+                [
+                    (
+                        label,
+                        Stat.of(m.get("rate"), "records/s"),
+                        *(Stat.of(m.get(k), "ms", 2) for k in ("p50", "p99", "p99.9")),
+                        Stat.of(m.get("max"), "ms", 1),
+                    )
+                    for label, m in (("one node (--min-insync 0)", single), ("a pair (--min-insync 1)", pair))
+                ],
+            ),
+        ],
+        targets=[
+            Target(
+                f"leader kill -9 -> receiving again, p99 <= {TARGET_P99_S:g} s (suspicion 300 ms)",
+                str(default),
+                default.median <= TARGET_P99_S,
+            ),
+            Target(
+                f"throughput with one in-sync follower >= {TARGET_RATIO:g}x one node",
+                f"{ratio:.2f}x",
+                ratio >= TARGET_RATIO,
+            ),
+            Target(
+                f"p99 at 10,000 records/s with one in-sync follower <= one node's + {TARGET_EXTRA_MS:g} ms",
+                f"{extra:+.2f} ms ({p99_2} vs {p99_1})",
+                extra <= TARGET_EXTRA_MS,
+            ),
+        ],
+        notes=failures,
+        runs=settings.runs,
+        seconds=time.monotonic() - progress.start,
+    )
+
+
+def _pct(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, int(len(values) * p / 100))]
+
+
+# --- failover ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options: tuple[str, ...]) -> Iterator[
+    tuple[Lab, dict[str, Node], str]
+]:  # fmt: skip
+    """A lab of `hosts` with etcd on host "etcd" and `nodes` started (not yet waited for), all removed on exit."""
+    with Lab(hosts) as lab, tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=settings.tmp) as tmp:
+        root = Path(tmp)
+        etcd_proc, etcd = hagroup.start_etcd(lab, root / "etcd")
+        channel = f"udp://{lab.group(1)}:{MCAST_PORT}"
+        group = {n: Node(lab, root, n, etcd, channel, stream=STREAM, options=options, verbose=False) for n in nodes}
+        try:
+            yield lab, group, etcd
+        finally:
+            for node in group.values():
+                node.kill9()
+            etcd_proc.kill()
+            etcd_proc.wait(10)
+
+
+def _failovers(settings: Settings, suspect_ms: int, kills: int, pool: list[float], _run: int) -> dict[str, float]:
+    """Run `_run`: `kills` leader kills under the confirming publisher; the failover times' median, p99, max."""
+    options = (*NODE_OPTIONS, "--suspect-ms", str(suspect_ms))
+    with _group(settings, ["etcd", *NODES, "pub", "sub"], NODES, options) as (lab, nodes, etcd):
+        for node in nodes.values():
+            node.start()
+        for node in nodes.values():
+            node.wait_ready()
+        ready, until, stopping, confirmed_n = MP.Queue(), MP.Queue(), MP.Event(), MP.Value("i", 0)
+        multicast = f"udp://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}"
+        replays, ingests = [n.replay for n in nodes.values()], [n.ingest for n in nodes.values()]
+        deadline = 60.0 + kills * 15.0
+        sub = lab.start("sub", hagroup.subscribe_all, multicast, replays, STREAM, ready, until, deadline)
+        pub = None
+        try:
+            ready.get(timeout=WAIT_S)
+            pub = lab.start("pub", hagroup.publish_confirmed, ingests, STREAM, stopping, confirmed_n, 1_000_000)
+            killed_at: list[tuple[float, int]] = []
+            for _ in range(kills):
+                hagroup.wait_confirmed(confirmed_n, confirmed_n.value + 100)
+                name, _ = lab.run("etcd", hagroup.leader, etcd, STREAM)
+                before = confirmed_n.value
+                nodes[name].kill9()
+                killed_at.append((time.monotonic(), before))
+                hagroup.wait_confirmed(confirmed_n, before + 5)  # a successor leads
+                nodes[name].start().wait_ready()  # the victim rejoins as a follower
+            hagroup.wait_confirmed(confirmed_n, confirmed_n.value + 100)
+            stopping.set()
+            confirmed, head = pub.result(WAIT_S)
+            until.put(head)
+            got = sub.result(WAIT_S + 10)
+        finally:
+            stop(sub, *([pub] if pub is not None else []))
+    problems = hagroup.exactly_once_problems(got, confirmed, head)
+    if problems:
+        raise BenchError(f"the subscriber's stream is wrong: {'; '.join(problems)}")
+    times = sorted(hagroup.outage(got, *kill) for kill in killed_at)
+    if times[-1] == float("inf"):
+        raise BenchError("after a kill, no record published after it reached the subscriber")
+    pool.extend(times)
+    return {"median": statistics.median(times), "p99": _pct(times, 99), "max": times[-1], "records": len(confirmed)}
+
+
+# --- the cost of replication ------------------------------------------------------------------------------
+
+
+def _cost(
+    settings: Settings, insync: int, count: int, lat_count: int, progress: Progress, failures: list[str]
+) -> dict[str, list[float]]:
+    """A group of 1 + `insync` nodes: throughput and latency runs, each metric a list over runs."""
+    names = NODES[: 1 + insync]
+    options = ("--min-insync", str(insync), "--heartbeat-ms", "50", *pipeline.gateway_options())
+    what = "one node" if insync == 0 else "a pair"
+    with _group(settings, ["etcd", *names, "pub", "sub"], names, options) as (lab, nodes, etcd):
+        first = nodes[names[0]].start().wait_ready()
+        lab.run("etcd", hagroup.leader, etcd, STREAM)  # the first node leads
+        for node in list(nodes.values())[1:]:
+            node.start().wait_ready()
+        lab.run("pub", _confirm_one, first.ingest, timeout=WAIT_S + 5)  # the follower is in sync
+        multicast = [f"udp://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}"]
+        out = repeat(settings.runs, progress, f"{what}: throughput, {count:,} records",
+                     lambda _: _throughput(lab, first, multicast, count), failures)  # fmt: skip
+        out |= repeat(settings.runs, progress, f"{what}: latency at 10,000 records/s, {lat_count:,} records",
+                      lambda _: _latency(lab, first, multicast, lat_count), failures)  # fmt: skip
+        return out
+
+
+def _confirm_one(ingest: str) -> None:
+    """In host pub: one record published and confirmed (with --min-insync 1: once a follower is in sync)."""
+    from gateway.client.publisher import Publisher
+
+    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S) as pub:
+        pub.publish("warm-up", b"x")
+        pub.flush()
+
+
+def _through(lab: Lab, leader: Node, multicast: list[str], count: int, rate: float) -> dict:
+    """`count` records from host pub to the leader at `rate` (0: unpaced), taken by a subscriber on host sub
+    (keeping latencies when paced); its result."""
+    ready = MP.Queue()
+    take = functools.partial(pipeline.subscribe, multicast, leader.replay, count, ready, latency=bool(rate))
+    sub = lab.start("sub", take)
+    try:
+        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
+            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+        publish = functools.partial(pipeline.publish, linger_ms=latency.LINGER_MS) if rate else pipeline.publish
+        lab.run("pub", publish, leader.ingest, count, rate, timeout=300)
+        got = sub.result(timeout=300)
+    finally:
+        stop(sub)
+    if got["missing"] or got["disorder"]:
+        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    return got
+
+
+def _throughput(lab: Lab, leader: Node, multicast: list[str], count: int) -> dict[str, float]:
+    got = _through(lab, leader, multicast, count, 0.0)
+    return {"rate": got["records"] / got["seconds"]}
+
+
+def _latency(lab: Lab, leader: Node, multicast: list[str], count: int) -> dict[str, float]:
+    got = _through(lab, leader, multicast, count, latency.RATE)
+    lat = array("q")
+    lat.frombytes(got["latencies"])
+    ms = sorted(x / 1e6 for x in lat)
+    return {"p50": _pct(ms, 50), "p99": _pct(ms, 99), "p99.9": _pct(ms, 99.9), "max": ms[-1]}
