@@ -26,6 +26,7 @@ import tempfile
 import time
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.bench import latency, pipeline
@@ -94,13 +95,14 @@ def run(settings: Settings) -> Result:
             Table(
                 f"what replication costs: throughput ({count:,} records, unpaced) and publish -> delivery at "
                 f"{latency.RATE:,.0f} records/s ({lat_count:,} records)",
-                ("group", "delivered", "p50", "p99", "p99.9", "max"),
+                ("group", "delivered", "p50", "p99", "p99.9", "max", "leader changes (no kill)"),
                 [
                     (
                         label,
                         Stat.of(m.get("rate"), "records/s"),
                         *(Stat.of(m.get(k), "ms", 2) for k in ("p50", "p99", "p99.9")),
                         Stat.of(m.get("max"), "ms", 1),
+                        int(sum(m.get("leader_changes", [])) + sum(m.get("leader_changes_lat", []))),
                     )
                     for label, m in (("one node (--min-insync 0)", single), ("a pair (--min-insync 1)", pair))
                 ],
@@ -209,55 +211,73 @@ def _cost(
     options = ("--min-insync", str(insync), "--heartbeat-ms", "50", *pipeline.gateway_options())
     what = "one node" if insync == 0 else "a pair"
     with _group(settings, ["etcd", *names, "pub", "sub"], names, options) as (lab, nodes, etcd):
-        first = nodes[names[0]].start().wait_ready()
-        lab.run("etcd", hagroup.leader, etcd, STREAM)  # the first node leads
-        for node in list(nodes.values())[1:]:
+        for node in nodes.values():
             node.start().wait_ready()
-        lab.run("pub", _confirm_one, first.ingest, timeout=WAIT_S + 5)  # the follower is in sync
-        multicast = [f"udp://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}"]
+        # One record confirmed: with --min-insync 1, once the follower is in sync.
+        lab.run("pub", _confirm_one, [n.ingest for n in nodes.values()], timeout=WAIT_S + 5)
+        steady = _Steady(lab, nodes, etcd, [f"udp://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}"])
         out = repeat(settings.runs, progress, f"{what}: throughput, {count:,} records",
-                     lambda _: _throughput(lab, first, multicast, count), failures)  # fmt: skip
+                     lambda _: _throughput(steady, count), failures)  # fmt: skip
         out |= repeat(settings.runs, progress, f"{what}: latency at 10,000 records/s, {lat_count:,} records",
-                      lambda _: _latency(lab, first, multicast, lat_count), failures)  # fmt: skip
+                      lambda _: _latency(steady, lat_count), failures)  # fmt: skip
         return out
 
 
-def _confirm_one(ingest: str) -> None:
+def _confirm_one(ingests: list[str]) -> None:
     """In host pub: one record published and confirmed (with --min-insync 1: once a follower is in sync)."""
     from gateway.client.publisher import Publisher
 
-    with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S) as pub:
+    with Publisher(ingests, STREAM, confirm=True, timeout=WAIT_S) as pub:
         pub.publish("warm-up", b"x")
         pub.flush()
 
 
-def _through(lab: Lab, leader: Node, multicast: list[str], count: int, rate: float) -> dict:
-    """`count` records from host pub to the leader at `rate` (0: unpaced), taken by a subscriber on host sub
-    (keeping latencies when paced); its result."""
+@dataclass(frozen=True)
+class _Steady:
+    """A running group the cost runs publish to: its lab, nodes, etcd and the subscriber's multicast."""
+
+    lab: Lab
+    nodes: dict[str, Node]
+    etcd: str
+    multicast: list[str]
+
+    def leader(self) -> tuple[Node, int]:
+        name, epoch = self.lab.run("etcd", hagroup.leader, self.etcd, STREAM)
+        return self.nodes[name], epoch
+
+
+def _through(group: _Steady, count: int, rate: float) -> dict:
+    """`count` records from host pub at `rate` (0: unpaced) to the leader (the other node's ingest and sidecar
+    listed after its own), taken by a subscriber on host sub (keeping latencies when paced); its result, with
+    "leader_changes": 1 if the leader changed meanwhile (no node was killed: a spurious failover)."""
+    first, epoch = group.leader()
+    order = [first, *(n for n in group.nodes.values() if n is not first)]
     ready = MP.Queue()
-    take = functools.partial(pipeline.subscribe, multicast, leader.replay, count, ready, latency=bool(rate))
-    sub = lab.start("sub", take)
+    take = functools.partial(pipeline.subscribe, group.multicast, [n.replay for n in order], count, ready,
+                             latency=bool(rate))  # fmt: skip
+    sub = group.lab.start("sub", take)
     try:
         if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
             raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
         publish = functools.partial(pipeline.publish, linger_ms=latency.LINGER_MS) if rate else pipeline.publish
-        lab.run("pub", publish, leader.ingest, count, rate, timeout=300)
+        group.lab.run("pub", publish, [n.ingest for n in order], count, rate, timeout=300)
         got = sub.result(timeout=300)
     finally:
         stop(sub)
     if got["missing"] or got["disorder"]:
         raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
-    return got
+    return {**got, "leader_changes": int(group.leader()[1] != epoch)}
 
 
-def _throughput(lab: Lab, leader: Node, multicast: list[str], count: int) -> dict[str, float]:
-    got = _through(lab, leader, multicast, count, 0.0)
-    return {"rate": got["records"] / got["seconds"]}
+def _throughput(group: _Steady, count: int) -> dict[str, float]:
+    got = _through(group, count, 0.0)
+    return {"rate": got["records"] / got["seconds"], "leader_changes": got["leader_changes"]}
 
 
-def _latency(lab: Lab, leader: Node, multicast: list[str], count: int) -> dict[str, float]:
-    got = _through(lab, leader, multicast, count, latency.RATE)
+def _latency(group: _Steady, count: int) -> dict[str, float]:
+    got = _through(group, count, latency.RATE)
     lat = array("q")
     lat.frombytes(got["latencies"])
     ms = sorted(x / 1e6 for x in lat)
-    return {"p50": _pct(ms, 50), "p99": _pct(ms, 99), "p99.9": _pct(ms, 99.9), "max": ms[-1]}
+    return {"p50": _pct(ms, 50), "p99": _pct(ms, 99), "p99.9": _pct(ms, 99.9), "max": ms[-1],
+            "leader_changes_lat": got["leader_changes"]}  # fmt: skip
