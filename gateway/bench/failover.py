@@ -12,9 +12,11 @@ settings: a follower deposes a leader whose ingest answered nothing that long.
 
 Cost of replication: a group of one (`--min-insync 0`) against a pair (`--min-insync 1`, the follower in sync
 before anything is published), the same processes and options otherwise (udp://, the publisher given the
-leader's ingest, the subscriber the group and the leader's sidecar). Throughput is the throughput scenario's
-batching publisher, unpaced (records/s delivered, zero missing); latency is the latency scenario's
-publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered.
+leader's ingest first, the subscriber the group and the leader's sidecar first). Throughput: a batching
+publisher, unpaced and confirming (a leader waiting on its follower refuses what it cannot hold, and only a
+confirming publisher re-sends it), records/s delivered, zero missing. Latency: the latency scenario's
+publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered. A leader change
+during these runs (no node is killed) is counted: a spurious failover.
 """
 
 from __future__ import annotations
