@@ -20,9 +20,9 @@ Traps measured on this platform (docs/gateway.md, docs/norm.md):
   libnorm directly at a fixed rate with backpressure, on the same wire framing as libzmq.
 - libzmq 4.3.4's epgm:// compiles OpenPGM's NAK timers in (first NAK up to 50 ms after a loss, repeats and
   repair waits of 200 ms): epgm:// and pgm:// endpoints are served by `gateway.transport.pgm`, which drives
-  libpgm directly with timers for a LAN, on libzmq's wire (plain ZeroMQ SUBs read it), when selected
-  (`Tuning.libzmq_pgm=False`, or ZEPS_PGM_ENGINE=openpgm); libzmq's own engine stays the default for now
-  (docs/pgm.md says when to choose which).
+  libpgm directly from native threads with timers for a LAN, on libzmq's wire (plain ZeroMQ SUBs read it).
+  libzmq's own engine stays selectable (`Tuning.libzmq_pgm=True`, or ZEPS_PGM_ENGINE=libzmq; docs/pgm.md
+  says when to choose it).
 - PGM and NORM hold everything behind a lost packet until it is repaired; udp:// (`gateway.transport.udp`) hands each
   datagram over as it comes and leaves the repair to the replay sidecar: the low-latency choice under loss.
 """
@@ -113,11 +113,11 @@ PGM_ENGINES = ("libzmq", "openpgm")
 
 
 def libzmq_pgm_default() -> bool:
-    """libzmq's PGM engine unless ZEPS_PGM_ENGINE=openpgm selects gateway.transport.pgm (docs/pgm.md says when).
+    """gateway.transport.pgm unless ZEPS_PGM_ENGINE=libzmq selects libzmq's PGM engine (docs/pgm.md says when).
 
-    libzmq's stays the default until the OpenPGM engine's I/O loops leave Python: that engine repairs loss in
-    milliseconds, but costs throughput near the link rate (docs/pgm.md, "Cost")."""
-    engine = os.environ.get(PGM_ENGINE_ENV, "libzmq")
+    The OpenPGM engine repairs loss in milliseconds, and its I/O loops run in native threads, so at full rate
+    it costs what libzmq's does (docs/pgm.md, "Cost at full rate")."""
+    engine = os.environ.get(PGM_ENGINE_ENV, "openpgm")
     if engine not in PGM_ENGINES:
         raise McastError(f"{PGM_ENGINE_ENV}={engine!r}: give one of {', '.join(PGM_ENGINES)}")
     return engine == "libzmq"
@@ -135,7 +135,7 @@ class Tuning:
         MTU; up to 65,507 lets the IP layer fragment, and then one lost fragment loses the datagram).
     pgm: the OpenPGM timers for epgm:// and pgm:// (rate, recovery interval, buffers and hops come from here).
     libzmq_pgm: serve epgm:// and pgm:// with libzmq's engine (its fixed timers) rather than gateway.transport.pgm
-        (default: libzmq's, unless the environment says ZEPS_PGM_ENGINE=openpgm).
+        (default: gateway.transport.pgm's, unless the environment says ZEPS_PGM_ENGINE=libzmq).
     """
 
     rate_kbps: int = 100_000

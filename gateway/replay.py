@@ -11,7 +11,13 @@ metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY
 EAGAIN, which means "this client is slow": it gets nothing more this turn and no one else waits for it.
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
 it reads is checked every `tail_poll_ms` with two stats (the directory, for new segments; the newest
-segment's size, for appends), and only when one changed do that stream's tailing cursors read again.
+segment's size, for appends; and, on a node of a replicated group, its committed mark, with a pread), and
+only when one changed do that stream's tailing cursors read again. The poll is the backstop: each stream
+being tailed is also watched with inotify (appends, segments created or replaced, the committed mark), whose
+descriptor wakes the loop at once, so the live tail and a follower gateway's copy do not wait for the poll
+(docs/replay.md, "The live tail"). On such a node the sidecar serves only
+committed records (gateway.journal.committed; docs/ha.md, "Guarantees"), to subscriptions, fetches, fills
+and snapshots alike.
 Snapshot indexes (gateway.server.snapshots) follow their journals on a timer of their own, in bounded slices.
 """
 
@@ -28,9 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
+from inotify_simple import INotify, flags
 
 from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
+from gateway.journal.committed import MarkReader, open_mark
 from gateway.journal.layout import list_segments, seg_path
 from gateway.server.announcer import Announcer, Discovery, journal_streams
 from gateway.server.fills import FillAnswerer, FillLimits, FillPort
@@ -49,6 +57,9 @@ _MAX_WAIT_S = 0.1  # longest poll: keeps stop() and signals prompt
 _FULL_WAKE_S = 1.0  # every tailing cursor reads at least this often, whatever the change check said
 _ID_FLAGS = int(zmq.NOBLOCK | zmq.SNDMORE)  # plain ints: flag arithmetic on enums costs per record
 _NOBLOCK = int(zmq.NOBLOCK)
+# What changes a stream for its readers: an append or the committed mark (a write), a new segment, a cut
+# segment replaced by rename, a deleted one.
+_CHANGES = flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.DELETE
 
 
 @dataclass
@@ -97,14 +108,17 @@ class _TailWatch:
     """Whether a stream may have grown since the last look, for the price of two stats.
 
     The newest segment's size changes with every append (one write() per batch); the directory's mtime
-    changes when a segment is created or deleted, and only then is the directory listed again.
+    changes when a segment is created or deleted, and only then is the directory listed again (and the
+    committed mark looked for: a node of a group has one, which changes as its records are committed).
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._mtime = -1
         self._newest: Path | None = None
-        self._stamp: tuple[int, int] | None = None
+        self._mark: MarkReader | None = None
+        self._stamp: tuple[int, int, int | None] | None = None
+        self.notify = _notifier(directory)  # None: the poll alone (inotify limits reached)
 
     def changed(self) -> bool:
         try:
@@ -113,12 +127,42 @@ class _TailWatch:
                 self._mtime = mtime
                 segments = list_segments(self.directory)
                 self._newest = seg_path(self.directory, segments[-1]) if segments else None
-            stamp = (mtime, os.stat(self._newest).st_size if self._newest else 0)
+                if self._mark is not None:
+                    self._mark.close()
+                self._mark = open_mark(self.directory)
+            mark = self._mark.read() if self._mark is not None else None
+            stamp = (mtime, os.stat(self._newest).st_size if self._newest else 0, mark)
         except OSError:  # a segment deleted between listing and stat, or the stream removed: look again
             self._newest, stamp = None, None
         changed = stamp is None or stamp != self._stamp
         self._stamp = stamp
         return changed
+
+    def drain(self) -> None:
+        """Read the pending change events (their content does not matter: the stream changed)."""
+        assert self.notify is not None
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.notify.fileno(), 1 << 16):
+                pass
+
+    def close(self) -> None:
+        if self.notify is not None:
+            self.notify.close()
+        if self._mark is not None:
+            self._mark.close()
+
+
+def _notifier(directory: Path) -> INotify | None:
+    """An inotify descriptor that becomes readable when `directory`'s journal changes; None if the system
+    refuses one (fs.inotify.max_user_instances or max_user_watches reached): the tail poll still works."""
+    notify = INotify(nonblocking=True)
+    try:
+        notify.add_watch(directory, _CHANGES)
+    except OSError as exc:
+        notify.close()
+        log.warning("replay: no inotify watch on %s (%s): its live tail waits for --tail-poll-ms", directory, exc)
+        return None
+    return notify
 
 
 class ReplayServer:
@@ -144,6 +188,8 @@ class ReplayServer:
         self._next_tail = 0.0
         self._next_full_wake = 0.0
         self._tails: dict[str, _TailWatch] = {}
+        self._poller = zmq.Poller()
+        self._notified: dict[int, str] = {}  # inotify descriptor -> stream
         self._next_idle = 0.0
         self._turn = 0
         self._blocked: set[bytes] = set()  # clients whose pipe was full this turn
@@ -188,7 +234,7 @@ class ReplayServer:
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Serve until `until()` is true or stop() is called; then tell clients and close."""
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self.router, zmq.POLLIN)
         fill_fd = self.fill_port.fileno() if self.fill_port is not None else None
         if fill_fd is not None:
@@ -206,6 +252,9 @@ class ReplayServer:
                     self.fill_port.serve(time.monotonic())  # first: a fill waits for no replay session
                 if self.router in ready:
                     self._drain()
+                for fd, stream in self._notified.items():
+                    if fd in ready:
+                        self._changed(stream)
                 self._serve()
         finally:
             self.close()
@@ -261,12 +310,26 @@ class ReplayServer:
         if full:
             self._next_full_wake = now + _FULL_WAKE_S
         for stream, group in waiting.items():
-            watch = self._tails.get(stream)
-            if watch is None:
-                watch = self._tails[stream] = _TailWatch(self.config.journal / stream)
-            if watch.changed() or full:
+            if self._watch(stream).changed() or full:
                 for s in group:
                     s.wake()
+
+    def _watch(self, stream: str) -> _TailWatch:
+        """The stream's watch, made when a client first attaches to it (its inotify registered with the loop)."""
+        watch = self._tails.get(stream)
+        if watch is None:
+            watch = self._tails[stream] = _TailWatch(self.config.journal / stream)
+            if watch.notify is not None:
+                self._poller.register(watch.notify.fileno(), zmq.POLLIN)
+                self._notified[watch.notify.fileno()] = stream
+        return watch
+
+    def _changed(self, stream: str) -> None:
+        """inotify says `stream` changed: its cursors at the tail read again now, not at the next poll."""
+        self._tails[stream].drain()
+        for s in self.sessions.values():
+            if s.stream == stream and s.at_tail:
+                s.wake()
 
     # --- input ----------------------------------------------------------------------------------------
 
@@ -330,6 +393,7 @@ class ReplayServer:
             return
         snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
         session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
+        self._watch(stream)
         self.sessions[identity] = session
         self.metrics.update_sessions(self.sessions.values())
         log.debug("replay: %s attached", session)
@@ -345,7 +409,7 @@ class ReplayServer:
             log.warning("replay: %s has appeared: serving it", self.config.journal)
         try:
             P.validate_stream_name(stream)
-            return JournalReader(self.config.journal, stream)
+            return JournalReader(self.config.journal, stream, committed=True)
         except (P.ProtocolError, ValueError, NotAJournal):
             pass
         have = sorted(p.name for p in self.config.journal.iterdir() if p.is_dir())
@@ -457,6 +521,8 @@ class ReplayServer:
         self.guard.close()
         if self.snapshots is not None:
             self.snapshots.close()
+        for watch in self._tails.values():
+            watch.close()
         self.router.close()
         if self.fill_port is not None:
             self.fill_port.close()

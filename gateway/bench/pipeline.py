@@ -127,6 +127,7 @@ def subscribe(
             "seconds": time.perf_counter() - t_first,
             "cpu": time.process_time() - cpu,
             "summary": sub.summary(),
+            "pgm": sub.pgm_counters(),
             "latencies": lat.tobytes(),
         }
 

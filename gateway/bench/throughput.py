@@ -166,6 +166,9 @@ def zeps_once(dep: Deployment, count: int, rate_kbps: int, per_record: bool) -> 
         "publish_rate": count / pub["seconds"],
         "missing": got["missing"],
         "from_replay": got["summary"]["from_replay"],
+        # gateway.transport.pgm's receiver (none with libzmq's engine): sessions lost, messages it had no room for
+        "pgm_resets": sum(c["resets"] for c in got["pgm"].values()),
+        "pgm_overruns": sum(c["overruns"] for c in got["pgm"].values()),
         "pub_us": pub["cpu"] / count * 1e6,
         "gw_us": gw_cpu / count * 1e6,
         "sub_us": got["cpu"] / count * 1e6,

@@ -179,14 +179,19 @@ def check_tails(cfg: GatewayConfig) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
-    from gateway.client.replay_client import ReplayClient
+    from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
     from gateway.server.gateway import Gateway
+    from gateway.wire import protocol as P
 
     cfg = configure(args)
     if not args.accept_corrupt_tail:
         check_tails(cfg)
+    replica = (*DEFAULT_FEATURES, P.FEATURE_UNCOMMITTED)  # a follower copies its leader's uncommitted records too
     gateway = Gateway(
-        cfg, replay=lambda endpoint, stream, timeout, ctx: ReplayClient(endpoint, stream, timeout=timeout, ctx=ctx)
+        cfg,
+        replay=lambda endpoint, stream, timeout, ctx: ReplayClient(
+            endpoint, stream, timeout=timeout, ctx=ctx, features=replica
+        ),
     )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
     signal.signal(signal.SIGINT, lambda *_: gateway.stop())

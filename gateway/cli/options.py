@@ -41,7 +41,7 @@ def add_pgm_engine(p: argparse.ArgumentParser) -> None:
         "--pgm-engine",
         choices=PGM_ENGINES,
         help=f"who drives epgm:// and pgm://: libzmq (its fixed NAK timers) or openpgm (NAKs in milliseconds; "
-        f"docs/pgm.md says when to choose which); default: ${PGM_ENGINE_ENV}, else libzmq",
+        f"docs/pgm.md says when to choose which); default: ${PGM_ENGINE_ENV}, else openpgm",
     )
 
 

@@ -83,6 +83,10 @@ log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying again
+# A gateway whose connection stays up but which answers nothing (paused, or its host cut off) is gone once it
+# misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
+# IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
 WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 _ids = itertools.count()  # monitor addresses
 _HEAD = len(P.head_of(P.PublishBatch, 0))  # a PUBLISH-BATCH frame's bytes before its batch
@@ -531,6 +535,8 @@ class Publisher:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails
         sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if self._curve is not None:
             self._curve.apply(sock)
         if self._attached_once:

@@ -2,11 +2,13 @@
 
 The gateway appends through the stream's one JournalWriter (which assigns sequences and journal time, and
 fsyncs per its Durability); the replay sidecar reads through JournalReader cursors in another process,
-following the tail without locks. inspect_root / verify_root back `zeps journal inspect|verify`.
+following the tail without locks. inspect_root / verify_root back `zeps journal inspect|verify`; check_group
+(journals of several nodes of a group) backs `zeps ha check`.
 See docs/journal.md for the on-disk format and the rules.
 """
 
 from gateway.errors import JournalCorrupt, JournalError, JournalLocked, JournalTrimmed, NotAJournal
+from gateway.journal.crosscheck import GroupCheck, check_group
 from gateway.journal.reader import Cursor, JournalReader
 from gateway.journal.tools import (
     Finding,
@@ -25,6 +27,7 @@ __all__ = [
     "Cursor",
     "Durability",
     "Finding",
+    "GroupCheck",
     "JournalCorrupt",
     "JournalError",
     "JournalLocked",
@@ -36,6 +39,7 @@ __all__ = [
     "Retention",
     "StreamInfo",
     "VerifyReport",
+    "check_group",
     "inspect_root",
     "iso_utc",
     "journal_streams",

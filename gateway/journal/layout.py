@@ -51,6 +51,11 @@ class SegmentGone(JournalError):
     """Internal: the segment being read was unlinked while bytes of it were still unread."""
 
 
+class SegmentShrank(JournalError):
+    """Internal: the segment being read is now shorter than the position reached (a replica's journal was cut
+    back: journal.tools.cut_after)."""
+
+
 def check_stream_name(stream: str) -> None:
     """Stream names become directory names: refuse anything that could escape the root or hide."""
     if not _STREAM_RE.match(stream):
@@ -145,7 +150,8 @@ class FrameScanner:
     A frame is a batch's bytes as delimited by its header (magic and length checked, nothing else): callers
     parse what they need. The scanner never returns a frame the file does not fully hold yet, so a batch
     being written is simply not there; `partial` then tells whether bytes of one are. It raises
-    SegmentGone rather than read a segment that was unlinked under it.
+    SegmentGone rather than read a segment that was unlinked under it, and SegmentShrank when the file is shorter
+    than its position (cut back under it).
     """
 
     __slots__ = ("_buf", "_pos", "bytes_read", "fd", "offset", "size")
@@ -181,6 +187,8 @@ class FrameScanner:
         self.size = st.st_size
         if st.st_nlink == 0 and st.st_size > self.offset:
             raise SegmentGone
+        if st.st_size < self.offset:
+            raise SegmentShrank
         if st.st_size - self.offset < need:
             # At the tail: forget what was read of an incomplete frame. A recovering writer may replace a
             # torn batch with a different one, which must not be sized by the stale header.

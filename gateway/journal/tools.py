@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from gateway.errors import BatchError, JournalError, NotAJournal
 from gateway.journal.epochs import cut_epochs
@@ -406,7 +407,7 @@ def cut_after(root: str | os.PathLike[str], stream: str, last_keep: int) -> int:
                 path.unlink()
                 idx_path(directory, seq).unlink(missing_ok=True)
                 continue
-            with open(path, "r+b") as f:
+            with open(path, "rb") as f:
                 scanner, offset = FrameScanner(f.fileno()), 0
                 while (frame := scanner.next_frame()) is not None:
                     first, last, ts = HEADER.unpack_from(frame)[6:9]
@@ -416,8 +417,8 @@ def cut_after(root: str | os.PathLike[str], stream: str, last_keep: int) -> int:
                         raise JournalError(f"stream {stream}: sequence {last_keep} does not end a batch")
                     offset, last_ts = scanner.offset, ts
                 size = os.fstat(f.fileno()).st_size
-                f.truncate(offset)
-                os.fsync(f.fileno())
+                if offset < size:
+                    _replace_with_prefix(f, path, offset)
             dropped += size - offset
             kept = b"".join(INDEX_ENTRY.pack(*e) for e in read_index(idx_path(directory, seq)) if e[2] < offset)
             idx_path(directory, seq).write_bytes(kept)
@@ -429,6 +430,29 @@ def cut_after(root: str | os.PathLike[str], stream: str, last_keep: int) -> int:
     if dropped:
         log.warning("journal %s: discarded %d bytes after sequence %d (never confirmed)", stream, dropped, last_keep)
     return dropped
+
+
+def _replace_with_prefix(f: BinaryIO, path: Path, size: int) -> None:
+    """Replace the segment by a new file holding its first `size` bytes rather than truncate it in place: a new
+    inode, so that every reader holding the old one finds it deleted and looks for its place again (a file
+    cut and then appended to past a reader's position would look to it like one that only grew)."""
+    tmp = path.with_name(path.name + ".cut")
+    with open(tmp, "wb") as out:
+        left, offset = size, 0
+        while left:
+            chunk = os.pread(f.fileno(), min(left, 1 << 20), offset)
+            if not chunk:
+                raise JournalError(f"{path}: shorter than {size} bytes while being cut")
+            out.write(chunk)
+            left, offset = left - len(chunk), offset + len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _highest(data: bytes) -> tuple[int, int]:

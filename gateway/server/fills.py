@@ -202,7 +202,7 @@ class FillAnswerer:
             return reader
         try:
             validate_stream_name(stream)
-            reader = JournalReader(self.journal, stream)
+            reader = JournalReader(self.journal, stream, committed=True)
         except (ProtocolError, ValueError, NotAJournal, OSError):
             return None
         self._readers[stream] = reader

@@ -6,7 +6,9 @@ server and a lagging follower reads the journal, never the leader's memory. The 
 ingest: REPLICA-ACK(node, stream, epoch, sequence, mac) after each batch journaled, and a PING every
 `ACK_EVERY_S`. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node
 that reads the group's etcd can make an ack the leader counts, not any client of its ingest (docs/ha.md).
-An ingest that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off).
+An ingest that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off). The leader
+answers on the same link with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves
+that far (gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
@@ -38,6 +40,7 @@ from gateway.wire import protocol as P
 log = logging.getLogger(__name__)
 
 ACK_EVERY_S = 0.05
+_COMMIT_ID = P.encode(P.ReplicaCommit("", 0, 0))[2:3]  # the command id byte, to skip decoding PING-OKs
 ACK_MAC_SIZE = 16  # bytes of HMAC-SHA256 kept: 128 bits, past any guessing over a network
 _ACK_DOMAIN = b"zeps replica-ack\0"
 
@@ -122,6 +125,7 @@ class Follower:
         self._ctx = ctx
         self.clients: dict[str, ReplaySource] = {}
         self.acked: dict[str, int] = {}
+        self.committed: dict[str, int] = {}  # per stream copied (tailing), the leader's commit point
         self.ack_sock = ctx.socket(zmq.DEALER)
         self.ack_sock.setsockopt(zmq.LINGER, 0)
         self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
@@ -182,10 +186,12 @@ class Follower:
         has had no answer for `suspect_s` (so a pause of this process alone never makes it suspect)."""
         while True:
             try:
-                self.ack_sock.recv(zmq.NOBLOCK)
+                frame = self.ack_sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             self.heard_at, self._unanswered_since = now, None
+            if frame[2:3] == _COMMIT_ID:
+                self._committed(frame)
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
@@ -194,6 +200,13 @@ class Follower:
             for stream, seq in self.acked.items():
                 self._ack(stream, seq)
         return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
+
+    def _committed(self, frame: bytes) -> None:
+        """A REPLICA-COMMIT: taken for a stream being copied only (its journal was reconciled first)."""
+        with contextlib.suppress(P.ProtocolError):
+            cmd = P.decode(frame)
+            if isinstance(cmd, P.ReplicaCommit) and cmd.epoch == self.epoch and cmd.stream in self.clients:
+                self.committed[cmd.stream] = max(self.committed.get(cmd.stream, 0), cmd.sequence)
 
     def _ack(self, stream: str, seq: int) -> None:
         mac = ack_mac(self._ack_key, self.node, stream, self.epoch, seq)

@@ -28,6 +28,7 @@ import zmq
 
 from gateway.errors import ConfigError, JournalTrimmed
 from gateway.journal import Durability, JournalReader, JournalWriter, Retention
+from gateway.journal.committed import CommittedMark, remove_mark
 from gateway.journal.layout import list_segments, seg_path
 from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
@@ -204,6 +205,7 @@ class Gateway:
         self.ctx = ctx or zmq.Context.instance()
         self.id = random.getrandbits(32)
         self.metrics = GatewayMetrics(config.streams)
+        self.marks = self._committed_marks()
         self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
@@ -264,6 +266,20 @@ class Gateway:
         return JournalWriter.open(
             c.journal, stream, segment_bytes=c.segment_bytes, durability=c.durability, retention=c.retention
         )
+
+    def _committed_marks(self) -> dict[str, CommittedMark]:
+        """A node of a group publishes each stream's committed mark to its sidecar (gateway.journal.committed),
+        created before anything is journaled; a single gateway removes any left over, so that its sidecar
+        serves to the journal's end."""
+        marks = {}
+        for name in self.config.streams:
+            directory = self.config.journal / name
+            if self.config.node:
+                directory.mkdir(parents=True, exist_ok=True)
+                marks[name] = CommittedMark(directory)
+            else:
+                remove_mark(directory)
+        return marks
 
     def _producer_table(self) -> ProducerTable:
         return ProducerTable(int(self.config.producer_expiry_s * 1e9), self.config.max_producers)
@@ -489,9 +505,9 @@ class Gateway:
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
             case P.Ping():
-                self._reply(identity, P.PingOk())
+                self.reply(identity, P.PingOk())
             case P.ReplicaAck() if self.ha is not None:
-                if not self.ha.ack(cmd):
+                if not self.ha.ack(identity, cmd):
                     self.metrics.rejected.labels("forged-ack").inc()
             case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
@@ -507,7 +523,7 @@ class Gateway:
                 self._publish_batch(identity, session, raw)
             case P.Extend(features=wanted):
                 session.features = GRANTABLE.intersection(wanted)
-                self._reply(identity, P.ExtendOk(tuple(sorted(session.features))))
+                self.reply(identity, P.ExtendOk(tuple(sorted(session.features))))
             case P.Detach():
                 del self.sessions[identity]
                 self.metrics.streams[session.stream].publishers.dec()
@@ -537,7 +553,7 @@ class Gateway:
             self.metrics.streams[old.stream].publishers.dec()
         self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
         self.metrics.streams[stream].publishers.inc()
-        self._reply(identity, P.AttachOk())
+        self.reply(identity, P.AttachOk())
 
     def _evict_idle(self) -> bool:
         """At the client limit: end the sessions silent for `client_timeout` (publishers that vanished without
@@ -740,7 +756,7 @@ class Gateway:
         synced = min(lane.writer.last_seq if never else lane.writer.synced_seq, self._visible(lane))
         while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
             identity, first, n = lane.confirms.popleft()
-            self._reply(identity, P.PublishOk(first, n))
+            self.reply(identity, P.PublishOk(first, n))
 
     # --- plain PUB ingest -----------------------------------------------------------------------------
 
@@ -770,7 +786,7 @@ class Gateway:
 
     # --- replies --------------------------------------------------------------------------------------
 
-    def _reply(self, identity: bytes, cmd: P.Command) -> None:
+    def reply(self, identity: bytes, cmd: P.Command) -> None:
         self._send_to(identity, P.encode(cmd))
 
     def _send_to(self, identity: bytes, frame: bytes) -> None:
@@ -807,6 +823,8 @@ class Gateway:
         for lane in self.lanes.values():
             lane.writer.close()
             self._send_confirms(lane)
+        for mark in self.marks.values():
+            mark.close()
         self.guard.close()
         self.router.close()
         if self.xsub is not None:

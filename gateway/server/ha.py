@@ -10,6 +10,11 @@ On following a new leader, a node first drops what its journal holds beyond the 
 leader journaled but never got committed): it compares its last batch with the leader's, byte for byte,
 and cuts batches from its end until they agree.
 
+Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
+sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs
+(sent on each advance and every `COMMIT_EVERY_S`). A follower acknowledges a batch only once it is as durable
+as `--fsync` says (written; or fsynced, one fdatasync per drain of the replication link: a group commit).
+
 Each node also says how it is doing under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`),
 every `REPORT_EVERY_S`, from a thread of its own.
 
@@ -46,6 +51,7 @@ log = logging.getLogger(__name__)
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
 RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (the loop must not spin on etcd)
 REPORT_EVERY_S = 0.5
+COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
 
 
 def group_key(streams: list[str]) -> str:
@@ -76,6 +82,8 @@ class HaNode:
         )
         self.insync: InSync | None = None
         self.follower: Follower | None = None
+        self._peers: dict[str, bytes] = {}  # leading: follower node -> its ack link's identity on our ingest
+        self._next_commit = 0.0
         self._retry_at = 0.0
         self._recorded: set[str] = set()  # the in-sync set as last written to etcd
         self._write_retry_at = 0.0
@@ -133,8 +141,9 @@ class HaNode:
             where = f"the leader is {info.node} at {info.reachable_ingest} (epoch {holder.create_revision})"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
-    def ack(self, ack: P.ReplicaAck) -> bool:
-        """Count a follower's ack if its mac proves a node of the group made it; False for a forged one."""
+    def ack(self, identity: bytes, ack: P.ReplicaAck) -> bool:
+        """Count a follower's ack if its mac proves a node of the group made it; False for a forged one.
+        `identity`: where the follower's link is on our ingest (REPLICA-COMMITs go there)."""
         if self.insync is None:
             return True  # a follower takes no acks; nothing to tell
         if not ack_valid(self._ack_key, ack):
@@ -147,6 +156,8 @@ class HaNode:
                 self._forged_logged = True
             return False
         self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, time.monotonic())
+        if ack.epoch == self.insync.epoch:
+            self._peers[ack.node] = identity
         return True
 
     # --- the loop's hook ---------------------------------------------------------------------------------
@@ -179,7 +190,7 @@ class HaNode:
         heads = {s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}
         for stream, head in heads.items():
             start_epoch(self.gw.lanes[stream].writer.directory, epoch, head + 1)
-        self.insync, self._recorded = insync, set(insync.members)
+        self.insync, self._recorded, self._peers = insync, set(insync.members), {}
         log.info("ha: %s leads epoch %d from heads %s, in sync: %s", self.node, epoch, heads, sorted(insync.members))
 
     def _demote(self) -> None:
@@ -192,6 +203,7 @@ class HaNode:
         insync = self.insync
         assert insync is not None
         insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
+        self._tell_commits(insync, now)
         for name in insync.joinable():
             insync.add(name)  # here first: commits wait for it before etcd says it may be elected
         target = insync.members - set(insync.laggards(now))
@@ -209,8 +221,24 @@ class HaNode:
             return
         for gone in insync.members - target:
             insync.remove(gone)  # only now: commits went on without it only once etcd no longer lists it
+            self._peers.pop(gone, None)  # told of commits again once it acks again
         log.info("ha: in sync now: %s (was %s)", sorted(target), sorted(self._recorded))
         self._recorded = target
+
+    def _tell_commits(self, insync: InSync, now: float) -> None:
+        """Publish the commit points to our sidecar, and to our followers when they moved (or are due again)."""
+        moved = False
+        for stream, seq in insync.committed.items():
+            mark = self.gw.marks[stream]
+            if seq > mark.value:
+                mark.advance(seq)
+                moved = True
+        if not moved and now < self._next_commit:
+            return
+        self._next_commit = now + COMMIT_EVERY_S
+        for identity in self._peers.values():
+            for stream, seq in insync.committed.items():
+                self.gw.reply(identity, P.ReplicaCommit(stream, insync.epoch, seq))
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -233,6 +261,8 @@ class HaNode:
             self._unfollow()  # acknowledge nothing more to it, then depose it
             self.elector.suspect(holder.create_revision)
             return
+        for stream, seq in f.committed.items():
+            self.gw.marks[stream].advance(seq)
         if not f.clients:
             if f.answering(now) and now >= self._retry_at:
                 self._start_tails(f)
@@ -246,7 +276,7 @@ class HaNode:
             self._retry_at = now + RETRY_FOLLOW_S
 
     def copy(self, stream: str) -> None:
-        """Journal what the leader sent for `stream`, verbatim, and acknowledge it."""
+        """Journal what the leader sent for `stream`, verbatim, and acknowledge it once durable as configured."""
         f, lane = self.follower, self.gw.lanes[stream]
         assert f is not None
         last = 0
@@ -257,6 +287,8 @@ class HaNode:
             lane.producers.journaled(batch)
             last = batch.last_seq
         if last:
+            if self.gw.config.durability.mode != "never":
+                lane.writer.sync()  # one fdatasync for all this drain journaled: the ack promises it is on disk
             f.journaled(stream, last)
 
     def _start_tails(self, f: Follower) -> None:
@@ -282,7 +314,10 @@ class HaNode:
         """Cut our journal back to the last batch the leader holds too."""
         while (last := self._last_batch(stream)) is not None and not f.matches(stream, last):
             keep = last.first_seq - 1
-            lane = self.gw.lanes[stream]
+            lane, mark = self.gw.lanes[stream], self.gw.marks[stream]
+            if keep < mark.value:  # committed records are never cut: our journal is not what we thought
+                log.error("ha: stream %s: cutting to %d, below the committed mark %d", stream, keep, mark.value)
+                mark.lower(keep)
             lane.writer.close()
             cut_after(self.gw.config.journal, stream, keep)
             self.gw.reopen(stream)

@@ -24,7 +24,7 @@ from gateway.server.snapshots import Frozen, SnapshotFeed
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
-GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME})
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME, P.FEATURE_UNCOMMITTED})
 _TRIM_RETRIES = 3  # retention racing a reader can trim it again at once; more than this is a runaway
 
 
@@ -46,6 +46,8 @@ class Journal(Protocol):
     def seq_for_time(self, ts_ns: int) -> int: ...
 
     def cursor(self, from_seq: int) -> Cursor: ...
+
+    def unbounded(self) -> Journal: ...
 
 
 class Sent(NamedTuple):
@@ -191,6 +193,8 @@ class Session:
                 self._snapshot(prefixes)
             case P.Extend(features=wanted) if may_extend:
                 self.features = GRANTABLE.intersection(wanted)
+                if P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the committed mark
+                    self.journal = self.journal.unbounded()
                 if self.snapshots is not None and P.FEATURE_BATCH in self.features:  # snapshots come in batches
                     self.features |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
                 self.replies.append(P.encode(P.ExtendOk(tuple(sorted(self.features)))))

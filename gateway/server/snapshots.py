@@ -335,7 +335,7 @@ class SnapshotIndexes:
             if error is not None and time.monotonic() < until:
                 raise error
             self.failed.pop(stream, None)
-            index = self.indexes[stream] = SnapshotIndex(JournalReader(self.root, stream))
+            index = self.indexes[stream] = SnapshotIndex(JournalReader(self.root, stream, committed=True))
             log.info("snapshot index of %s: building from the journal", stream)
         return index
 

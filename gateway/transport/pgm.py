@@ -1,4 +1,4 @@
-"""PGM multicast through OpenPGM itself (libpgm via ctypes): a sender and a receiver with timers set for a LAN.
+"""PGM multicast through OpenPGM itself (libpgm): a sender and a receiver with timers set for a LAN.
 
 Why not libzmq's epgm://: libzmq 4.3.4 compiles OpenPGM's NAK timers in (src/pgm_socket.cpp): a receiver waits
 up to 50 ms before its first NAK and 200 ms before it repeats one or gives up waiting for a repair, and PGM
@@ -16,9 +16,14 @@ A plain pyzmq SUB reads our feed; our receiver reads a libzmq PUB.
 OpenPGM has no thread of its own: its timers (NAKs, SPM heartbeats, repairs) advance only while someone calls
 into the socket. So each `PgmSender` and `PgmReceiver` owns one I/O thread that alone calls libpgm for its
 socket, waiting in poll(2) on the socket's descriptors for at most the time OpenPGM reports to its next timer
-(PGM_TIME_REMAIN, PGM_RATE_REMAIN). Threading contract: the owner calls the public methods from one thread;
-they only touch a queue under a lock and an eventfd; libpgm sees a single thread per socket, as libzmq's
-engine does. ctypes releases the GIL during every libpgm call.
+(PGM_TIME_REMAIN, PGM_RATE_REMAIN). That thread is native (gateway/transport/_pgm_loop.c: the receiver's
+reassembles the APDUs too and hands whole messages over in batches; neither takes the GIL per packet), so a
+busy interpreter delays neither OpenPGM's timers nor its reads. Where that extension was not built (no C
+compiler or no libpgm-dev), or with ZEPS_PURE_PYTHON=1, the same loops run in Python threads
+(`_PythonSendLoop`, `_PythonReceiveLoop`), which need the GIL between libpgm calls and fall behind at full
+rate (docs/pgm.md, "Cost at full rate"); `IO_LOOPS` says which run. Threading contract: the owner calls the
+public methods from one thread; they only touch a queue under a lock and an eventfd; libpgm sees a single
+thread per socket, as libzmq's engine does (a reset reopens the receiver's socket from that thread).
 
 Counters (`PgmReceiver.stats`): repairs received are the RDATA packets delivered (the packet type is in the
 buffer), unrecoverable losses the count OpenPGM reports with each reset (`lost_count`). The NAK counters live
@@ -31,14 +36,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import dataclasses
 import logging
 import os
 import select
 import struct
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Protocol
 
 import zmq
 
@@ -218,7 +226,7 @@ class _Socket:
         self.lib = lib()
         self.sock = _VOIDP()
         err = ctypes.POINTER(_Error)()
-        where = f"{'epgm' if udp else 'pgm'}://{interface};{group}:{port}"
+        self.where = where = f"{'epgm' if udp else 'pgm'}://{interface};{group}:{port}"
         res = ctypes.POINTER(_AddrInfo)()
         if not self.lib.pgm_getaddrinfo(f"{interface};{group}".encode(), None, ctypes.byref(res), ctypes.byref(err)):
             raise PgmError(f"{where}: {_take_error(self.lib, err)}: give the interface's IPv4 address")
@@ -275,6 +283,11 @@ class _Socket:
         finally:
             self.lib.pgm_freeaddrinfo(res)
         self.mss = self.get(PGM_MSS)
+
+    @property
+    def address(self) -> int:
+        """The pgm_sock_t's address, for the native receive loop (gateway/transport/_pgm_loop.c)."""
+        return self.sock.value or 0
 
     def _setp(self, name: int, value: object, size: int, level: int = _IPPROTO_PGM) -> None:
         if not self.lib.pgm_setsockopt(self.sock, level, name, value, size):
@@ -340,54 +353,66 @@ class _IoThread:
         os.close(self.wake)
 
 
+def _native_loop() -> ModuleType | None:
+    if os.environ.get("ZEPS_PURE_PYTHON") == "1":
+        return None
+    try:
+        from gateway.transport import _pgm_loop
+    except ImportError:  # built without a C compiler or without libpgm-dev
+        return None
+    return _pgm_loop
+
+
+_native = _native_loop()
+IO_LOOPS = "native" if _native else "python"  # which loops PgmSender and PgmReceiver run (docs/pgm.md)
+
+
 @dataclass(slots=True)
 class SenderStats:
     messages: int = 0
     apdus: int = 0
     rate_limited: int = 0  # times the I/O thread waited for OpenPGM's rate limiter
+    dropped: int = 0  # messages pgm_send refused with an error (not seen in practice)
 
 
-class PgmSender(_IoThread):
-    """Sends ZeroMQ-style multipart messages on a PGM session at `rate_kbps`, with backpressure.
+class _SendLoop(Protocol):
+    """What drives one sending socket: `_pgm_loop.SendLoop` (a native thread) or `_PythonSendLoop`.
 
-    `send_multipart` queues a whole message or raises zmq.Again once `hwm` messages wait for the rate limiter
-    (after waiting up to `linger_ms` unless NOBLOCK), so nothing is dropped to make room. The duck-typed subset
-    of zmq.Socket that the gateway uses: send_multipart, close.
+    `send` queues one message (its APDUs) unless `hwm` messages still wait after `wait_s` seconds; the thread
+    alone calls libpgm: it sends at OpenPGM's rate, answers NAKs with repairs and keeps the SPM timers.
     """
 
-    def __init__(self, interface: str, group: str, port: int, settings: PgmSettings, *, udp: bool = True,
-                 hwm: int = 64, linger_ms: int = 2_000) -> None:  # fmt: skip
-        super().__init__(f"pgm-send {group}:{port}")
-        self._s = _Socket(interface, group, port, settings, sender=True, udp=udp)
-        self.hwm, self.linger_ms = hwm, linger_ms
-        self.mss = self._s.mss
+    def send(self, apdus: list[bytes], wait_s: float, /) -> bool: ...
+    def counters(self) -> dict[str, int]: ...
+    def close(self, linger_s: float, /) -> None: ...
+
+
+class _PythonSendLoop(_IoThread):
+    """The send loop in a Python thread, where gateway.transport._pgm_loop was not built (as `_PythonReceiveLoop`)."""
+
+    def __init__(self, sock: _Socket, hwm: int) -> None:
+        super().__init__(f"pgm-send {sock.where}")
+        self._s, self.hwm = sock, hwm
         self._queue: deque[list[bytes]] = deque()  # messages as APDUs, oldest first
         self._room = threading.Condition(self.lock)
         self.stats = SenderStats()
-        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_REPAIR_SOCK, PGM_PENDING_SOCK), self.wake)
-        self._send_fd = self._s.get(PGM_SEND_SOCK)
+        self._ep = sock.poller((PGM_RECV_SOCK, PGM_REPAIR_SOCK, PGM_PENDING_SOCK), self.wake)
+        self._send_fd = sock.get(PGM_SEND_SOCK)
         self.thread.start()
 
-    def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
-        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
-        return packetise(frames, self.mss)
-
-    def send_multipart(
-        self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
-    ) -> None:
-        """Queue one message; zmq.Again when `hwm` messages wait already (blocks up to linger_ms unless NOBLOCK)."""
-        del copy  # the frames are always copied (into APDUs, then by OpenPGM into its window)
-        apdus = self.apdus(frames)
+    def send(self, apdus: list[bytes], wait_s: float) -> bool:
         with self._room:
-            if len(self._queue) >= self.hwm:
-                if flags & zmq.NOBLOCK:
-                    raise zmq.Again()  # the queue drains at the sender's rate
-                if not self._room.wait_for(lambda: len(self._queue) < self.hwm, self.linger_ms / 1000):
-                    raise zmq.Again()  # still full after linger_ms
+            if not self._room.wait_for(lambda: len(self._queue) < self.hwm, wait_s):
+                return False
             self._queue.append(apdus)
             was_idle = len(self._queue) == 1
         if was_idle:
             self.notify()
+        return True
+
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return dataclasses.asdict(self.stats)
 
     def run(self) -> None:
         s, send, recv = self._s, self._s.lib.pgm_send, self._s.lib.pgm_recvmsgv
@@ -410,7 +435,7 @@ class PgmSender(_IoThread):
                     self.stats.apdus += 1
                     message.pop(0)
                     if not message:
-                        self._sent()
+                        self._done(dropped=False)
                     continue
                 if status == IO_RATE_LIMITED:
                     self.stats.rate_limited += 1
@@ -418,8 +443,7 @@ class PgmSender(_IoThread):
                 elif status == IO_WOULD_BLOCK:
                     blocked = True
                 else:
-                    log.warning("pgm_send returned status %d: message dropped", status)
-                    self._sent()
+                    self._done(dropped=True)
                     continue
                 break
             with self.lock:
@@ -434,24 +458,67 @@ class PgmSender(_IoThread):
                 self.wait(self._ep, timeout)
         writable.close()
 
-    def _sent(self) -> None:
+    def _done(self, *, dropped: bool) -> None:
         with self._room:
             self._queue.popleft()
-            self.stats.messages += 1
+            if dropped:
+                self.stats.dropped += 1
+            else:
+                self.stats.messages += 1
             self._room.notify()
+
+    def close(self, linger_s: float) -> None:
+        self.stop(linger_s)
+        if self.thread.is_alive():  # still rate limited: give up on all but the message being sent
+            with self.lock:
+                while len(self._queue) > 1:
+                    self._queue.pop()
+            self.thread.join()
+        self._ep.close()
+        self.close_fd()
+
+
+class PgmSender:
+    """Sends ZeroMQ-style multipart messages on a PGM session at `rate_kbps`, with backpressure.
+
+    `send_multipart` queues a whole message or raises zmq.Again once `hwm` messages wait for the rate limiter
+    (after waiting up to `linger_ms` unless NOBLOCK), so nothing is dropped to make room. The duck-typed subset
+    of zmq.Socket that the gateway uses: send_multipart, close. The socket is driven by a native thread
+    (gateway/transport/_pgm_loop.c), or by `_PythonSendLoop` where that extension was not built.
+    """
+
+    def __init__(self, interface: str, group: str, port: int, settings: PgmSettings, *, udp: bool = True,
+                 hwm: int = 64, linger_ms: int = 2_000) -> None:  # fmt: skip
+        self._s = _Socket(interface, group, port, settings, sender=True, udp=udp)
+        self.hwm, self.linger_ms = hwm, linger_ms
+        self.mss = self._s.mss
+        self._loop: _SendLoop = _native.SendLoop(self._s.address, hwm) if _native else _PythonSendLoop(self._s, hwm)
+        self._closed = False
+
+    @property
+    def stats(self) -> SenderStats:
+        """The counters so far (a snapshot)."""
+        return SenderStats(**self._loop.counters())
+
+    def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
+        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
+        return packetise(frames, self.mss)
+
+    def send_multipart(
+        self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
+    ) -> None:
+        """Queue one message; zmq.Again when `hwm` messages wait already (blocks up to linger_ms unless NOBLOCK)."""
+        del copy  # the frames are always copied (into APDUs, then by OpenPGM into its window)
+        if not self._loop.send(self.apdus(frames), 0.0 if flags & zmq.NOBLOCK else self.linger_ms / 1000):
+            raise zmq.Again()  # the queue drains at the sender's rate
 
     def close(self, linger_ms: int | None = None) -> None:
         """Send what is queued (for up to `linger_ms`), then close the session."""
-        if not self._s.sock:
+        if self._closed:
             return
-        self.stop((self.linger_ms if linger_ms is None else linger_ms) / 1000)
-        if self.thread.is_alive():  # still rate limited: give up on the rest
-            with self.lock:
-                self._queue.clear()
-            self.thread.join()
-        self._ep.close()
+        self._closed = True
+        self._loop.close((self.linger_ms if linger_ms is None else linger_ms) / 1000)
         self._s.close()
-        self.close_fd()
 
     def __enter__(self) -> PgmSender:
         return self
@@ -471,72 +538,63 @@ class ReceiverStats:
     overruns: int = 0  # messages dropped because `hwm` messages waited for the consumer
 
 
-class PgmReceiver(PolledByFd, _IoThread):
-    """Receives the messages of every PGM sender on `group:port` whose first frame starts with a subscription.
+class _ReceiveLoop(Protocol):
+    """What drives one receiving socket: `_pgm_loop.ReceiveLoop` (a native thread) or `_PythonReceiveLoop`.
 
-    Like a ZeroMQ SUB: prefix subscriptions on the first frame, `poll`, `recv_multipart`, `close`, and a
-    `fileno` for zmq.Poller (readable exactly while a message waits). It joins a running session at the next
-    message start and, after an unrecoverable loss, resumes at the next message start too: it yields only
-    whole messages; gaps are for the caller's sequence numbers. Junk on the group (not PGM, or PGM that is not
-    libzmq's framing) is counted and skipped.
-
-    Once `hwm` messages wait here, newer ones are dropped (counted in `stats.overruns`): a consumer slower than
-    the feed sees a sequence gap (for replay to fill), never unbounded memory, and PGM goes on reading and
-    repairing at the wire's pace. (Pausing the reads instead overruns the socket's buffer: OpenPGM then has
-    thousands of sequences to NAK for at once, which the sender no longer holds; measured, it stopped
-    delivering for good.)
+    The thread alone calls libpgm, reassembles APDUs, and queues whole messages (at most `hwm`: newer ones are
+    counted as overruns); `fileno` is an eventfd readable while messages wait; `take` pops the oldest.
     """
+
+    def start(self) -> None: ...
+    def take(self) -> list[bytes] | None: ...
+    def ready(self) -> int: ...
+    def counters(self) -> dict[str, int]: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class _PythonReceiveLoop(_IoThread):
+    """The receive loop in a Python thread: used when gateway.transport._pgm_loop was not built (no C compiler
+    or no libpgm-dev) or ZEPS_PURE_PYTHON=1. It needs the GIL between libpgm calls, so a busy interpreter delays
+    OpenPGM's timers and, at full rate, its reads (docs/pgm.md, "Cost at full rate")."""
 
     def __init__(
         self,
-        interface: str,
-        group: str,
-        port: int,
-        settings: PgmSettings,
-        subscriptions: Sequence[bytes] = (),
-        *,
-        udp: bool = True,
-        hwm: int = 1000,
-        max_message_bytes: int = 64 * 1024 * 1024,
+        sock: _Socket,
+        reopen: Callable[[], _Socket],
+        subscriptions: Sequence[bytes],
+        hwm: int,
+        max_message_bytes: int,
     ) -> None:
-        _IoThread.__init__(self, f"pgm-recv {group}:{port}")
-        self._open = lambda: _Socket(interface, group, port, settings, sender=False, udp=udp)
-        self._s = self._open()
-        self.hwm = hwm
+        super().__init__(f"pgm-recv {sock.where}")
+        self._s, self._reopen, self.hwm = sock, reopen, hwm
         self._apdus = Reassembler(subscriptions, max_message_bytes)
         self.stats = ReceiverStats()
         self._ready: deque[list[bytes]] = deque()
-        self._room = threading.Condition(self.lock)
         self._signal = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # holds 1 while messages wait
         self._signalled = False
-        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+        self._ep = sock.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+
+    def start(self) -> None:
         self.thread.start()
 
     def fileno(self) -> int:
         return self._signal
 
-    def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
-        """zmq.POLLIN once a message is ready (waits up to `timeout` ms; None waits for good), else 0."""
-        del flags
-        if self._ready:
-            return zmq.POLLIN
-        ready = select.select([self._signal], [], [], None if timeout is None else timeout / 1000)[0]
-        return zmq.POLLIN if ready and self._ready else 0
+    def ready(self) -> int:
+        return len(self._ready)
 
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
-        """The next whole message; zmq.Again with NOBLOCK when none is ready."""
-        del copy
-        while True:
-            with self._room:
-                if self._ready:
-                    frames = self._ready.popleft()
-                    if not self._ready and self._signalled:
-                        os.eventfd_read(self._signal)
-                        self._signalled = False
-                    return frames
-            if flags & zmq.NOBLOCK:
-                raise zmq.Again()  # no message ready
-            self.poll(None)
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return dataclasses.asdict(self.stats)
+
+    def take(self) -> list[bytes] | None:
+        with self.lock:
+            frames = self._ready.popleft() if self._ready else None
+            if not self._ready and self._signalled:
+                os.eventfd_read(self._signal)
+                self._signalled = False
+            return frames
 
     def run(self) -> None:
         recv = self._s.lib.pgm_recvmsgv
@@ -544,6 +602,7 @@ class PgmReceiver(PolledByFd, _IoThread):
         base, n = ctypes.addressof(msgv), _SIZE()
         while not self.stopping:
             s = self._s
+            ctypes.c_void_p.from_address(base + 8).value = None  # a reset puts its error skb here
             status = recv(s.sock, msgv, _MSGV_BATCH, _MSG_ERRQUEUE, ctypes.byref(n), None)
             if status == IO_NORMAL:
                 self._deliver(base, n.value)
@@ -577,11 +636,11 @@ class PgmReceiver(PolledByFd, _IoThread):
             at += _MSGV_SIZE
             apdus += 1
             feed(tsi, parts[0] if count == 1 else b"".join(parts), out)
-        self.stats.repairs += repairs
-        self.stats.apdus += apdus
-        self.stats.junk = self._apdus.junk
-        if out:
-            with self.lock:
+        with self.lock:
+            self.stats.repairs += repairs
+            self.stats.apdus += apdus
+            self.stats.junk = self._apdus.junk
+            if out:
                 room = max(0, self.hwm - len(self._ready))
                 self.stats.overruns += max(0, len(out) - room)
                 self._ready.extend(out[:room])
@@ -591,31 +650,115 @@ class PgmReceiver(PolledByFd, _IoThread):
                     self._signalled = True
 
     def _reset(self, skb: int | None) -> None:
-        """OpenPGM lost data for good: count it, then start a new session, which joins every sender afresh.
+        """OpenPGM lost data for good: count it, then have the receiver open a new session (PgmReceiver._reopen)."""
+        with self.lock:
+            self.stats.resets += 1
+            if skb:
+                self.stats.lost += _SKB.unpack(ctypes.string_at(skb, _SKB.size))[1]  # this session's lost_count
+        if skb:
+            self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
+        self._apdus.lose_all()
+        self._ep.close()
+        self._s = self._reopen()
+        self._ep = self._s.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
+
+    def close(self) -> None:
+        self.stop(5.0)
+        self._ep.close()
+        self.close_fd()
+        os.close(self._signal)
+
+
+class PgmReceiver(PolledByFd):
+    """Receives the messages of every PGM sender on `group:port` whose first frame starts with a subscription.
+
+    Like a ZeroMQ SUB: prefix subscriptions on the first frame, `poll`, `recv_multipart`, `close`, and a
+    `fileno` for zmq.Poller (readable exactly while a message waits). It joins a running session at the next
+    message start and, after an unrecoverable loss, resumes at the next message start too: it yields only
+    whole messages; gaps are for the caller's sequence numbers. Junk on the group (not PGM, or PGM that is not
+    libzmq's framing) is counted and skipped.
+
+    The socket is driven by a native thread (gateway/transport/_pgm_loop.c) that never takes the GIL per
+    packet, or by `_PythonReceiveLoop` where that extension was not built (`IO_LOOPS` says which).
+
+    Once `hwm` messages wait here, newer ones are dropped (counted in `stats.overruns`): a consumer slower than
+    the feed sees a sequence gap (for replay to fill), never unbounded memory, and PGM goes on reading and
+    repairing at the wire's pace. (Pausing the reads instead overruns the socket's buffer: OpenPGM then has
+    thousands of sequences to NAK for at once, which the sender no longer holds; measured, it stopped
+    delivering for good.)
+    """
+
+    def __init__(
+        self,
+        interface: str,
+        group: str,
+        port: int,
+        settings: PgmSettings,
+        subscriptions: Sequence[bytes] = (),
+        *,
+        udp: bool = True,
+        hwm: int = 1000,
+        max_message_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._open = lambda: _Socket(interface, group, port, settings, sender=False, udp=udp)
+        self._s = self._open()
+        subscriptions = tuple(subscriptions)
+        self._loop: _ReceiveLoop
+        if _native is not None:
+            self._loop = _native.ReceiveLoop(self._s.address, self._reopen_address, subscriptions, hwm,
+                                             max_message_bytes)  # fmt: skip
+        else:
+            self._loop = _PythonReceiveLoop(self._s, self._reopen, subscriptions, hwm, max_message_bytes)
+        self._closed = False
+        self._loop.start()
+
+    def _reopen(self) -> _Socket:
+        """A new session after an unrecoverable loss, called by the loop's thread (the socket's only user).
 
         Measured: an OpenPGM receiver (libzmq's too) that has reported unrecoverable loss may deliver nothing
         more, for good, while its senders go on (docs/pgm.md). A new socket joins like a late joiner, at each
         sender's next message start; what passes meanwhile is a sequence gap, for replay to fill.
         """
-        self.stats.resets += 1
-        if skb:
-            self.stats.lost += _SKB.unpack(ctypes.string_at(skb, _SKB.size))[1]  # this session's lost_count
-            self._s.lib.pgm_free(skb)  # the error buffer OpenPGM allocated for this report
         fresh = self._open()
-        self._ep.close()
         self._s.close()
-        self._s, self._ep = fresh, fresh.poller((PGM_RECV_SOCK, PGM_PENDING_SOCK), self.wake)
-        self._apdus.lose_all()
+        self._s = fresh
+        return fresh
+
+    def _reopen_address(self) -> int:
+        return self._reopen().address
+
+    @property
+    def stats(self) -> ReceiverStats:
+        """The counters so far (a snapshot)."""
+        return ReceiverStats(**self._loop.counters())
+
+    def fileno(self) -> int:
+        return self._loop.fileno()
+
+    def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
+        """zmq.POLLIN once a message is ready (waits up to `timeout` ms; None waits for good), else 0."""
+        del flags
+        if self._loop.ready():
+            return zmq.POLLIN
+        ready = select.select([self.fileno()], [], [], None if timeout is None else timeout / 1000)[0]
+        return zmq.POLLIN if ready and self._loop.ready() else 0
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
+        """The next whole message; zmq.Again with NOBLOCK when none is ready."""
+        del copy
+        while (frames := self._loop.take()) is None:
+            if flags & zmq.NOBLOCK:
+                raise zmq.Again()  # no message ready
+            self.poll(None)
+        return frames
 
     def close(self, linger: int | None = None) -> None:
         del linger
-        if not self._s.sock:
+        if self._closed:
             return
-        self.stop(5.0)
-        self._ep.close()
+        self._closed = True
+        self._loop.close()
         self._s.close()
-        self.close_fd()
-        os.close(self._signal)
 
     def __enter__(self) -> PgmReceiver:
         return self

@@ -32,6 +32,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     22 SNAPSHOT        prefixes:strings                        C       snapshot
     23 SNAPSHOT-END    last:8 records:8                        S       snapshot
     24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
+    25 REPLICA-COMMIT  stream:s epoch:8 sequence:8                   S  (the leader to its followers, HA)
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -82,8 +83,19 @@ FEATURE_RANGE: Final = "range"
 FEATURE_TIME: Final = "time"
 FEATURE_SNAPSHOT: Final = "snapshot"
 FEATURE_PRODUCER: Final = "producer"  # PUBLISH-BATCH may carry FLAG_PRODUCER: the gateway drops re-sent records
+# A sidecar of a replicated group's node serves committed records only (docs/ha.md); a session granted this is
+# served to the journal's end: a follower gateway copying its leader's journal (the leader's commit waits for it).
+FEATURE_UNCOMMITTED: Final = "uncommitted"
 FEATURES: Final = frozenset(
-    {FEATURE_BATCH, FEATURE_CONFIRM, FEATURE_RANGE, FEATURE_TIME, FEATURE_SNAPSHOT, FEATURE_PRODUCER}
+    {
+        FEATURE_BATCH,
+        FEATURE_CONFIRM,
+        FEATURE_RANGE,
+        FEATURE_TIME,
+        FEATURE_SNAPSHOT,
+        FEATURE_PRODUCER,
+        FEATURE_UNCOMMITTED,
+    }
 )
 
 Buffer = bytes | bytearray | memoryview
@@ -295,8 +307,18 @@ class ReplicaAck(Command):
     mac: Chunk
 
 
+@_command
+class ReplicaCommit(Command):
+    """The leader of `epoch` (docs/ha.md) has committed `stream` through `sequence`: a follower may let its
+    sidecar serve that far (gateway.journal.committed)."""
+
+    stream: String
+    epoch: Number8
+    sequence: Number8
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 25+ are free.
+# Ids 26+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -322,6 +344,7 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (22, "SNAPSHOT", Snapshot, FEATURE_SNAPSHOT, "client"),
     (23, "SNAPSHOT-END", SnapshotEnd, FEATURE_SNAPSHOT, "server"),
     (24, "REPLICA-ACK", ReplicaAck, None, "client"),
+    (25, "REPLICA-COMMIT", ReplicaCommit, None, "server"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

@@ -25,7 +25,7 @@ from netlab.packets import inject
 
 
 def openpgm(**settings: Any) -> Tuning:
-    """Tuning for gateway.transport.pgm, this file's subject (libzmq's engine is the default elsewhere)."""
+    """Tuning for gateway.transport.pgm, this file's subject (the default engine; explicit here)."""
     return Tuning(libzmq_pgm=False, **settings)
 
 

@@ -129,8 +129,8 @@ def test_random_5pct_loss_on_the_subscriber_link(deployment: Deployment) -> None
 
 
 def test_openpgm_counters_are_subscriber_metrics(deployment: Deployment) -> None:
-    """The feed read through gateway.transport.pgm (the gateway sends with libzmq's engine: the same wire) under
-    2% loss: OpenPGM repairs what it can, and its counters are in the subscriber's metrics."""
+    """The feed read through gateway.transport.pgm under 2% loss: OpenPGM repairs what it can, and its counters
+    are in the subscriber's metrics."""
     lab = deployment.lab
     impair(lab, "sub", Impairment(loss_pct=2.0), direction="in")
     run = functools.partial(subscribe, metrics=True, tuning=Tuning(libzmq_pgm=False))

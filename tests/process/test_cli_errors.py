@@ -101,6 +101,8 @@ USAGE = [
     (("journal", "fix", "j"), ["'fix'"]),
     (("keygen",), ["--stream-key FILE, --curve DIR/NAME"]),
     (("ha", "status", "--stream", "s"), ["--etcd"]),
+    (("ha",), ["ACTION"]),
+    (("ha", "check", "--stream", "s"), ["--journal"]),
     (
         (
             "gateway",

@@ -397,3 +397,100 @@ def test_etcd_down_stops_confirms_and_they_resume_with_etcd(etcd: EtcdProcess, t
         pub.close()
         for node in nodes:
             node.kill9()
+
+
+class Tail:
+    """A live-tail subscriber of one sidecar, from the first record, kept for the whole test (never restarted)."""
+
+    def __init__(self, endpoint: str) -> None:
+        from gateway.client.replay_client import ReplayClient
+
+        self.client = ReplayClient(endpoint, STREAM, timeout=5.0, ctx=zmq.Context())
+        self.client.subscribe("", 0)
+        self.got: list[tuple[int, bytes]] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                event = self.client.recv(0.05)
+                if isinstance(event, B.Batch):
+                    self.got.extend(
+                        (seq, bytes(body)) for seq, _, _, body in event.raw(event.first_seq, event.last_seq)
+                    )
+        except BaseException as exc:
+            self.error = exc
+
+    def wait_for(self, head: int, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.error is None and (not self.got or self.got[-1][0] < head):
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.client.close()
+
+
+def test_a_former_leaders_sidecar_serves_only_committed_records_across_its_rejoin(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """The leader journals records its followers never get (they are paused, then killed), then is paused itself;
+    a successor assigns other records to those sequences; the old leader wakes, rejoins and cuts them. A subscriber that
+    tails the old leader's sidecar all along (the sidecar is never restarted) gets every sequence once, in
+    order, with the content every journal agrees on: never one of the records journaled alone."""
+    nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    confirmed: dict[int, int] = {}
+    tail: Tail | None = None
+    try:
+        for n in range(1, 31):
+            confirmed[n] = pub.send(n)
+        old, epoch = leader(etcd, nodes)
+        followers = [node for node in nodes if node is not old]
+        tail = Tail(old.replay)
+        tail.wait_for(confirmed[30])
+        stale = Publisher([old.ingest])
+        confirmed[1000] = stale.send(1000)
+        for node in followers:
+            node.signal(signal.SIGSTOP)
+        assert stale.sock is not None
+        for n in (1001, 1002, 1003):  # journaled by the leader alone: its followers copy nothing now
+            stale.sock.send(P.encode(P.PublishBatch(B.encode(0, [(0, b"k", f"record-{n}".encode())],
+                                                             producer=(stale.producer, n)))))  # fmt: skip
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(old.records()) < confirmed[1000] + 3:
+            time.sleep(0.01)
+        assert len(old.records()) == confirmed[1000] + 3, "the leader did not journal the records sent to it"
+        time.sleep(0.1)  # its sidecar polls its journal every ms: time enough to serve them, were it to
+        old.signal(signal.SIGSTOP)
+        for node in followers:  # they lose what the old leader's sidecar had sent them (not journaled yet)
+            node.kill9()
+            node.start()
+        for node in followers:
+            node.wait_ready()
+        for n in range(31, 61):  # the followers elect a successor, which assigns those sequences to these
+            confirmed[n] = pub.send(n)
+        successor, new_epoch = leader(etcd, nodes)
+        assert successor is not old and new_epoch > epoch
+        old.signal(signal.SIGCONT)  # it steps down, cuts what it journaled alone, follows
+        for n in range(61, 91):
+            confirmed[n] = pub.send(n)
+        wait_synced(nodes)
+        check(nodes, confirmed)
+        journal = [(seq, body) for seq, _, body in successor.records()]
+        assert b"record-1001" not in {body for _, body in journal}
+        tail.wait_for(journal[-1][0])
+        assert tail.error is None, f"the subscriber of the old leader's sidecar failed: {tail.error!r}"
+        assert tail.got == journal, "the old leader's sidecar served other records than the group committed"
+        assert "journal corrupt" not in old.log.read_text()
+        stale.close()
+    finally:
+        if tail is not None:
+            tail.close()
+        pub.close()
+        for node in nodes:
+            node.kill9()

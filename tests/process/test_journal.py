@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import JournalCorrupt, JournalLocked, JournalTrimmed, NotAJournal
+from gateway.errors import JournalCorrupt, JournalError, JournalLocked, JournalTrimmed, NotAJournal
 from gateway.journal import (
     Cursor,
     Durability,
@@ -28,7 +28,9 @@ from gateway.journal import (
     truncate_at,
     verify_root,
 )
+from gateway.journal.committed import CommittedMark, remove_mark
 from gateway.journal.layout import INDEX_ENTRY, idx_path, list_segments, seg_path
+from gateway.journal.tools import cut_after
 from gateway.wire.batch import HEADER_SIZE, Batch, encode, resequence
 
 ZEPS = Path(sys.executable).with_name("zeps")
@@ -477,3 +479,73 @@ def test_reader_waiting_at_a_torn_tail_reads_what_recovery_writes_there(root: Pa
         with JournalWriter.open(root, S) as w:  # recovery cuts it; a smaller batch takes its place
             sealed = w.append(pub(1))
         assert [bytes(b) for b in read_all(cursor)] == [sealed]
+
+
+def _tags(batches: list[Batch]) -> list[tuple[int, int, bytes]]:
+    """(first, last, first body's tag) of each batch: which content a reader got at which sequences."""
+    return [
+        (b.first_seq, b.last_seq, bytes(next(iter(b.raw(b.first_seq, b.first_seq)))[3]).split(b":")[0]) for b in batches
+    ]
+
+
+def test_a_committed_reader_serves_only_up_to_the_mark(root: Path) -> None:
+    with JournalWriter.open(root, S) as w:
+        fill(w, 5)  # 1..15, batches of 3
+        plain = JournalReader(root, S, committed=True)  # no mark (a single gateway): to the end, as always
+        assert len(read_all(plain.cursor(1))) == 5 and plain.last_seq == 15
+        mark = CommittedMark(root / S)
+        mark.advance(6)
+        reader = JournalReader(root, S, committed=True)
+        assert reader.last_seq == 6 and JournalReader(root, S).last_seq == 15
+        cursor = reader.cursor(1)
+        assert [b.last_seq for b in read_all(cursor)] == [3, 6]
+        assert cursor.next_batch() is None  # stays before 7..9
+        mark.advance(8)  # inside a batch: the batch waits for all of it
+        assert cursor.next_batch() is None
+        mark.advance(12)
+        assert [b.last_seq for b in read_all(cursor)] == [9, 12]
+        assert [b.last_seq for b in read_all(reader.cursor(10))] == [12]  # a new cursor, from the middle
+        remove_mark(root / S)  # the stream is a single gateway's again: served to its end
+        assert [b.last_seq for b in read_all(cursor)] == [15]
+        cursor.close()
+        mark.close()
+
+
+@pytest.mark.parametrize("segment_bytes", [64 << 20, 1], ids=["one-segment", "segment-per-batch"])
+def test_a_committed_reader_across_a_cut_gets_the_records_that_replaced_the_cut_ones(
+    root: Path, segment_bytes: int
+) -> None:
+    """A node that rejoins its group cuts what it journaled alone and journals its leader's records there: a
+    sidecar's cursor kept open across it (it read ahead past its bound, or stands in a segment now deleted)
+    returns the new records, and never the cut ones."""
+    with JournalWriter.open(root, S, segment_bytes=segment_bytes) as w:
+        fill(w, 2)  # 1..6, tags 0, 1
+        w.append(pub(3, 7))  # 7..9: journaled alone, never committed
+        w.append(pub(3, 8))  # 10..12: the same
+    mark = CommittedMark(root / S)
+    mark.advance(6)
+    cursor = JournalReader(root, S, committed=True).cursor(1)
+    assert _tags(read_all(cursor)) == [(1, 3, b"0"), (4, 6, b"1")]
+    assert cut_after(root, S, 6) > 0
+    with JournalWriter.open(root, S, segment_bytes=segment_bytes) as w:
+        w.append(pub(2, 5))  # 7..8: the leader's records at those sequences
+        w.append(pub(4, 6))  # 9..12
+    mark.advance(8)
+    assert _tags(read_all(cursor)) == [(7, 8, b"5")]
+    mark.advance(12)
+    assert _tags(read_all(cursor)) == [(9, 12, b"6")]
+    cursor.close()
+    mark.close()
+
+
+def test_a_reader_that_returned_records_since_cut_says_so(root: Path) -> None:
+    with JournalWriter.open(root, S) as w:
+        fill(w, 3)
+    cursor = JournalReader(root, S).cursor(1)
+    assert len(read_all(cursor)) == 3
+    cut_after(root, S, 3)
+    with JournalWriter.open(root, S) as w:
+        w.append(pub(9, 4))  # 4..12: longer than what was cut
+    with pytest.raises(JournalError, match="was cut to"):
+        cursor.next_batch()
+    cursor.close()

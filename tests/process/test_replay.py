@@ -24,6 +24,7 @@ from support.servers import BASE_TS, Raw, Sidecar, Stream, free_port, record_tup
 from gateway.client.replay_client import ReplayClient, history
 from gateway.errors import ReplayError
 from gateway.journal import JournalReader, Retention
+from gateway.journal.committed import CommittedMark
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 from gateway.wire.batch import MAX_SEQ
@@ -623,3 +624,39 @@ def test_zeps_history_errors_name_the_cause(sidecar: Sidecar, root: Path) -> Non
     ):
         plain.fetch(1, 2)  # asked at once; the check waits for the handshake and raises from recv()
         plain.recv()
+
+
+def test_the_live_tail_wakes_on_appends_and_commits_not_on_the_poll(root: Path) -> None:
+    """With a tail poll of 5 s, a tailing client still gets each append (and, on a node of a replicated group,
+    each advance of the committed mark) within a fraction of a second: the sidecar watches the stream."""
+    stream = Stream(root, "woken")
+    stream.write(1)
+    mark = CommittedMark(root / "woken")
+    mark.advance(10)
+    with start_sidecar(root, "--tail-poll-ms", "5000") as side, ReplayClient(side.endpoint, "woken") as client:
+        client.subscribe("", 0)
+        got = 0
+
+        def received_within(seconds: float) -> float:
+            nonlocal got
+            start = deadline = time.monotonic()
+            deadline += seconds
+            while time.monotonic() < deadline:
+                event = client.recv(0.01)
+                if isinstance(event, B.Batch):
+                    got = event.last_seq
+                    return time.monotonic() - start
+            raise AssertionError(f"nothing within {seconds} s (have {got})")
+
+        received_within(5.0)  # the first batch: at subscribe
+        delays = []
+        for _ in range(5):
+            time.sleep(0.05)  # the client is at the tail again
+            stream.write(1)
+            assert client.recv(0.2) is None  # journaled but not committed: not served
+            mark.advance(got + 10)
+            delays.append(received_within(1.0))
+        assert got == 60
+        print(f"commit -> tailing client: max {max(delays) * 1e3:.1f} ms")
+    mark.close()
+    stream.writer.close()

@@ -85,10 +85,10 @@ def test_pgm_engine_chooses_who_drives_pgm(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.delenv("ZEPS_PGM_ENGINE", raising=False)
     base = ["gateway", "--stream", "px", "--journal", "/nonexistent", "--ingest", "tcp://127.0.0.1:5570"]
-    assert configure(build_parser().parse_args(base)).tuning.libzmq_pgm is True
-    assert configure(build_parser().parse_args([*base, "--pgm-engine", "openpgm"])).tuning.libzmq_pgm is False
-    monkeypatch.setenv("ZEPS_PGM_ENGINE", "openpgm")  # the option wins over the environment
+    assert configure(build_parser().parse_args(base)).tuning.libzmq_pgm is False
     assert configure(build_parser().parse_args([*base, "--pgm-engine", "libzmq"])).tuning.libzmq_pgm is True
+    monkeypatch.setenv("ZEPS_PGM_ENGINE", "libzmq")  # the option wins over the environment
+    assert configure(build_parser().parse_args([*base, "--pgm-engine", "openpgm"])).tuning.libzmq_pgm is False
     args = build_parser().parse_args(["subscribe", "--stream", "px", "--replay", "tcp://127.0.0.1:5580"])
     assert (args.pgm_engine, args.fill_udp) == (None, None)
 

@@ -56,6 +56,7 @@ SPEC = {
     22: ("SNAPSHOT", [("prefixes", SS)], "snapshot"),
     23: ("SNAPSHOT-END", [("last", N8), ("records", N8)], "snapshot"),
     24: ("REPLICA-ACK", [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8), ("mac", C)], None),
+    25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8)], None),
 }
 
 
@@ -64,7 +65,7 @@ def test_table_matches_the_grammar() -> None:
     assert got == SPEC
     for cmd_id, spec in COMMANDS.items():
         assert (cmd_id, spec.name, spec.feature) == (spec.cls.ID, spec.cls.NAME, spec.cls.FEATURE)
-    assert {"batch", "confirm", "range", "time", "snapshot", "producer"} == p.FEATURES
+    assert {"batch", "confirm", "range", "time", "snapshot", "producer", "uncommitted"} == p.FEATURES
     assert {s.feature for s in COMMANDS.values()} - {None} <= p.FEATURES
 
 
