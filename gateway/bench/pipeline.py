@@ -56,7 +56,9 @@ def record_keys() -> list[str]:
     return [f"key{i:03d}" for i in range(KEYS)]
 
 
-def publish(ingest: str, count: int, rate: float, linger_ms: float = 5.0, deadline_s: float = 120.0) -> dict:
+def publish(
+    ingest: str | list[str], count: int, rate: float, linger_ms: float = 5.0, deadline_s: float = 120.0
+) -> dict:
     """In host pub: `count` records of BODY bytes over KEYS keys, paced at `rate`/s (0: as fast as taken).
 
     Not confirmed: under a burst the gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a
@@ -80,7 +82,7 @@ def publish(ingest: str, count: int, rate: float, linger_ms: float = 5.0, deadli
 
 def subscribe(
     multicast: list[str],
-    replay: str,
+    replay: str | list[str],
     count: int,
     ready: Any,
     rate_kbps: int = RATE_KBPS,

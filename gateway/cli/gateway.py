@@ -90,6 +90,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(docs/ha.md)",
     )
     p.add_argument("--min-insync", type=nonnegative, help="in-sync followers a batch needs before it is confirmed (0)")
+    p.add_argument(
+        "--suspect-ms",
+        type=positive,
+        help="a group node: depose a leader whose ingest answers nothing this long, in ms (default 300; docs/ha.md)",
+    )
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
 
@@ -152,6 +157,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         discovery=discovery,
         etcd=discovery_opts.etcd_urls(given.get("etcd")),
         node=args.node if args.etcd and args.node else "",  # --etcd and --node: a node of a group (docs/ha.md)
+        **({"ha_suspect_s": given["suspect_ms"] / 1000} if "suspect_ms" in given else {}),
         **{k: given[k] for k in _PASSED_ON if k in given},
     )
 

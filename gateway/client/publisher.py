@@ -586,6 +586,8 @@ class Publisher:
                 self._set_state(_State.EXTENDING, HANDSHAKE_S)
             case P.ExtendOk(features=granted) if state is _State.EXTENDING:
                 self._ready(frozenset(granted))
+            case P.Invalid(reason=reason) if state is _State.EXTENDING and _elsewhere(reason):
+                pass  # a refusal of a batch sent before this session (pipelined), not the answer to EXTEND
             case P.Invalid() if state is _State.EXTENDING:
                 self._ready(frozenset())  # a gateway that knows no extension: plain ZEPS
             case P.Invalid(reason=reason) if state is _State.ATTACHING:

@@ -18,27 +18,12 @@ from pathlib import Path
 import pytest
 from support.halab import MCAST_PORT, STREAM, WAIT_S, Node, leader, publish, start_etcd, subscribe
 
+from gateway.tools.hagroup import outage, wait_confirmed
 from netlab.procs import MP
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(180)]
 
 KILLS = 2
-
-
-def outage(got: dict, killed: float, confirmed_before: int) -> float:
-    """From a kill to the subscriber's first delivery of a record published after it: one past the five the
-    publisher had in flight (those the old leader may have confirmed and multicast)."""
-    deliveries = zip(got["records"], got["arrived"], strict=True)
-    after = (t for (_, body), t in deliveries if int(body.removeprefix(b"record-")) > confirmed_before + 5)
-    return next(after, float("inf")) - killed
-
-
-def wait_progress(progress, beyond: int, timeout: float = WAIT_S) -> None:
-    """Until the publisher has had more than `beyond` records confirmed."""
-    deadline = time.monotonic() + timeout
-    while progress.value <= beyond:
-        assert time.monotonic() < deadline, f"no record confirmed past {beyond} within {timeout} s"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("loss", [0.0, 0.02], ids=["no-loss", "2%-loss"])
@@ -65,17 +50,17 @@ def test_subscribers_ride_through_leader_kills_on_multicast(
         failovers: list[float] = []
         kills: list[tuple[float, int]] = []
         for _ in range(KILLS):
-            wait_progress(progress, progress.value + 100)
+            wait_confirmed(progress, progress.value + 100)
             name, epoch = lab.run("etcd", leader, etcd)
             epochs.append(epoch)
             before = progress.value
             nodes[name].kill9()
             killed = time.monotonic()
             kills.append((killed, before))
-            wait_progress(progress, before + 5)  # confirms resumed: a successor leads
+            wait_confirmed(progress, before + 5)  # confirms resumed: a successor leads
             failovers.append(time.monotonic() - killed)
             nodes[name].start().wait_ready()  # it rejoins as a follower
-        wait_progress(progress, progress.value + 100)
+        wait_confirmed(progress, progress.value + 100)
         stop.set()
         confirmed, head = pub.result(WAIT_S)
         until.put(head)

@@ -91,3 +91,13 @@ def test_pgm_engine_chooses_who_drives_pgm(monkeypatch: pytest.MonkeyPatch) -> N
     assert configure(build_parser().parse_args([*base, "--pgm-engine", "openpgm"])).tuning.libzmq_pgm is False
     args = build_parser().parse_args(["subscribe", "--stream", "px", "--replay", "tcp://127.0.0.1:5580"])
     assert (args.pgm_engine, args.fill_udp) == (None, None)
+
+
+def test_suspect_ms_sets_the_followers_suspicion_timeout() -> None:
+    from gateway.cli.gateway import configure
+
+    base = ["gateway", "--stream", "px", "--journal", "/nonexistent", "--ingest", "tcp://127.0.0.1:5570"]
+    assert configure(build_parser().parse_args(base)).ha_suspect_s == 0.3
+    assert configure(build_parser().parse_args([*base, "--suspect-ms", "150"])).ha_suspect_s == 0.15
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--suspect-ms", "0"])
