@@ -415,6 +415,8 @@ class ReplayServer:
         have = sorted(p.name for p in self.config.journal.iterdir() if p.is_dir())
         shown = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "") if have else "none yet"
         reason = f"unknown stream {stream!r}; streams here: {shown} (a stream appears when the gateway opens it)"
+        if not have:  # a gateway starting beside us has not opened its streams yet: start-up order must not matter
+            reason += f": {P.RETRY_LATER}"
         self._invalid(identity, reason, "attach")
         return None
 

@@ -253,6 +253,24 @@ def test_a_sidecar_started_before_its_journal_waits_for_it(tmp_path: Path) -> No
     assert log.count("does not exist yet") == 1 and log.count("has appeared") == 1, log
 
 
+def test_a_journal_without_streams_yet_is_waited_for_and_a_wrong_name_beside_one_is_final(tmp_path: Path) -> None:
+    """The sidecar came up before its gateway opened the stream: the subscriber retries, then gets it all.
+    Once the journal holds a stream, a name it does not hold is a mistake, refused for good."""
+    root = tmp_path / "journal"
+    root.mkdir()
+    with side(root) as sidecar:
+        with Subscriber("orders", replay=sidecar.endpoint, start="earliest", replay_timeout=1.0) as sub:
+            exercise_deadlines(sub, 1.5)
+            assert sub.replay_state == "retrying" and sub.failed is None
+            s = Stream(root, "orders")  # the gateway has opened it
+            s.write(20)
+            assert drain(sub, 200) == s.expected()
+            s.writer.close()
+        with Subscriber("ordres", replay=sidecar.endpoint, start="earliest", replay_timeout=1.0) as sub:
+            with pytest.raises(ReplayRefused, match="unknown stream 'ordres'; streams here: orders"):
+                drain(sub, 1, within=10)
+
+
 def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> None:
     """A ticker on the same loop keeps ticking while the AsyncSubscriber waits on a dead, a frozen and a
     half-answering server, and while it is handed records."""
