@@ -36,6 +36,8 @@ Connection states, all in the IO thread, each with its deadline::
                / drop / unreachable (several)
     EXTENDING  EXTEND-OK / INVALID (old gateway)    READY (every unconfirmed batch re-sent, in order)
     READY      PUBLISH-OK                           READY (confirmed batches dropped, space freed)
+    READY      no PUBLISH-OK for CONFIRM_STALL_S    DOWN (attach again and re-send; the gateway drops
+               while batches are unconfirmed        what it has journaled)
     READY      INVALID "before ATTACH", or one      DOWN (the gateway ended the session, or sends us to
                ending "retry later" / on leaders    its leader: attach again, there if it named one)
     READY      other INVALID                        FAILED (publish/flush raise it from now on)
@@ -90,6 +92,11 @@ HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying ag
 # misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
+# A gateway that answers pings but confirms nothing this long while batches wait for it (a reply it dropped, a
+# leader holding confirms for a follower that may never come back) gets a new session: the batches are re-sent,
+# and it drops and confirms those it has. Far above a group commit or a failover, so it costs a healthy gateway
+# nothing; it bounds how long a record can sit unconfirmed on a live connection.
+CONFIRM_STALL_S = 5.0
 WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 _ids = itertools.count()  # monitor addresses
 _HEAD = len(P.head_of(P.PublishBatch, 0))  # a PUBLISH-BATCH frame's bytes before its batch
@@ -215,6 +222,7 @@ class Publisher:
         self._handshake: Handshake | None = None
         self._attached_once = False
         self._retry_at = 0.0
+        self._progress_at = 0.0  # READY: when a confirm last came, or when batches began to wait for one
         self._state_deadline = 0.0
         self._due: float | None = None  # when the queue's oldest record must leave (its linger deadline)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -457,6 +465,12 @@ class Publisher:
             return min(self._state_deadline - now, Handshake.SLICE_S)
         if state is _State.FAILED:
             return 1.0
+        if self._confirming and self._unconfirmed:
+            stalled = now - self._progress_at
+            if stalled >= CONFIRM_STALL_S:
+                self._lost(f"no PUBLISH-OK for {stalled:.1f} s")
+                return 0.0
+            return min(self._send_due(now), CONFIRM_STALL_S - stalled)
         return self._send_due(now)
 
     def _send_due(self, now: float) -> float:
@@ -502,6 +516,8 @@ class Publisher:
         for sent in kept:
             self._send(sent.frame)
         if self._confirming:
+            if not self._unconfirmed:
+                self._progress_at = time.monotonic()
             self._unconfirmed.extend(kept)
         with self._cond:
             self.sent += n
@@ -612,6 +628,7 @@ class Publisher:
             self._fail(PublishError(f"the gateway at {self.endpoint} does not grant publish confirms"))
             return
         self._head_confirmed = 0  # a re-sent batch is confirmed whole
+        self._progress_at = time.monotonic()
         for kept in self._unconfirmed:
             self._send(kept.frame)
         self._endpoints.succeeded()
@@ -629,6 +646,7 @@ class Publisher:
             self._cond.notify_all()
 
     def _confirmed(self, last_seq: int, n: int) -> None:
+        self._progress_at = time.monotonic()
         freed = 0
         left = n
         while left and self._unconfirmed:

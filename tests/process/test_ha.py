@@ -26,6 +26,8 @@ from support.servers import assert_exactly_once, free_port, journal_records
 
 from gateway import EtcdDirectory, Subscriber
 from gateway import Publisher as Client
+from gateway.client.publisher import CONFIRM_STALL_S
+from gateway.errors import PublishError
 from gateway.journal.epochs import read_epochs
 from gateway.server.ha import REPORT_EVERY_S, group_key
 from gateway.transport.etcd import Etcd
@@ -616,5 +618,38 @@ def test_a_former_leaders_sidecar_serves_only_committed_records_across_its_rejoi
         if tail is not None:
             tail.close()
         pub.close()
+        for node in nodes:
+            node.kill9()
+
+
+def test_a_publisher_whose_confirms_stall_attaches_again_and_loses_nothing(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A leader that holds confirms (its only follower, needed by --min-insync 1, is paused) still answers pings,
+    so the connection stays up: the Publisher gives it a new session every CONFIRM_STALL_S and re-sends. Once the
+    follower is back everything is confirmed, each record journaled once on both nodes."""
+    nodes = start_group(tmp_path, etcd, 2, "--min-insync", "1")
+    bodies = [f"stall-{n}".encode() for n in range(60)]
+    try:
+        head, _ = leader(etcd, nodes)
+        follower = next(node for node in nodes if node is not head)
+        with Client([head.ingest, follower.ingest], STREAM, confirm=True, timeout=10.0) as pub:
+            for body in bodies[:20]:
+                pub.publish("k", body)
+            pub.flush()
+            follower.signal(signal.SIGSTOP)
+            try:
+                for body in bodies[20:40]:
+                    pub.publish("k", body)
+                with pytest.raises(PublishError, match="not confirmed"):
+                    pub.flush(timeout=CONFIRM_STALL_S + 1.5)
+                assert pub.reconnects >= 1  # without the stall deadline it waits on the same session for ever
+            finally:
+                follower.signal(signal.SIGCONT)
+            for body in bodies[40:]:
+                pub.publish("k", body)
+            pub.flush(timeout=30.0)
+        wait_synced(nodes)
+        for node in nodes:
+            assert_exactly_once(node.journal, bodies, STREAM)
+    finally:
         for node in nodes:
             node.kill9()
