@@ -266,9 +266,9 @@ def test_a_journal_without_streams_yet_is_waited_for_and_a_wrong_name_beside_one
             s.write(20)
             assert drain(sub, 200) == s.expected()
             s.writer.close()
-        with Subscriber("ordres", replay=sidecar.endpoint, start="earliest", replay_timeout=1.0) as sub:
-            with pytest.raises(ReplayRefused, match="unknown stream 'ordres'; streams here: orders"):
-                drain(sub, 1, within=10)
+        wrong = Subscriber("ordres", replay=sidecar.endpoint, start="earliest", replay_timeout=1.0)
+        with wrong, pytest.raises(ReplayRefused, match="unknown stream 'ordres'; streams here: orders"):
+            drain(wrong, 1, within=10)
 
 
 def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> None:

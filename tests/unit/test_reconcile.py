@@ -237,6 +237,7 @@ class ReplayServer:
     def disconnect(self) -> None:
         self.up = False
         self.queue.clear()
+        self.last_ready = 0  # a pause on the lost connection does not hold back the next one's answers
         self.subscriptions.clear()
 
     def ready(self, step: int) -> list[Event]:
