@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TTL_S = 1  # etcd's lease unit is the second; a LAN etcd with fast heartbeats grants 1 s
 DEFAULT_MARGIN_S = 0.2
+RETRY_S = 0.05  # after etcd failed a request: soon enough for a leader to renew within its margin, not a spin
 
 
 Job = Callable[[Etcd], Any]
@@ -78,6 +79,7 @@ class Elector(PolledByFd):
         self._lease = 0
         self._authority: tuple[int, float] = (0, -math.inf)  # (epoch, authority_until): replaced whole
         self._unreachable = False  # etcd failed the last request: said once, until it answers again
+        self._failed_at = -math.inf  # when etcd last failed a step: the next waits RETRY_S after it
         self._holder: Holder | None = None  # who leads, as last seen (replaced whole)
         self._suspect = 0  # the epoch whose leader the gateway found silent (0: none)
         self._suspected = False  # suspect() was called: look at the leader key now, not at the next poll
@@ -164,6 +166,7 @@ class Elector(PolledByFd):
         try:
             self._step()
         except CoordinatorError as exc:
+            self._failed_at = self._clock()
             if not self._unreachable:
                 log.warning("leadership: %s (retrying every %.2f s)", exc, interval)
             self._unreachable = True
@@ -193,9 +196,15 @@ class Elector(PolledByFd):
                 os.eventfd_write(self._fd, 1)  # close() joins this thread before it closes the fd
 
     def _step_wait(self, interval: float) -> float:
+        """Seconds until the next renewal (a leader) or poll (a follower) is due; never sooner than RETRY_S
+        after a failed step, or a leader whose renewal etcd refuses would retry at once, over and over."""
         if self._leadership.role is Role.LEADER:
-            return max(0.0, self._leadership.renewed_at + interval - self._clock())
-        return max(0.0, self._polled_at + self.poll_s - self._clock())
+            due = self._leadership.renewed_at + interval
+        else:
+            due = self._polled_at + self.poll_s
+        if self._unreachable:
+            due = max(due, self._failed_at + RETRY_S)
+        return max(0.0, due - self._clock())
 
     def _step(self) -> None:
         now = self._clock()

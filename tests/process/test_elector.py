@@ -15,7 +15,7 @@ import pytest
 from support.etcd import EtcdProcess
 
 from gateway.errors import CoordinatorError
-from gateway.server.elector import Elector
+from gateway.server.elector import RETRY_S, Elector
 from gateway.transport.etcd import Etcd
 
 pytestmark = pytest.mark.timeout(120)
@@ -76,7 +76,7 @@ def test_a_resigning_leader_hands_over_at_once(etcd: EtcdProcess) -> None:
 CHILD = """
 import sys, time
 from gateway.errors import CoordinatorError
-from gateway.server.elector import Elector
+from gateway.server.elector import RETRY_S, Elector
 from gateway.transport.etcd import Etcd
 e = Elector(sys.argv[1], sys.argv[2], "paused").start()
 end = time.monotonic() + 20
@@ -116,10 +116,21 @@ def test_etcd_down_ends_authority_and_leadership_returns_with_etcd(etcd: EtcdPro
     a = Elector(etcd.url, KEY, "a").start()
     try:
         wait_for(lambda: a.may_act(time.monotonic()), 5)
+        calls = 0
+        keepalive = a._etcd.keepalive
+
+        def counted(lease: int) -> int:
+            nonlocal calls
+            calls += 1
+            return keepalive(lease)
+
+        a._etcd.keepalive = counted  # type: ignore[method-assign]
         etcd.kill()
         wait_for(lambda: not a.may_act(time.monotonic()), 5)
         # Without etcd, authority ended within one lease of the last renewal that etcd answered.
         assert a._leadership.authority_until <= a._leadership.renewed_at + a.ttl_s
+        # A refused renewal is retried after RETRY_S, not at once: a handful of tries, not thousands.
+        assert 1 <= calls <= a.ttl_s / RETRY_S + 2, calls
         etcd.start()
         wait_for(lambda: a.may_act(time.monotonic()), 10)
     finally:
