@@ -120,6 +120,7 @@ def run(settings: Settings) -> Result:
         notes=failures,
         runs=settings.runs,
         seconds=time.monotonic() - progress.start,
+        issue=18,
     )
 
 

@@ -97,6 +97,7 @@ def _run(settings: Settings, cases: Sequence[Case]) -> Result:
         notes=failures,
         runs=settings.runs,
         seconds=time.monotonic() - progress.start,
+        issue=19,
     )
 
 

@@ -100,7 +100,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Target:
-    """A goal of issue #8 and what this run measured against it (met None: not comparable here)."""
+    """A goal of an issue and what this run measured against it (met None: not comparable here)."""
 
     goal: str
     measured: str
@@ -131,6 +131,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     runs: int = 0
     seconds: float = 0.0
+    issue: int = 8  # the issue that set its targets
 
 
 def repeat(
