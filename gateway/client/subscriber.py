@@ -104,6 +104,7 @@ log = logging.getLogger(__name__)
 TICK_S = 0.02
 FEED_BURST = 256  # multicast messages taken in per turn
 REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
+STATES_KEPT = 64  # state changes kept in SubscriberStats.states
 MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
 
 
@@ -161,7 +162,9 @@ class SubscriberStats:
     feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
     fill_datagrams: int = 0  # datagram answers to gap fills used (DatagramFills)
     fills_escalated: int = 0  # gap fills whose datagrams went unanswered, handed to FETCH
-    states: list[str] = field(default_factory=list)
+    # the last STATES_KEPT state changes: under sustained loss every gap is two (RECOVERING, MERGED), so a
+    # list of them all would grow for as long as the subscriber runs
+    states: deque[str] = field(default_factory=lambda: deque(maxlen=STATES_KEPT))
 
     @property
     def delivered(self) -> int:
@@ -692,7 +695,9 @@ class Subscriber:
                     self.pending.append(SlowConsumer(f"the application is {lag} records behind the live feed"))
                 case R.StateChanged(new=new):
                     self.stats.states.append(new.name)
-                    log.info("%s: %s", self.stream, new.name)
+                    # a gap filled is routine (hundreds a second under loss); the other changes are news
+                    level = logging.DEBUG if new in (R.State.RECOVERING, R.State.MERGED) else logging.INFO
+                    log.log(level, "%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:
         delivery = Delivery(batch, lo, hi, source, self.prefixes)
