@@ -105,6 +105,7 @@ TICK_S = 0.02
 FEED_BURST = 256  # multicast messages taken in per turn
 REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
 STATES_KEPT = 64  # state changes kept in SubscriberStats.states
+_GAP_CYCLE = {R.State.MERGED, R.State.RECOVERING}  # logged at DEBUG: every gap under loss is one
 MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
 
 
@@ -693,10 +694,10 @@ class Subscriber:
                     log.warning("replay of %s..%s made no progress after %d attempts; still trying", lo, hi, attempts)
                 case R.LagExceeded(lag=lag):
                     self.pending.append(SlowConsumer(f"the application is {lag} records behind the live feed"))
-                case R.StateChanged(new=new):
+                case R.StateChanged(old=old, new=new):
                     self.stats.states.append(new.name)
-                    # a gap filled is routine (hundreds a second under loss); the other changes are news
-                    level = logging.DEBUG if new in (R.State.RECOVERING, R.State.MERGED) else logging.INFO
+                    # a gap and its fill (MERGED <-> RECOVERING) are routine, hundreds a second under loss
+                    level = logging.DEBUG if {old, new} == _GAP_CYCLE else logging.INFO
                     log.log(level, "%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:

@@ -168,8 +168,8 @@ class Elector(PolledByFd):
         except CoordinatorError as exc:
             self._failed_at = self._clock()
             if not self._unreachable:
-                log.warning("leadership: %s (retrying every %.2f s)", exc, interval)
-            self._unreachable = True
+                self._unreachable = True
+                log.warning("leadership: %s (retrying in %.2f s)", exc, self._step_wait(interval))
         else:
             if self._unreachable:
                 log.info("leadership: etcd at %s answers again", self._etcd.url)

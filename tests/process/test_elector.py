@@ -76,7 +76,7 @@ def test_a_resigning_leader_hands_over_at_once(etcd: EtcdProcess) -> None:
 CHILD = """
 import sys, time
 from gateway.errors import CoordinatorError
-from gateway.server.elector import RETRY_S, Elector
+from gateway.server.elector import Elector
 from gateway.transport.etcd import Etcd
 e = Elector(sys.argv[1], sys.argv[2], "paused").start()
 end = time.monotonic() + 20
