@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,7 @@ from gateway.journal.layout import (
     segment_tail,
     write_head,
 )
+from gateway.journal.syncer import Syncer
 from gateway.wire.batch import HEADER, Batch, resequence
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,9 @@ class Durability:
     always: fsync every append. group: fsync once `group_bytes` are unsynced (in `append`), or once
     `group_ms` passed since the first unsynced append (in `maybe_sync()`, which the owner calls on a timer
     after sending what it appended: a due sync never holds back the multicast of the batch that made it due;
-    the write, which is what replay needs, still comes first). never: no fsync per append; the OS writes back
-    when it likes.
+    the write, which is what replay needs, still comes first). With a `Syncer`, a group sync runs on its
+    thread and `synced_seq` moves when it has finished (the owner's `maybe_sync()` finds it). never: no
+    fsync per append; the OS writes back when it likes.
     In every mode a segment is fsync'ed when it is sealed (once per segment_bytes) and by close(), so
     unsynced data is only ever in the active segment and `synced_seq` is exact.
     """
@@ -128,6 +131,7 @@ class JournalWriter:
         durability: Durability,
         retention: Retention,
         clock: Callable[[], int],
+        syncer: Syncer | None,
     ) -> None:
         """Internal: use JournalWriter.open(), which also recovers the stream."""
         self.root = root
@@ -152,6 +156,8 @@ class JournalWriter:
         self._synced_seq = 0
         self._unsynced_bytes = 0
         self._unsynced_since: float | None = None  # time.monotonic() of the first unsynced append
+        self._syncer = syncer
+        self._syncing: tuple[Future[float], int] | None = None  # a group sync on the syncer's thread, and its last seq
         self._last_sync_s = 0.0
         self._head_at = 0.0
         self._head_failed = False
@@ -168,10 +174,12 @@ class JournalWriter:
         durability: Durability = Durability(),
         retention: Retention = Retention(),
         clock: Callable[[], int] = time.time_ns,
+        syncer: Syncer | None = None,
     ) -> JournalWriter:
         """Lock the stream, recover it (docs/journal.md, "Recovery"), and get ready to append after its head.
 
         `clock` gives wall time in ns: journal time and segment age come from it (injectable for tests).
+        `syncer`: group syncs run on its thread, never on the caller's (None: on the caller's).
         Raises JournalLocked, JournalCorrupt (a fault with valid data after it: never skipped), OSError.
         """
         check_stream_name(stream)
@@ -180,7 +188,7 @@ class JournalWriter:
         root = Path(root)
         (root / stream).mkdir(parents=True, exist_ok=True)
         lock_fd = lock_stream(root / stream, stream)
-        writer = cls(root, stream, lock_fd, segment_bytes, index_interval, durability, retention, clock)
+        writer = cls(root, stream, lock_fd, segment_bytes, index_interval, durability, retention, clock, syncer)
         try:
             writer._recover()
         except BaseException:
@@ -216,8 +224,9 @@ class JournalWriter:
 
     @property
     def sync_deadline(self) -> float | None:
-        """time.monotonic() at which unsynced data becomes due (group mode), for the gateway's timer."""
-        if self._unsynced_since is None or self._durability.mode != "group":
+        """time.monotonic() at which unsynced data becomes due (group mode), for the gateway's timer; None while
+        a sync runs on the syncer (its pipe wakes the owner when it ends)."""
+        if self._unsynced_since is None or self._durability.mode != "group" or self._syncing is not None:
             return None
         return self._unsynced_since + self._durability.group_ms / 1000
 
@@ -299,8 +308,10 @@ class JournalWriter:
         if self._unsynced_since is None:
             self._unsynced_since = time.monotonic()
         self._unsynced_bytes += nbytes
-        if mode == "always" or (mode == "group" and self._unsynced_bytes >= self._durability.group_bytes):
+        if mode == "always":
             self.sync()
+        elif mode == "group" and self._unsynced_bytes >= self._durability.group_bytes:
+            self._group_sync()
 
     # -- durability ------------------------------------------------------------------------------------
 
@@ -310,19 +321,45 @@ class JournalWriter:
         return deadline is not None and now >= deadline
 
     def maybe_sync(self) -> bool:
-        """The gateway's timer hook: sync if due (so idle data is not left unsynced), then apply retention.
+        """The gateway's timer hook: take a finished background sync, sync if due (so idle data is not left
+        unsynced), then apply retention.
 
-        Returns whether it synced.
+        Returns whether a sync finished (`synced_seq` and `last_sync_latency_s` are new).
         """
-        due = self.sync_due(time.monotonic())
-        if due:
-            self.sync()
+        done = self._collect(wait=False)
+        if self.sync_due(time.monotonic()):
+            done = self._group_sync() or done
         self._write_owed_index()
         self._apply_retention()
-        return due
+        return done
+
+    def _group_sync(self) -> bool:
+        """A group commit: on the syncer's thread if there is one (and none runs yet), else here. Whether it
+        finished here."""
+        if self._syncer is None:
+            self.sync()
+            return True
+        if self._syncing is None:
+            self._syncing = (self._syncer.submit(self._fd), self._next_seq - 1)
+            self._unsynced_since, self._unsynced_bytes = None, 0  # what comes now is the next group's
+        return False
+
+    def _collect(self, *, wait: bool) -> bool:
+        """Take the background sync's outcome if it has finished (or, with `wait`, once it has): whether one
+        did. Raises its OSError, as sync() would."""
+        if self._syncing is None or not (wait or self._syncing[0].done()):
+            return False
+        future, seq = self._syncing
+        self._syncing = None
+        self._last_sync_s = future.result()
+        self._synced_seq = max(self._synced_seq, seq)
+        if time.monotonic() - self._head_at >= HEAD_REFRESH_S:
+            self._write_head()
+        return True
 
     def sync(self) -> None:
-        """Force everything appended so far to disk, whatever the mode."""
+        """Force everything appended so far to disk, whatever the mode (waiting for a background sync first)."""
+        self._collect(wait=True)
         if self._unsynced_since is not None:
             start = time.perf_counter()
             os.fdatasync(self._fd)

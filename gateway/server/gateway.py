@@ -9,6 +9,10 @@ count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced
 Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
 that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), the gateway
 stops reading publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them.
+
+Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
+`Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
+never the records behind it. The loop polls the syncer's pipe and confirms once a sync has finished.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from gateway.errors import ConfigError, JournalTrimmed
 from gateway.journal import Durability, JournalReader, JournalWriter, Retention
 from gateway.journal.committed import CommittedMark, remove_mark
 from gateway.journal.layout import list_segments, seg_path
+from gateway.journal.syncer import Syncer
 from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
@@ -207,6 +212,7 @@ class Gateway:
         self.id = random.getrandbits(32)
         self.metrics = GatewayMetrics(config.streams)
         self.marks = self._committed_marks()
+        self.syncer = Syncer()  # group commits off the loop: a slow fdatasync holds back confirms, not records
         self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
@@ -266,7 +272,12 @@ class Gateway:
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
         return JournalWriter.open(
-            c.journal, stream, segment_bytes=c.segment_bytes, durability=c.durability, retention=c.retention
+            c.journal,
+            stream,
+            segment_bytes=c.segment_bytes,
+            durability=c.durability,
+            retention=c.retention,
+            syncer=self.syncer,
         )
 
     def _committed_marks(self) -> dict[str, CommittedMark]:
@@ -371,6 +382,7 @@ class Gateway:
         """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
         poller = self._poller
         poller.register(self.router, zmq.POLLIN)
+        poller.register(self.syncer.fileno(), zmq.POLLIN)  # a group commit finished: confirm what it covers
         if self.xsub is not None:
             poller.register(self.xsub, zmq.POLLIN)
         try:
@@ -381,6 +393,8 @@ class Gateway:
                     time.sleep(min(wait, 0.002) or 0.0005)
                     continue
                 events = dict(poller.poll(int(wait * 1000)))
+                if self.syncer.fileno() in events:
+                    self.syncer.drain()
                 if self.router in events:
                     self._drain_router()
                 if self.xsub is not None and self.xsub in events and not any(map(self._uncommitted_full, self.lanes)):
@@ -831,6 +845,7 @@ class Gateway:
         for lane in self.lanes.values():
             lane.writer.close()
             self._send_confirms(lane)
+        self.syncer.close()
         for mark in self.marks.values():
             mark.close()
         self.guard.close()

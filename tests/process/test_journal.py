@@ -6,9 +6,11 @@ import itertools
 import logging
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from ctypes import c_longlong
@@ -30,6 +32,7 @@ from gateway.journal import (
 )
 from gateway.journal.committed import CommittedMark, remove_mark
 from gateway.journal.layout import INDEX_ENTRY, idx_path, list_segments, seg_path
+from gateway.journal.syncer import Syncer
 from gateway.journal.tools import cut_after
 from gateway.wire.batch import HEADER_SIZE, Batch, encode, resequence
 
@@ -409,6 +412,48 @@ def test_durability_modes_count_fsyncs(root: Path, monkeypatch: pytest.MonkeyPat
         assert syncs == [] and w.synced_seq == 0
         assert w.maybe_sync()  # the gateway's timer
         assert len(syncs) == 1 and w.synced_seq == 9 and w.sync_deadline is None
+
+
+def test_a_group_commit_with_a_syncer_runs_off_the_callers_thread(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow disk (an fdatasync held here until released) holds back `synced_seq` only: appends and the timer
+    hook return at once, a second group waits for the first, and the syncer's pipe says when one finished."""
+    held, entered, threads = threading.Event(), threading.Event(), list[str]()
+    real = os.fdatasync
+
+    def slow(fd: int) -> None:
+        threads.append(threading.current_thread().name)
+        entered.set()
+        assert held.wait(10.0), "the test never released the sync"
+        real(fd)
+
+    def finished(w: JournalWriter, syncer: Syncer) -> bool:
+        assert select.select([syncer], [], [], 10.0)[0], "the syncer's pipe never became readable"
+        syncer.drain()
+        return w.maybe_sync()
+
+    syncer = Syncer()
+    group = Durability("group", group_ms=0)
+    try:
+        with JournalWriter.open(root, S, durability=group, syncer=syncer) as w:
+            monkeypatch.setattr(os, "fdatasync", slow)
+            fill(w, 2)  # 6 records
+            assert not w.maybe_sync()  # started on the syncer's thread; this thread did not wait for it
+            assert entered.wait(10.0) and threading.current_thread().name not in threads
+            assert w.synced_seq == 0 and w.sync_deadline is None  # none due while one runs: the pipe wakes us
+            fill(w, 1)  # records 7-9: the next group
+            assert not w.maybe_sync() and w.synced_seq == 0 and len(threads) == 1
+            held.set()
+            assert finished(w, syncer)
+            assert w.synced_seq == 6  # what was appended before the sync began, not after
+            assert w.last_sync_latency_s > 0
+            w.maybe_sync()  # the next group starts
+            assert finished(w, syncer) and w.synced_seq == 9 and len(threads) == 2
+            fill(w, 1)
+            w.maybe_sync()
+        assert len(threads) == 3  # close() waited for the last one rather than closing its descriptor under it
+        assert w.synced_seq == 12
+    finally:
+        syncer.close()
 
 
 def test_second_writer_is_refused(root: Path) -> None:
