@@ -621,6 +621,10 @@ class Gateway:
             self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
             return
         lane = self.lanes[session.stream]
+        if producer is not None and (gap := lane.producers.missing(*producer)) is not None:
+            what = f"producer {producer[0]:016x}: its records {gap} to {producer[1] - 1} were refused, not journaled"
+            self._reject(identity, f"{what}: re-send from {gap}; {P.RETRY_LATER}", kind="out-of-order")
+            return
         self._flush(lane)
         confirm = P.FEATURE_CONFIRM in session.features
         series = self.metrics.streams[lane.stream]

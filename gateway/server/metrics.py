@@ -18,7 +18,8 @@ from gateway.transport.metrics import Metrics, precreate
 # invalid (a malformed or misplaced command, answered with INVALID), clients (ATTACH over --max-clients),
 # pub-frame (a plain PUB message that is not key + body), oversize (a plain PUB body over the limit),
 # not-leader (a publish to a follower node of a group), uncommitted (to a leader whose in-sync followers lag),
-# forged-ack (a REPLICA-ACK whose mac the leader's ack key did not make: not from a node of the group).
+# forged-ack (a REPLICA-ACK whose mac the leader's ack key did not make: not from a node of the group),
+# out-of-order (a producer's batch after a gap: an earlier batch of it was refused and comes again first).
 REJECTED_KINDS = (
     "auth",
     "no-signature",
@@ -29,6 +30,7 @@ REJECTED_KINDS = (
     "not-leader",
     "uncommitted",
     "forged-ack",
+    "out-of-order",
 )
 # Records accepted and then refused because the journal did not take them: journal-full (out of disk space),
 # journal (another write error).

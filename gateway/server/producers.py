@@ -17,7 +17,10 @@ number is `last` (none: an unknown or expired producer):
     first+count-1 <= last              nothing (duplicate)       all, at the producer's last stream sequence
     first <= last < first+count-1      the records after last    all (partial overlap)
 
-A gap (first > last + 1: records the producer never managed to publish) is accepted as is. The table is
+A gap (first > last + 1) is refused, retryably, as Kafka refuses an out-of-order sequence: the producer's
+earlier batch was refused (a leader holding too much, a full disk) while this one, pipelined behind it, was on
+its way; the publisher re-sends from the refused one, in order. Taking this one would make the refused one a
+"duplicate" on its return: confirmed, never journaled, lost. The table is
 bounded: a producer silent for `expiry_ns` of journal time is forgotten (as Kafka's producer.id.expiration),
 and beyond `capacity` producers the least recently seen is; a forgotten producer's next batch is taken as new.
 """
@@ -57,6 +60,14 @@ class ProducerTable:
         if known is None or first > known.last_pseq:
             return 0
         return min(known.last_pseq - first + 1, count)
+
+    def missing(self, pid: int, first: int) -> int | None:
+        """The producer's first number not journaled, if a batch starting at `first` would leave a gap before
+        it (refuse it); None if it continues the producer, overlaps it, or the producer is unknown."""
+        known = self._by_id.get(pid)
+        if known is None or first <= known.last_pseq + 1:
+            return None
+        return known.last_pseq + 1
 
     def journaled(self, batch: Batch) -> None:
         """Take note of a sequenced FLAG_PRODUCER batch now in the journal (live, or read back on restart)."""

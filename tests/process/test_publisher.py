@@ -190,16 +190,21 @@ def test_resent_batches_are_dropped_and_confirmed_across_restarts(tmp_path: Path
         # Partial overlap: 1..2 are journaled, 3..4 are new; confirmed whole, ending at the last new one.
         answer = send_batch(sock, pid, 1, [b"b", b"c", b"d", b"e"])
         assert isinstance(answer, P.PublishOk) and (answer.sequence + answer.count - 1, answer.count) == (6, 4)
-        assert send_batch(sock, pid, 7, [b"g"]) == P.PublishOk(7, 1)  # a gap is accepted as is
+        # A gap (5 is missing: refused while 6 was on its way) is refused too, retryably: taking 6 would make
+        # 5 a "duplicate" when it comes again, confirmed and never journaled.
+        refused = send_batch(sock, pid, 6, [b"g"])
+        assert isinstance(refused, P.Invalid) and refused.reason.endswith(P.RETRY_LATER), refused
+        assert "re-send from 5" in refused.reason
+        assert send_batch(sock, pid, 5, [b"f", b"g"]) == P.PublishOk(7, 2)  # in order: both journaled
         sock.close()
         gw.stop()
         gw.restart()
         sock = producer_session(gw.ingest)
-        assert send_batch(sock, pid, 3, [b"d", b"e"]) == P.PublishOk(6, 2)  # after a clean restart too
+        assert send_batch(sock, pid, 3, [b"d", b"e"]) == P.PublishOk(7, 2)  # after a clean restart too
         sock.close()
     finally:
         gw.stop()
-    assert [body for _, _, body in journal_records(tmp_path)] == [b"a", b"b", b"c", b"other", b"d", b"e", b"g"]
+    assert [body for _, _, body in journal_records(tmp_path)] == [b"a", b"b", b"c", b"other", b"d", b"e", b"f", b"g"]
 
 
 def test_idle_producers_expire_and_are_then_taken_as_new(tmp_path: Path) -> None:
