@@ -24,8 +24,11 @@ def test_duplicates_overlaps_and_gaps() -> None:
     assert table.duplicates(1, 2, 2) == 2  # a re-sent part
     assert table.duplicates(1, 3, 4) == 2  # overlap: 3 and 4 journaled, 5 and 6 new
     assert table.duplicates(1, 5, 3) == 0  # the next batch
-    assert table.duplicates(1, 9, 1) == 0  # a gap is taken as new
     assert table.duplicates(2, 0, 5) == 0  # producers are independent
+    # A gap is refused (the gateway answers "re-send from 5"): 5..8 were refused while 9 was on its way.
+    assert table.missing(1, 9) == 5
+    assert [table.missing(1, first) for first in (0, 3, 5)] == [None, None, None]  # re-sent, overlapping, next
+    assert table.missing(2, 9) is None  # an unknown (or forgotten) producer starts anywhere
 
 
 def test_expiry_and_capacity_forget_the_least_recently_seen() -> None:
