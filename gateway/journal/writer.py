@@ -37,7 +37,7 @@ from gateway.journal.layout import (
     segment_tail,
     write_head,
 )
-from gateway.journal.syncer import Syncer
+from gateway.journal.syncer import Syncer, timed_fdatasync
 from gateway.wire.batch import HEADER, Batch, resequence
 
 log = logging.getLogger(__name__)
@@ -353,19 +353,20 @@ class JournalWriter:
         self._syncing = None
         self._last_sync_s = future.result()
         self._synced_seq = max(self._synced_seq, seq)
-        if time.monotonic() - self._head_at >= HEAD_REFRESH_S:
-            self._write_head()
+        self._refresh_head()
         return True
 
     def sync(self) -> None:
         """Force everything appended so far to disk, whatever the mode (waiting for a background sync first)."""
         self._collect(wait=True)
         if self._unsynced_since is not None:
-            start = time.perf_counter()
-            os.fdatasync(self._fd)
-            self._last_sync_s = time.perf_counter() - start
+            self._last_sync_s = timed_fdatasync(self._fd)
             self._unsynced_since, self._unsynced_bytes = None, 0
         self._synced_seq = self._next_seq - 1
+        self._refresh_head()
+
+    def _refresh_head(self) -> None:
+        """After a sync: rewrite the head file, at most every HEAD_REFRESH_S."""
         if time.monotonic() - self._head_at >= HEAD_REFRESH_S:
             self._write_head()
 
