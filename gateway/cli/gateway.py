@@ -93,7 +93,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--suspect-ms",
         type=positive,
-        help="a group node: depose a leader whose ingest answers nothing this long, in ms (default 300; docs/ha.md)",
+        help="a group node: depose a leader whose peer link answers nothing this long, in ms (default 300; docs/ha.md)",
+    )
+    p.add_argument(
+        "--peer-endpoint",
+        metavar="ENDPOINT",
+        help="a group node: where its followers' acks and pings reach it, named to them in etcd (default: the "
+        "ingest's address on a free port; docs/ha.md)",
     )
     keyopts.add_server_options(p)
     p.set_defaults(handler=_run)
@@ -124,6 +130,7 @@ _PASSED_ON = (
     "producer_expiry_s",
     "max_producers",
     "min_insync",
+    "peer_endpoint",
 )
 
 

@@ -2,13 +2,15 @@
 
 Why the replay protocol (docs/ha.md): the leader's sidecar already serves its journal from any sequence and
 then live, batch by batch, with credit; a follower is one more subscriber of it, so a leader needs no second
-server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's
-ingest: REPLICA-ACK(node, stream, epoch, sequence, mac) after each batch journaled, and a PING every
-`ACK_EVERY_S`. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node
-that reads the group's etcd can make an ack the leader counts, not any client of its ingest (docs/ha.md).
-An ingest that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off). The leader
-answers on the same link with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves
-that far (gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
+server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's peer
+link (a socket of its own, named in its etcd leader key; not its ingest, so a flood of publishers never
+delays the followers' pings, and a leader that stops reading publishers still reads them):
+REPLICA-ACK(node, stream, epoch, sequence, mac) after each batch journaled, and a PING every `ACK_EVERY_S`.
+The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node that reads the
+group's etcd can make an ack the leader counts, not anyone who can reach the link (docs/ha.md). A peer link
+that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off). The leader answers on
+the same link with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves that far
+(gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
@@ -20,6 +22,7 @@ per change of leader; everything else never waits.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -81,28 +84,30 @@ ReplayFactory = Callable[[str, str, float, zmq.Context], ReplaySource]
 
 @dataclass(frozen=True)
 class LeaderInfo:
-    """What the leader key's value says of its holder; `ack_key` (hex) keys its followers' REPLICA-ACK macs."""
+    """What the leader key's value says of its holder: its endpoints (`peer`: the link its followers ack on) and
+    `ack_key` (hex), which keys their REPLICA-ACK macs."""
 
     node: str
     ingest: str
     replay: str
+    peer: str
     ack_key: str
 
     def encode(self) -> str:
-        return json.dumps({"node": self.node, "ingest": self.ingest, "replay": self.replay, "ack_key": self.ack_key})
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def decode(cls, text: str) -> LeaderInfo:
         data = json.loads(text)
-        return cls(str(data["node"]), str(data["ingest"]), str(data["replay"]), str(data.get("ack_key", "")))
+        return cls(**{f.name: str(data[f.name]) for f in dataclasses.fields(cls)})
 
-    @property
-    def reachable_ingest(self) -> str:
-        """The ingest to connect to: a wildcard bind (tcp://0.0.0.0:P) takes the host of the replay endpoint."""
-        ingest, replay = urlsplit(self.ingest), urlsplit(self.replay)
-        if ingest.hostname in ("0.0.0.0", "*", "::") and replay.hostname:
-            return f"tcp://{replay.hostname}:{ingest.port}"
-        return self.ingest
+    def reachable(self, endpoint: str) -> str:
+        """`endpoint` (its ingest or peer link) to connect to: a wildcard bind (tcp://0.0.0.0:P) takes the host of
+        the replay endpoint."""
+        bound, replay = urlsplit(endpoint), urlsplit(self.replay)
+        if bound.hostname in ("0.0.0.0", "*", "::") and replay.hostname:
+            return f"tcp://{replay.hostname}:{bound.port}"
+        return endpoint
 
 
 class Follower:
@@ -129,13 +134,13 @@ class Follower:
         self.ack_sock = ctx.socket(zmq.DEALER)
         self.ack_sock.setsockopt(zmq.LINGER, 0)
         self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
-        self.ack_sock.connect(leader.reachable_ingest)
+        self.ack_sock.connect(leader.reachable(leader.peer))
         self.started_at = self.heard_at = time.monotonic()
         self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
         self._next_ack = 0.0
 
     def answering(self, now: float) -> bool:
-        """Whether the leader's ingest answers us (its last ping): only then is its sidecar worth a wait."""
+        """Whether the leader's peer link answers us (its last ping): only then is its sidecar worth a wait."""
         return self.heard_at > self.started_at and now - self.heard_at < 2 * ACK_EVERY_S
 
     def matches(self, stream: str, own: B.Batch) -> bool:

@@ -7,8 +7,11 @@ count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced
 *before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
 
 Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
-that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), the gateway
-stops reading publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them.
+that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), or a
+leader's in-sync followers do (it holds `max_out_queue` batches they have not copied), the gateway stops reading
+publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them. A leader's followers
+are heard on a link of their own (gateway.server.ha), so they are read on every pass whatever the publishers do;
+and one drain of the ingest ends after DRAIN_S, so that no flood of publishes delays the loop's timers.
 
 Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
 `Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import random
 import time
@@ -60,6 +64,8 @@ GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
 FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
+DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
+DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
 
 
 @dataclass
@@ -97,6 +103,7 @@ class GatewayConfig:
     min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
     ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
     ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
+    peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -167,6 +174,8 @@ class _Out:
     """
 
     RETRY_S = 0.001  # how soon a full transport is tried again
+    PUMP_S = 0.005  # one pump ends after this long (checked every PUMP_CHECK sends): the loop's pass stays short
+    PUMP_CHECK = 64
 
     def __init__(
         self,
@@ -175,8 +184,10 @@ class _Out:
         heads: dict[str, int],
         rooms: dict[str, int],
         series: OutputSeries,
+        max_queue: int,
     ) -> None:
         self.sock = sock
+        self.max_queue = max_queue  # a queue this long stops the gateway reading publishers
         self.endpoint = endpoint
         self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
         self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
@@ -184,8 +195,10 @@ class _Out:
         self.series = series  # its metrics
         series.queued.set_function(self.queue.__len__)
 
-    def pump(self) -> float:
-        """Send what the transport takes; return seconds until it should be tried again (0 when idle)."""
+    def pump(self) -> float | None:
+        """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
+        at once, more is queued), None when idle."""
+        until, sent = time.monotonic() + self.PUMP_S, 0
         while self.queue:
             frames, last = self.queue[0]
             try:
@@ -194,10 +207,17 @@ class _Out:
                 return self.RETRY_S
             self.queue.popleft()
             self.sent_head[frames[0].decode()] = last
+            sent += 1
+            if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
+                return 0.0
         # NORM takes part of a message that does not fit and the rest only when asked again.
         if isinstance(self.sock, NormSender) and not self.sock.drain():
             return self.RETRY_S
-        return 0.0
+        return None
+
+    @property
+    def full(self) -> bool:
+        return len(self.queue) >= self.max_queue
 
 
 class Gateway:
@@ -241,7 +261,7 @@ class Gateway:
             heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
             sock = open_pub(self.ctx, channel.endpoint, config.tuning)
             series = self.metrics.add_output(str(channel.endpoint), heads)
-            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series))
+            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue))
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
         interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
@@ -381,23 +401,20 @@ class Gateway:
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
         poller = self._poller
-        poller.register(self.router, zmq.POLLIN)
         poller.register(self.syncer.fileno(), zmq.POLLIN)  # a group commit finished: confirm what it covers
-        if self.xsub is not None:
-            poller.register(self.xsub, zmq.POLLIN)
         try:
             while not (self._stopping or until()):
                 wait = self._on_timers(time.monotonic())
-                if any(len(o.queue) >= self.config.max_out_queue for o in self.outs):
-                    # Backpressure: read no publisher until multicast drains; their HWMs slow them down.
-                    time.sleep(min(wait, 0.002) or 0.0005)
-                    continue
-                events = dict(poller.poll(int(wait * 1000)))
+                waiting = self._publishers_wait()
+                poller.register(self.router, 0 if waiting else zmq.POLLIN)
+                if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
+                    poller.register(self.xsub, 0 if waiting or self._held_full() else zmq.POLLIN)
+                events = dict(poller.poll(math.ceil(wait * 1000)))
                 if self.syncer.fileno() in events:
                     self.syncer.drain()
                 if self.router in events:
                     self._drain_router()
-                if self.xsub is not None and self.xsub in events and not any(map(self._uncommitted_full, self.lanes)):
+                if self.xsub is not None and self.xsub in events:
                     self._drain_xsub()
         finally:
             self.close()
@@ -422,7 +439,7 @@ class Gateway:
                     deadline = min(deadline, due)
         for out in self.outs:  # multicast first: a group commit's fdatasync must not delay what is journaled
             wait = out.pump()
-            if wait:
+            if wait is not None:
                 deadline = min(deadline, now + wait)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
@@ -453,23 +470,37 @@ class Gateway:
             deadline = min(deadline, self.registrar.due)
         return max(0.0, deadline - time.monotonic())
 
-    def _uncommitted_full(self, stream: str) -> bool:
-        """A leader holds `max_out_queue` batches its in-sync followers do not have yet: it refuses publishes
-        until they do (it cannot stop reading its ingest, which carries their acknowledgements)."""
-        return len(self.lanes[stream].held) >= self.config.max_out_queue
+    def _publishers_wait(self) -> bool:
+        """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
+        them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
+        return self._outs_full() or (self._held_full() and not self._refusing())
+
+    def _outs_full(self) -> bool:
+        return any(out.full for out in self.outs)
+
+    def _held_full(self) -> bool:
+        """A leader holds `max_out_queue` batches of a stream not multicast yet: its in-sync followers have not
+        copied them, or multicast has not taken them."""
+        return any(len(lane.held) >= self.config.max_out_queue for lane in self.lanes.values())
+
+    def _refusing(self) -> bool:
+        """A leader with its held batches full and too few in-sync followers to commit (below --min-insync):
+        waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
+        return self.ha is not None and not self.ha.quorate and self._held_full()
 
     @property
     def _uncommitted_reason(self) -> str:
         return (
-            f"gateway node {self.config.node} waits for its in-sync followers (at least {self.config.min_insync}) "
-            f"to copy {self.config.max_out_queue} batches; {P.RETRY_LATER}"
+            f"gateway node {self.config.node} has fewer in-sync followers than --min-insync "
+            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy; {P.RETRY_LATER}"
         )
 
     def _release(self) -> None:
-        """A node that leads: multicast what its in-sync followers now hold."""
+        """A node that leads: multicast what its in-sync followers now hold, as far as multicast takes it (the rest
+        stays held, so that one pass of the loop queues a bounded amount, and publishers wait once it is full)."""
         for lane in self.lanes.values():
             visible = self._visible(lane)
-            while lane.held and lane.held[0][2] <= visible:
+            while lane.held and lane.held[0][2] <= visible and not self._outs_full():
                 batch, sealed, last, ts = lane.held.popleft()
                 self._fan_out(lane, batch, sealed, last, ts)
 
@@ -498,7 +529,11 @@ class Gateway:
     # --- ZEPS ingest ----------------------------------------------------------------------------------
 
     def _drain_router(self, limit: int = 4096) -> None:
-        for _ in range(limit):
+        """Take up to `limit` commands, for DRAIN_S at most, until the publishers are to wait (`run`)."""
+        until = time.monotonic() + DRAIN_S
+        for n in range(1, limit + 1):
+            if n % DRAIN_CHECK == 0 and (time.monotonic() > until or self._publishers_wait()):
+                return
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -528,10 +563,7 @@ class Gateway:
                 self._attach(identity, version, stream)
             case P.Ping():
                 self.reply(identity, P.PingOk())
-            case P.ReplicaAck() if self.ha is not None:
-                if not self.ha.ack(identity, cmd):
-                    self.metrics.rejected.labels("forged-ack").inc()
-            case P.Publish() | P.PublishBatch() if session is not None and self._uncommitted_full(session.stream):
+            case P.Publish() | P.PublishBatch() if session is not None and self._refusing():
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
             case _ if session is None:
                 self._reject(
@@ -845,7 +877,7 @@ class Gateway:
             self._flush(lane)
         deadline = time.monotonic() + 2.0
         while any(o.queue for o in self.outs) and time.monotonic() < deadline:
-            time.sleep(max(o.pump() for o in self.outs) or 0.0)
+            time.sleep(max(o.pump() or 0.0 for o in self.outs))
         for lane in self.lanes.values():
             lane.writer.close()
             self._send_confirms(lane)

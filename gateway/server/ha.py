@@ -10,6 +10,12 @@ On following a new leader, a node first drops what its journal holds beyond the 
 leader journaled but never got committed): it compares its last batch with the leader's, byte for byte,
 and cuts batches from its end until they agree.
 
+Followers reach the leader on its peer link, a ROUTER of its own (`--peer-endpoint`, by default the ingest's
+address on a free port, named in the leader key): PING and REPLICA-ACK in, PING-OK and REPLICA-COMMIT out.
+Not the ingest, so that the followers are heard ahead of any publisher: `tick` drains the link first, on every
+pass of the loop, also while the gateway reads no publisher (multicast or its followers behind), and a flood of
+publishes never makes a leader look silent to the followers that would depose it.
+
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs
 (sent on each advance and every `COMMIT_EVERY_S`). A follower acknowledges a batch only once it is as durable
@@ -40,8 +46,11 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
-from gateway.errors import CoordinatorError, JournalError, ReplayError
+import zmq
+
+from gateway.errors import ConfigError, CoordinatorError, JournalError, ReplayError
 from gateway.journal import JournalReader
 from gateway.journal.epochs import start_epoch
 from gateway.journal.tools import cut_after
@@ -61,6 +70,14 @@ RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again thi
 RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (etcd is not to be hammered)
 REPORT_EVERY_S = 0.5
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
+
+
+def peer_default(ingest: str) -> str:
+    """Where a node's peer link listens unless told: the ingest's address (tcp://HOST:P), a free port."""
+    host = urlsplit(ingest).hostname
+    if not ingest.startswith("tcp://") or not host:
+        raise ConfigError(f"cannot derive the peer link from --ingest {ingest}: give --peer-endpoint tcp://HOST:PORT")
+    return f"tcp://{f'[{host}]' if ':' in host else host}:*"
 
 
 def group_key(streams: list[str]) -> str:
@@ -99,7 +116,17 @@ class HaNode:
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
         # followers key their acks' macs with it, so that no client of our ingest can forge an ack.
         self._ack_key = secrets.token_bytes(32)
-        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self._ack_key.hex())
+        self.peer = gw.ctx.socket(zmq.ROUTER)
+        self.peer.setsockopt(zmq.LINGER, 0)
+        self.peer.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a follower gone: the send fails, and is said again later
+        self.peer.setsockopt(zmq.MAXMSGSIZE, 4096)  # PING and REPLICA-ACK only
+        try:
+            self.peer.bind(cfg.peer_endpoint or peer_default(cfg.ingest))
+        except BaseException:
+            self.peer.close()
+            raise
+        bound = self.peer.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, bound, self._ack_key.hex())
         self._forged_logged = False
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         self.elector = Elector(
@@ -132,6 +159,7 @@ class HaNode:
 
     def start(self) -> HaNode:
         self.gw.watch(self.elector)  # an outcome of etcd wakes the loop
+        self.gw.watch(self.peer)  # so does a follower's ping or ack
         self.elector.start()
         return self
 
@@ -165,6 +193,11 @@ class HaNode:
             return self.insync.epoch, True
         return (self.follower.epoch if self.follower is not None else 0), False
 
+    @property
+    def quorate(self) -> bool:
+        """Whether this node leads with enough in-sync followers to commit."""
+        return self.insync is not None and self.insync.quorate
+
     def committed(self, stream: str) -> int:
         return self.insync.committed[stream] if self.insync is not None else 0
 
@@ -175,15 +208,38 @@ class HaNode:
             where = "none is elected yet"
         else:
             info = LeaderInfo.decode(holder.value)
-            where = f"the leader is {info.node} at {info.reachable_ingest} (epoch {holder.create_revision})"
+            where = f"the leader is {info.node} at {info.reachable(info.ingest)} (epoch {holder.create_revision})"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
-    def ack(self, identity: bytes, ack: P.ReplicaAck) -> bool:
-        """Count a follower's ack if its mac proves a node of the group made it; False for a forged one.
-        `identity`: where the follower's link is on our ingest (REPLICA-COMMITs go there)."""
+    # --- the peer link ---------------------------------------------------------------------------------
+
+    def _serve_peers(self, now: float, limit: int = 1024) -> None:
+        """Answer the followers' pings and count their acks (never waits)."""
+        for _ in range(limit):
+            try:
+                frames = self.peer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                identity, frame = frames
+                cmd = P.decode(frame)
+            except (ValueError, P.ProtocolError):
+                self.gw.metrics.rejected.labels("invalid").inc()  # not a node of ours: nothing to answer
+                continue
+            if isinstance(cmd, P.Ping):
+                self._tell(identity, P.PingOk())
+            elif isinstance(cmd, P.ReplicaAck):
+                self._ack(identity, cmd, now)
+            else:
+                self.gw.metrics.rejected.labels("invalid").inc()
+
+    def _ack(self, identity: bytes, ack: P.ReplicaAck, now: float) -> None:
+        """Count a follower's ack if its mac proves a node of the group made it; drop and count a forged one.
+        `identity`: where the follower is on our peer link (REPLICA-COMMITs go there)."""
         if self.insync is None:
-            return True  # a follower takes no acks; nothing to tell
+            return  # a follower takes no acks; nothing to tell
         if not ack_valid(self._ack_key, ack):
+            self.gw.metrics.rejected.labels("forged-ack").inc()
             if not self._forged_logged:  # once: a forger can send many
                 log.warning(
                     "ha: dropped a REPLICA-ACK for node %r with a wrong mac (not from a node of the group); "
@@ -191,15 +247,26 @@ class HaNode:
                     ack.node,
                 )
                 self._forged_logged = True
-            return False
-        self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, time.monotonic())
+            return
+        self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, now)
         if ack.epoch == self.insync.epoch:
             self._peers[ack.node] = identity
-        return True
+
+    def _tell(self, identity: bytes, cmd: P.Command) -> None:
+        """A reply on the peer link; one that cannot go (the follower gone, or not reading) is said again later:
+        its pings come every ACK_EVERY_S, commits every COMMIT_EVERY_S."""
+        try:
+            self.peer.send_multipart((identity, P.encode(cmd)), zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
 
     # --- the loop's hook ---------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
+        self._serve_peers(now)
         for name, outcome in self.elector.outcomes():
             if name == "insync":
                 self._written(outcome, now)
@@ -297,7 +364,7 @@ class HaNode:
         self._next_commit = now + COMMIT_EVERY_S
         for identity in self._peers.values():
             for stream, seq in insync.committed.items():
-                self.gw.reply(identity, P.ReplicaCommit(stream, insync.epoch, seq))
+                self._tell(identity, P.ReplicaCommit(stream, insync.epoch, seq))
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -406,4 +473,6 @@ class HaNode:
     def close(self) -> None:
         self._unfollow()
         self.gw.unwatch(self.elector)
+        self.gw.unwatch(self.peer)
+        self.peer.close()
         self.elector.close(resign=True)

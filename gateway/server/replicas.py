@@ -57,6 +57,11 @@ class InSync:
         f.acked[stream] = max(f.acked.get(stream, 0), seq)
         f.heard_at = now
 
+    @property
+    def quorate(self) -> bool:
+        """Whether the set is large enough to commit (rule 1): else nothing commits until a follower joins."""
+        return len(self.members) >= self.min_insync
+
     def advance(self, heads: dict[str, int], now: float) -> None:
         """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind."""
         for f in self.followers.values():
@@ -65,7 +70,7 @@ class InSync:
                 f.behind_since = None
             elif f.behind_since is None:
                 f.behind_since = now
-        if len(self.members) < self.min_insync:
+        if not self.quorate:
             return
         for stream, head in heads.items():
             held = min((self.followers[m].acked.get(stream, 0) for m in self.members), default=head)

@@ -337,9 +337,51 @@ def test_a_killed_follower_stops_confirms_below_min_insync(etcd: EtcdProcess, tm
             node.kill9()
 
 
+def test_a_lagging_follower_makes_publishers_wait_not_fail(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A flood of more batches than a leader may hold uncommitted, while its in-sync follower is paused for less
+    than the lag limit: the leader stops reading publishes (they wait in ZeroMQ's queues) but goes on hearing
+    its follower on the peer link, so it refuses nothing, is not deposed, and confirms every batch once the
+    follower is back."""
+    nodes = start_group(tmp_path, etcd, 2, "--min-insync", "1")
+    pub = Publisher([n.ingest for n in nodes])
+    flood = Publisher([])
+    try:
+        confirmed = {n: pub.send(n) for n in range(1, 21)}
+        head, epoch = leader(etcd, nodes)
+        follower = next(node for node in nodes if node is not head)
+        flood.endpoints = [head.ingest]
+        assert flood._connect() and flood.sock is not None
+        follower.signal(signal.SIGSTOP)  # its gateway: no copy, no ack, no ping for 0.6 s (the lag limit is 1 s)
+        sent_at = time.monotonic()
+        for n in range(1, 301):  # more batches than the leader holds uncommitted (max_out_queue, 256)
+            raw = B.encode(0, [(0, b"f", b"flood-%d" % n)], producer=(flood.producer, n))
+            flood.sock.send(P.encode(P.PublishBatch(raw)))
+        pause_ms = max(0, int((0.6 - (time.monotonic() - sent_at)) * 1000))
+        assert not flood.sock.poll(pause_ms), "no confirm can come, nor a refusal, while the follower is paused"
+        follower.signal(signal.SIGCONT)
+        got = 0
+        while got < 300:
+            assert flood.sock.poll(10_000), f"nothing for 10 s after {got} records confirmed"
+            ok = P.decode(flood.sock.recv())
+            assert isinstance(ok, P.PublishOk), f"after {got} records confirmed: {ok}"  # never an INVALID
+            got += ok.count
+        assert got == 300
+        confirmed[21] = pub.send(21)
+        assert leader(etcd, nodes) == (head, epoch)  # the flood never made the leader look silent
+        wait_synced(nodes)
+        check(nodes, confirmed)
+        assert len([r for r in head.records() if r[2].startswith(b"flood-")]) == 300
+    finally:
+        flood.close()
+        pub.close()
+        for node in nodes:
+            node.kill9()
+
+
 def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tmp_path: Path) -> None:
-    """A client of the leader's ingest that sends REPLICA-ACKs in a follower's name, for sequences that follower
-    has not copied (it is SIGSTOPped), must not get them confirmed; the follower's own acks still count."""
+    """A client of the leader's peer link that sends REPLICA-ACKs in a follower's name, for sequences that
+    follower has not copied (it is SIGSTOPped), must not get them confirmed; the follower's own acks still count.
+    The leader's ingest takes no REPLICA-ACK at all."""
     nodes = start_group(tmp_path, etcd, 2, "--min-insync", "1")
     pub = Publisher([n.ingest for n in nodes])
     confirmed: dict[int, int] = {}
@@ -358,7 +400,15 @@ def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tm
             confirmed[n] = pub.send(n)
         head, epoch = leader(etcd, nodes)
         follower = next(node for node in nodes if node is not head)
-        rogue.connect(head.ingest)
+        holder = Etcd(etcd.url).holder(LEADER_KEY)
+        assert holder is not None
+        rogue.connect(json.loads(holder.value)["peer"])
+        misplaced = Publisher([head.ingest])
+        assert misplaced._connect() and misplaced.sock is not None
+        misplaced.sock.send(P.encode(P.ReplicaAck(follower.name, STREAM, epoch, 1 << 40, bytes(16))))
+        refused = misplaced._answer(P.Invalid, 5.0)
+        misplaced.close()
+        assert isinstance(refused, P.Invalid) and "REPLICA-ACK is not allowed here" in refused.reason, refused
         follower.signal(signal.SIGSTOP)
         forger = threading.Thread(target=forge, args=(follower.name, epoch), daemon=True)
         forger.start()
