@@ -315,6 +315,18 @@ class JournalWriter:
 
     # -- durability ------------------------------------------------------------------------------------
 
+    @property
+    def durable_seq(self) -> int:
+        """The last sequence as durable as the mode promises: synced, or (mode never) written."""
+        return self._next_seq - 1 if self._durability.mode == "never" else self._synced_seq
+
+    def sync_soon(self) -> None:
+        """Take a finished background sync, and start a group commit of what is unsynced now rather than after
+        `group_ms`: for a follower, whose leader's confirms wait for it."""
+        self._collect(wait=False)
+        if self._durability.mode == "group" and self._unsynced_since is not None:
+            self._group_sync()
+
     def sync_due(self, now: float) -> bool:
         """Whether group-mode data has waited `group_ms` (now is time.monotonic())."""
         deadline = self.sync_deadline

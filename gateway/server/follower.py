@@ -5,7 +5,8 @@ then live, batch by batch, with credit; a follower is one more subscriber of it,
 server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's peer
 link (a socket of its own, named in its etcd leader key; not its ingest, so a flood of publishers never
 delays the followers' pings, and a leader that stops reading publishers still reads them):
-REPLICA-ACK(node, stream, epoch, sequence, mac) after each batch journaled, and a PING every `ACK_EVERY_S`.
+REPLICA-ACK(node, stream, epoch, sequence, durable, mac) whenever what it wrote (`sequence`) or what is as
+durable as its --fsync says (`durable`, after a group commit) moved, again every `ACK_EVERY_S` with a PING.
 The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node that reads the
 group's etcd can make an ack the leader counts, not anyone who can reach the link (docs/ha.md). A peer link
 that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off). The leader answers on
@@ -48,18 +49,18 @@ ACK_MAC_SIZE = 16  # bytes of HMAC-SHA256 kept: 128 bits, past any guessing over
 _ACK_DOMAIN = b"zeps replica-ack\0"
 
 
-def ack_mac(key: bytes, node: str, stream: str, epoch: int, seq: int) -> bytes:
+def ack_mac(key: bytes, node: str, stream: str, epoch: int, seq: int, durable: int) -> bytes:
     """The MAC of a REPLICA-ACK, bound to everything it says (so none can be replayed as another ack)."""
     n, s = node.encode(), stream.encode()
-    msg = b"".join(
-        (_ACK_DOMAIN, struct.pack(">H", len(n)), n, struct.pack(">H", len(s)), s, struct.pack(">QQ", epoch, seq))
-    )
+    numbers = struct.pack(">QQQ", epoch, seq, durable)
+    msg = b"".join((_ACK_DOMAIN, struct.pack(">H", len(n)), n, struct.pack(">H", len(s)), s, numbers))
     return hmac.digest(key, msg, hashlib.sha256)[:ACK_MAC_SIZE]
 
 
 def ack_valid(key: bytes, ack: P.ReplicaAck) -> bool:
     """Whether `ack` was made with `key` (constant time)."""
-    return hmac.compare_digest(ack_mac(key, ack.node, ack.stream, ack.epoch, ack.sequence), bytes(ack.mac))
+    mac = ack_mac(key, ack.node, ack.stream, ack.epoch, ack.sequence, ack.durable)
+    return hmac.compare_digest(mac, bytes(ack.mac))
 
 
 class ReplaySource(Protocol):
@@ -129,7 +130,7 @@ class Follower:
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
         self.clients: dict[str, ReplaySource] = {}
-        self.acked: dict[str, int] = {}
+        self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied (tailing), the leader's commit point
         self.ack_sock = ctx.socket(zmq.DEALER)
         self.ack_sock.setsockopt(zmq.LINGER, 0)
@@ -166,12 +167,13 @@ class Follower:
         finally:
             client.close()
 
-    def tail(self, stream: str, head: int) -> ReplaySource:
-        """Start copying `stream` after `head`; the client's socket is the caller's to poll."""
+    def tail(self, stream: str, head: int, durable: int) -> ReplaySource:
+        """Start copying `stream` after `head` (our journal's, durable through `durable`); the client's socket is
+        the caller's to poll."""
         client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
         client.subscribe("", head)
         self.clients[stream] = client
-        self.acked[stream] = head
+        self.acked[stream] = (head, durable)
         return client
 
     def batches(self, stream: str) -> Iterator[B.Batch]:
@@ -181,10 +183,12 @@ class Follower:
             if isinstance(event, B.Batch):
                 yield event
 
-    def journaled(self, stream: str, seq: int) -> None:
-        """Acknowledge `stream` through `seq` at once."""
-        self.acked[stream] = seq
-        self._ack(stream, seq)
+    def journaled(self, stream: str, written: int, durable: int) -> None:
+        """Acknowledge at once what we hold of `stream`, if it moved: written through `written`, as durable as
+        --fsync says through `durable`."""
+        if self.acked.get(stream) != (written, durable):
+            self.acked[stream] = (written, durable)
+            self._ack(stream, written, durable)
 
     def tick(self, now: float) -> bool:
         """Read the leader's answers, ack and ping when due; whether the leader went silent: a ping of ours
@@ -202,8 +206,8 @@ class Follower:
             self._send(P.Ping())
             if self._unanswered_since is None:
                 self._unanswered_since = now
-            for stream, seq in self.acked.items():
-                self._ack(stream, seq)
+            for stream, (written, durable) in self.acked.items():
+                self._ack(stream, written, durable)
         return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
 
     def _committed(self, frame: bytes) -> None:
@@ -213,9 +217,9 @@ class Follower:
             if isinstance(cmd, P.ReplicaCommit) and cmd.epoch == self.epoch and cmd.stream in self.clients:
                 self.committed[cmd.stream] = max(self.committed.get(cmd.stream, 0), cmd.sequence)
 
-    def _ack(self, stream: str, seq: int) -> None:
-        mac = ack_mac(self._ack_key, self.node, stream, self.epoch, seq)
-        self._send(P.ReplicaAck(self.node, stream, self.epoch, seq, mac))
+    def _ack(self, stream: str, written: int, durable: int) -> None:
+        mac = ack_mac(self._ack_key, self.node, stream, self.epoch, written, durable)
+        self._send(P.ReplicaAck(self.node, stream, self.epoch, written, durable, mac))
 
     def _send(self, cmd: P.Command) -> None:
         with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it

@@ -809,9 +809,11 @@ class Gateway:
         lane.unsequenced.clear()
 
     def _send_confirms(self, lane: _Lane) -> None:
-        """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written)."""
-        never = self.config.durability.mode == "never"
-        synced = min(lane.writer.last_seq if never else lane.writer.synced_seq, self._visible(lane))
+        """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written), here and
+        (a group's leader) on every in-sync follower."""
+        synced = lane.writer.durable_seq
+        if self.ha is not None:
+            synced = min(synced, self.ha.durable(lane.stream))
         while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
             identity, first, n = lane.confirms.popleft()
             self.reply(identity, P.PublishOk(first, n))

@@ -199,7 +199,12 @@ class HaNode:
         return self.insync is not None and self.insync.quorate
 
     def committed(self, stream: str) -> int:
+        """How far `stream` may be multicast and served: every in-sync follower wrote it."""
         return self.insync.committed[stream] if self.insync is not None else 0
+
+    def durable(self, stream: str) -> int:
+        """How far `stream` may be confirmed, as far as the followers go: every in-sync follower made it durable."""
+        return self.insync.durable[stream] if self.insync is not None else 0
 
     def refusal(self) -> str:
         """Why this node takes no publishes, naming the leader to publish to."""
@@ -248,7 +253,7 @@ class HaNode:
                 )
                 self._forged_logged = True
             return
-        self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, now)
+        self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, ack.durable, now)
         if ack.epoch == self.insync.epoch:
             self._peers[ack.node] = identity
 
@@ -402,20 +407,18 @@ class HaNode:
             self._retry_at = now + RETRY_FOLLOW_S
 
     def copy(self, stream: str) -> None:
-        """Journal what the leader sent for `stream`, verbatim, and acknowledge it once durable as configured."""
+        """Journal what the leader sent for `stream`, verbatim; acknowledge it as written at once, and as durable
+        once a group commit covers it (started at once, on the syncer: one fdatasync for all a drain wrote, and
+        the loop copies on meanwhile)."""
         f, lane = self.follower, self.gw.lanes[stream]
         assert f is not None
-        last = 0
         for batch in f.batches(stream):
             if batch.last_seq <= lane.writer.last_seq:
                 continue
             lane.writer.append_replica(batch)
             lane.producers.journaled(batch)
-            last = batch.last_seq
-        if last:
-            if self.gw.config.durability.mode != "never":
-                lane.writer.sync()  # one fdatasync for all this drain journaled: the ack promises it is on disk
-            f.journaled(stream, last)
+        lane.writer.sync_soon()
+        f.journaled(stream, lane.writer.last_seq, lane.writer.durable_seq)
 
     def _start_tails(self, f: Follower) -> None:
         """Cut our journal back to the leader's, then copy each stream after its head (waits, bounded)."""
@@ -423,7 +426,7 @@ class HaNode:
             for stream in self.gw.lanes:
                 self._reconcile(f, stream)
             for stream, lane in self.gw.lanes.items():
-                self.gw.watch(f.tail(stream, lane.writer.last_seq).sock)
+                self.gw.watch(f.tail(stream, lane.writer.last_seq, lane.writer.durable_seq).sock)
         except (ReplayError, JournalError) as exc:
             log.info("ha: cannot copy from %s yet (%s); trying again", f.leader.node, exc)
             self._drop_tails(f)

@@ -3,9 +3,13 @@
 Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
 =============================================================
 
-1. A record is *committed* once every in-sync follower has acknowledged it (journaled it) and there are at
-   least `min_insync` of them. Only committed records are multicast and confirmed. The commit point of a
-   stream only grows.
+1. A record is *committed* once every in-sync follower has acknowledged writing it to its journal and there
+   are at least `min_insync` of them. Only committed records are multicast (and served by sidecars): a
+   successor holds each of them. A committed record is *durable* once every in-sync follower has also
+   acknowledged it as durable as its --fsync says (fsynced; or, with never, written); the leader confirms
+   only durable records that its own journal holds as durably. Both points of a stream only grow. (Like
+   Kafka, visibility waits for the followers' copies, not their disks: a record is seen once a second host
+   holds it, and confirmed once it is on every in-sync disk.)
 2. The in-sync set is kept in etcd, written only by the leader and fenced by its epoch, so that exactly its
    members (and the leader) may be elected: each holds every committed record.
 3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
@@ -24,8 +28,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Follower:
-    acked: dict[str, int]  # per stream, the last sequence it journaled
+    acked: dict[str, int]  # per stream, the last sequence it journaled (wrote)
     heard_at: float  # its last acknowledgement
+    durable: dict[str, int] = field(default_factory=dict)  # per stream, the last sequence it made durable
     behind_since: float | None = None  # since when it has been behind the head (None: caught up)
 
 
@@ -42,6 +47,10 @@ class InSync:
     committed: dict[str, int]
     members: set[str] = field(default_factory=set)  # in-sync followers (not the leader)
     followers: dict[str, _Follower] = field(default_factory=dict)
+    durable: dict[str, int] = field(init=False)  # per stream, as committed: what every member made durable
+
+    def __post_init__(self) -> None:
+        self.durable = dict.fromkeys(self.committed, 0)
 
     def start(self, members: set[str], now: float) -> None:
         """Take over the in-sync set of the previous epoch (minus this node and the old leader)."""
@@ -49,12 +58,14 @@ class InSync:
         for name in self.members:
             self.followers[name] = _Follower({}, now)
 
-    def ack(self, node: str, epoch: int, stream: str, seq: int, now: float) -> None:
-        """A follower's REPLICA-ACK; acks for another epoch (a follower of someone else) are ignored."""
+    def ack(self, node: str, epoch: int, stream: str, seq: int, durable: int, now: float) -> None:
+        """A follower's REPLICA-ACK (written through `seq`, durable through `durable`); acks for another epoch
+        (a follower of someone else) are ignored."""
         if epoch != self.epoch or stream not in self.committed or node == self.node:
             return
         f = self.followers.setdefault(node, _Follower({}, now))
         f.acked[stream] = max(f.acked.get(stream, 0), seq)
+        f.durable[stream] = max(f.durable.get(stream, 0), min(durable, seq))
         f.heard_at = now
 
     @property
@@ -75,6 +86,8 @@ class InSync:
         for stream, head in heads.items():
             held = min((self.followers[m].acked.get(stream, 0) for m in self.members), default=head)
             self.committed[stream] = max(self.committed[stream], min(head, held))
+            kept = min((self.followers[m].durable.get(stream, 0) for m in self.members), default=head)
+            self.durable[stream] = max(self.durable[stream], min(self.committed[stream], kept))
 
     def joinable(self) -> list[str]:
         """Followers outside the set that hold every committed record (rule 3)."""

@@ -297,13 +297,15 @@ class SnapshotEnd(Command):
 
 @_command
 class ReplicaAck(Command):
-    """A follower gateway (docs/ha.md) has journaled `stream` through `sequence`, copied from the leader of `epoch`;
-    `mac` proves it is a node of the group (gateway.server.follower.ack_mac)."""
+    """A follower gateway (docs/ha.md) has written `stream` through `sequence`, copied from the leader of `epoch`,
+    and made it as durable as its --fsync says through `durable`; `mac` proves it is a node of the group
+    (gateway.server.follower.ack_mac)."""
 
     node: String
     stream: String
     epoch: Number8
     sequence: Number8
+    durable: Number8
     mac: Chunk
 
 

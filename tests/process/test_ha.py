@@ -392,7 +392,7 @@ def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tm
     def forge(node: str, epoch: int) -> None:
         while not stop.wait(0.01):  # faster than the follower's own acks, for every sequence to come
             for mac in (b"", bytes(16), os.urandom(16)):
-                rogue.send(P.encode(P.ReplicaAck(node, STREAM, epoch, 1 << 40, mac)))
+                rogue.send(P.encode(P.ReplicaAck(node, STREAM, epoch, 1 << 40, 1 << 40, mac)))
 
     forger: threading.Thread | None = None
     try:
@@ -405,7 +405,7 @@ def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tm
         rogue.connect(json.loads(holder.value)["peer"])
         misplaced = Publisher([head.ingest])
         assert misplaced._connect() and misplaced.sock is not None
-        misplaced.sock.send(P.encode(P.ReplicaAck(follower.name, STREAM, epoch, 1 << 40, bytes(16))))
+        misplaced.sock.send(P.encode(P.ReplicaAck(follower.name, STREAM, epoch, 1 << 40, 1 << 40, bytes(16))))
         refused = misplaced._answer(P.Invalid, 5.0)
         misplaced.close()
         assert isinstance(refused, P.Invalid) and "REPLICA-ACK is not allowed here" in refused.reason, refused

@@ -1,11 +1,13 @@
-"""A follower acknowledges a batch only once it is as durable as `--fsync` says (docs/ha.md, "Guarantees").
+"""A follower acknowledges what it wrote at once, and as durable only what is as durable as `--fsync` says
+(docs/ha.md, "Guarantees"): the leader multicasts on the first, confirms on the second.
 
-HaNode.copy runs for real on a real journal; the link to the leader is a stand-in that hands it batches and
-records, at the moment of each acknowledgement, what the journal had synced.
+HaNode.copy runs for real on a real journal with a real syncer thread; the link to the leader is a stand-in
+that hands it batches and records, at the moment of each acknowledgement, what the journal had synced.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.journal import Durability, JournalWriter
+from gateway.journal.syncer import Syncer
 from gateway.server.ha import HaNode
 from gateway.server.producers import ProducerTable
 from gateway.wire import batch as B
@@ -25,13 +28,15 @@ class Link:
 
     def __init__(self, batches: list[B.Batch], writer: JournalWriter) -> None:
         self._batches, self._writer = batches, writer
-        self.acks: list[tuple[int, int]] = []  # (acked, synced then)
+        self.acks: list[tuple[int, int, int]] = []  # (written, durable, synced then)
 
     def batches(self, stream: str) -> Iterator[B.Batch]:
         yield from self._batches
+        self._batches = []  # handed over once, as the leader's sidecar does
 
-    def journaled(self, stream: str, seq: int) -> None:
-        self.acks.append((seq, self._writer.synced_seq))
+    def journaled(self, stream: str, written: int, durable: int) -> None:
+        if not self.acks or self.acks[-1][:2] != (written, durable):
+            self.acks.append((written, durable, self._writer.synced_seq))
 
 
 def leader_batches(count: int) -> list[B.Batch]:
@@ -44,9 +49,10 @@ def leader_batches(count: int) -> list[B.Batch]:
 
 
 @pytest.mark.parametrize("mode", ["always", "group", "never"])
-def test_a_follower_acks_only_what_is_durable_as_configured(tmp_path: Path, mode: str) -> None:
+def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: Path, mode: str) -> None:
     durability = Durability(mode, group_ms=60_000, group_bytes=1 << 30)  # group: no timer would sync in time
-    writer = JournalWriter.open(tmp_path, STREAM, durability=durability)
+    syncer = Syncer()
+    writer = JournalWriter.open(tmp_path, STREAM, durability=durability, syncer=syncer)
     try:
         link = Link(leader_batches(4), writer)
         lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
@@ -54,8 +60,17 @@ def test_a_follower_acks_only_what_is_durable_as_configured(tmp_path: Path, mode
         node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and config, the link
         node.gw, node.follower = gw, link  # type: ignore[assignment]
         node.copy(STREAM)
-        assert [seq for seq, _ in link.acks] == [12]  # one ack for all the drain journaled
-        for acked, synced in link.acks:
-            assert synced >= acked or mode == "never", f"acked {acked} with only {synced} on disk ({mode})"
+        assert link.acks[0][0] == 12  # all the drain wrote, acknowledged before any sync of it has to end
+        deadline = time.monotonic() + 5.0
+        while link.acks[-1][1] < 12 and time.monotonic() < deadline:
+            time.sleep(0.001)
+            node.copy(STREAM)  # the loop's next passes: the group commit started by the first one ends
+        assert link.acks[-1][:2] == (12, 12)
+        for written, durable, synced in link.acks:
+            assert written == 12
+            assert durable <= synced or mode == "never", f"acked {durable} as durable with {synced} on disk ({mode})"
+        if mode == "group":
+            assert link.acks[0][1] == 0  # the write was acknowledged before its fdatasync (on the syncer) ended
     finally:
         writer.close()
+        syncer.close()

@@ -55,7 +55,11 @@ SPEC = {
     21: ("PUBLISH-BATCH", [("batch", C)], "batch"),
     22: ("SNAPSHOT", [("prefixes", SS)], "snapshot"),
     23: ("SNAPSHOT-END", [("last", N8), ("records", N8)], "snapshot"),
-    24: ("REPLICA-ACK", [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8), ("mac", C)], None),
+    24: (
+        "REPLICA-ACK",
+        [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8), ("durable", N8), ("mac", C)],
+        None,
+    ),
     25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8)], None),
 }
 

@@ -13,24 +13,39 @@ def insync(min_insync: int = 1, members: tuple[str, ...] = ("b", "c")) -> InSync
 
 def test_commit_waits_for_every_in_sync_follower() -> None:
     s = insync()
-    s.ack("b", 7, "s", 10, now=0.1)
+    s.ack("b", 7, "s", 10, 10, now=0.1)
     s.advance({"s": 10}, now=0.1)
     assert s.committed["s"] == 0  # c has nothing yet
-    s.ack("c", 7, "s", 8, now=0.2)
+    s.ack("c", 7, "s", 8, 8, now=0.2)
     s.advance({"s": 10}, now=0.2)
     assert s.committed["s"] == 8
 
 
+def test_confirms_wait_for_every_in_sync_disk_and_multicast_only_for_the_copies() -> None:
+    s = insync()
+    s.ack("b", 7, "s", 10, 4, now=0.1)  # written through 10, fsynced through 4
+    s.ack("c", 7, "s", 8, 8, now=0.1)
+    s.advance({"s": 10}, now=0.1)
+    assert (s.committed["s"], s.durable["s"]) == (8, 4)
+    s.ack("b", 7, "s", 10, 10, now=0.2)
+    s.advance({"s": 10}, now=0.2)
+    assert (s.committed["s"], s.durable["s"]) == (8, 8)  # never past what every member wrote
+    s.ack("c", 7, "s", 10, 9, now=0.3)
+    s.ack("c", 7, "s", 10, 3, now=0.3)  # an older ack arriving late moves nothing back
+    s.advance({"s": 10}, now=0.3)
+    assert (s.committed["s"], s.durable["s"]) == (10, 9)
+
+
 def test_acks_of_another_epoch_count_for_nothing() -> None:
     s = insync(members=("b",))
-    s.ack("b", 6, "s", 10, now=0.1)  # b still follows the old leader
+    s.ack("b", 6, "s", 10, 10, now=0.1)  # b still follows the old leader
     s.advance({"s": 10}, now=0.1)
     assert s.committed["s"] == 0
 
 
 def test_below_min_insync_nothing_commits_and_the_point_never_goes_back() -> None:
     s = insync(min_insync=1, members=("b",))
-    s.ack("b", 7, "s", 5, now=0.1)
+    s.ack("b", 7, "s", 5, 5, now=0.1)
     s.advance({"s": 10}, now=0.1)
     assert s.committed["s"] == 5
     s.remove("b")
@@ -43,11 +58,11 @@ def test_below_min_insync_nothing_commits_and_the_point_never_goes_back() -> Non
 
 def test_a_silent_or_lagging_follower_is_a_laggard_and_a_caught_up_one_joins() -> None:
     s = insync(members=("b",))
-    s.ack("b", 7, "s", 3, now=0.5)
+    s.ack("b", 7, "s", 3, 3, now=0.5)
     s.advance({"s": 10}, now=0.5)  # b behind since 0.5
     assert s.laggards(now=1.4) == []
     assert s.laggards(now=1.6) == ["b"]
-    s.ack("c", 7, "s", 3, now=1.6)  # c holds everything committed (3)
+    s.ack("c", 7, "s", 3, 3, now=1.6)  # c holds everything committed (3)
     s.advance({"s": 10}, now=1.6)
     assert s.joinable() == ["c"]
 
