@@ -440,31 +440,53 @@ class HaNode:
         f.drop_tails()
 
     def _reconcile(self, f: Follower, stream: str) -> None:
-        """Cut our journal back to the last batch the leader holds too."""
-        while (last := self._last_batch(stream)) is not None and not f.matches(stream, last):
-            keep = last.first_seq - 1
-            lane, mark = self.gw.lanes[stream], self.gw.marks[stream]
-            if keep < mark.value:  # committed records are never cut: our journal is not what we thought
-                log.error("ha: stream %s: cutting to %d, below the committed mark %d", stream, keep, mark.value)
-                mark.lower(keep)
-            lane.writer.close()
-            cut_after(self.gw.config.journal, stream, keep)
-            self.gw.reopen(stream)
-            log.warning(
-                "ha: stream %s: dropped %d..%d, which leader %s does not have",
-                stream,
-                keep + 1,
-                last.last_seq,
-                f.leader.node,
-            )
+        """Cut our journal back to the last batch the leader holds too, in one cut.
 
-    def _last_batch(self, stream: str) -> B.Batch | None:
+        Whether the leader holds a batch of ours is monotone (true up to where the journals part, false after:
+        each batch was copied with every batch before it), so the point is found by galloping back from our
+        head, then halving: a few FETCHes for a long divergence (a deposed leader that journaled alone for a
+        while), one in the usual case (nothing to cut)."""
         head = self.gw.lanes[stream].writer.last_seq
-        if head == 0:
-            return None
-        with JournalReader(self.gw.config.journal, stream).cursor(head) as cursor:
+        # The leader holds our ..agreed, and not the batch that starts at differs. What retention removed is no
+        # longer ours to compare or cut.
+        agreed = JournalReader(self.gw.config.journal, stream).first_seq - 1 if head else 0
+        differs = head + 1
+        probe, step = head, 1
+        while probe > agreed:  # gallop back from the head: 1, 2, 4... sequences below the last batch that differs
+            own = self._batch_at(stream, probe)
+            if f.matches(stream, own):
+                agreed = own.last_seq
+                break
+            differs, probe, step = own.first_seq, own.first_seq - step, step * 2
+        while agreed + 1 < differs:  # then halve what is left between them
+            own = self._batch_at(stream, (agreed + differs) // 2)
+            if own.first_seq >= differs:  # our journal jumps over the rest (a copy that started at a trimmed leader's)
+                break
+            if f.matches(stream, own):
+                agreed = own.last_seq
+            else:
+                differs = own.first_seq
+        if agreed < head:
+            self._cut(f, stream, agreed, head)
+
+    def _cut(self, f: Follower, stream: str, keep: int, head: int) -> None:
+        lane, mark = self.gw.lanes[stream], self.gw.marks[stream]
+        if keep < mark.value:  # committed records are never cut: our journal is not what we thought
+            log.error("ha: stream %s: cutting to %d, below the committed mark %d", stream, keep, mark.value)
+            mark.lower(keep)
+        lane.writer.close()
+        cut_after(self.gw.config.journal, stream, keep)
+        self.gw.reopen(stream)
+        log.warning("ha: stream %s: dropped %d..%d, which leader %s does not have", stream, keep + 1, head,
+                    f.leader.node)  # fmt: skip
+
+    def _batch_at(self, stream: str, seq: int) -> B.Batch:
+        """Our journal's batch that holds `seq`."""
+        with JournalReader(self.gw.config.journal, stream).cursor(seq) as cursor:
             batch = cursor.next_batch()
-        return None if batch is None else B.Batch.parse(bytes(batch))
+        if batch is None:
+            raise JournalError(f"stream {stream}: no batch holds {seq}, below the journal's head")
+        return B.Batch.parse(bytes(batch))
 
     def _unfollow(self) -> None:
         f = self.follower

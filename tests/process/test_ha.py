@@ -521,40 +521,40 @@ def test_clients_given_only_etcd_find_the_group_and_follow_each_new_leader(etcd:
     nodes = start_group(tmp_path, etcd, 3, "--min-insync", "1")
     sent: list[bytes] = []
     outages: list[float] = []
-    with EtcdDirectory([etcd.url], poll_s=0.1) as found, EtcdDirectory([etcd.url], poll_s=0.1) as heard:
-        pub = Client(None, STREAM, directory=found, confirm=True, linger_ms=1, timeout=30)
-        sub = Subscriber(STREAM, directory=heard, start="earliest")
-        try:
-            first, _ = leader(etcd, nodes)
-            assert pub.endpoint == first.ingest  # the leader's, not a follower's
-            for kill in range(3):
-                for i in range(100):
-                    sent.append(f"{kill}-{i}".encode())
-                    pub.publish("k", sent[-1])
-                pub.flush()
-                if kill == 2:
-                    break
-                victim, epoch = leader(etcd, nodes)
-                victim.kill9()
-                killed = time.monotonic()
-                sent.append(f"{kill}-after-kill".encode())
-                pub.publish("k", sent[-1])
-                pub.flush()
-                outages.append(time.monotonic() - killed)
-                successor, new_epoch = leader(etcd, nodes)
-                assert new_epoch > epoch and pub.endpoint == successor.ingest
-                victim.start().wait_ready()
-            got: list[bytes] = []
-            deadline = time.monotonic() + 30
-            while len(got) < len(sent) and time.monotonic() < deadline:
-                rec = sub.next(timeout=0.2)
-                if rec is not None:
-                    got.append(rec.body)
-            assert got == sent, f"{len(got)} of {len(sent)} delivered"
-        finally:
-            pub.close()
-            sub.close()
     try:
+        with EtcdDirectory([etcd.url], poll_s=0.1) as found, EtcdDirectory([etcd.url], poll_s=0.1) as heard:
+            pub = Client(None, STREAM, directory=found, confirm=True, linger_ms=1, timeout=30)
+            sub = Subscriber(STREAM, directory=heard, start="earliest")
+            try:
+                first, _ = leader(etcd, nodes)
+                assert pub.endpoint == first.ingest  # the leader's, not a follower's
+                for kill in range(3):
+                    for i in range(100):
+                        sent.append(f"{kill}-{i}".encode())
+                        pub.publish("k", sent[-1])
+                    pub.flush()
+                    if kill == 2:
+                        break
+                    victim, epoch = leader(etcd, nodes)
+                    victim.kill9()
+                    killed = time.monotonic()
+                    sent.append(f"{kill}-after-kill".encode())
+                    pub.publish("k", sent[-1])
+                    pub.flush()
+                    outages.append(time.monotonic() - killed)
+                    successor, new_epoch = leader(etcd, nodes)
+                    assert new_epoch > epoch and pub.endpoint == successor.ingest
+                    victim.start().wait_ready()
+                got: list[bytes] = []
+                deadline = time.monotonic() + 30
+                while len(got) < len(sent) and time.monotonic() < deadline:
+                    rec = sub.next(timeout=0.2)
+                    if rec is not None:
+                        got.append(rec.body)
+                assert got == sent, f"{len(got)} of {len(sent)} delivered"
+            finally:
+                pub.close()
+                sub.close()
         cli = [sys.executable, "-m", "gateway.cli"]
         published = subprocess.run([*cli, "publish", "--etcd", etcd.url, "--stream", STREAM, "--body", "by-cli"],
                                    capture_output=True, text=True, timeout=60)  # fmt: skip
