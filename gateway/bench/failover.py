@@ -8,12 +8,12 @@ gateway and sidecar are killed -9, the victim restarted as a follower, 20 times 
 from the kill to the subscriber's first delivery of a record published after it (one past the five the
 publisher had in flight). The subscriber must get every sequence once, in order, and every confirmed record,
 or the run fails. It runs with the followers' suspicion timeout (`zeps gateway --suspect-ms`) at three
-settings: a follower deposes a leader whose ingest answered nothing that long.
+settings: a follower deposes a leader whose peer link answered nothing that long.
 
 Cost of replication: a group of one (`--min-insync 0`) against a pair (`--min-insync 1`, the follower in sync
 before anything is published), the same processes and options otherwise (udp://, the publisher given the
 leader's ingest first, the subscriber the group and the leader's sidecar first). Throughput: a batching
-publisher, unpaced and confirming (a leader waiting on its follower refuses what it cannot hold, and only a
+publisher, unpaced and confirming (a leader below --min-insync refuses what it cannot hold, and only a
 confirming publisher re-sends it), records/s from the first publish to the last confirmation (the target's
 figure) and from the subscriber's first delivery to its last, zero missing. Latency: the latency scenario's
 publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered. A leader change
@@ -254,9 +254,9 @@ def _confirm_one(ingests: list[str]) -> None:
 
 def _publish_confirmed(ingests: list[str], count: int) -> float:
     """In host pub: `count` records as fast as they are taken, batched and confirmed; the seconds from the first
-    publish to the last confirmation. Confirmed, because a leader holding 256 batches its follower has not copied
-    yet refuses more ("retry later"): a confirming publisher re-sends them, an unconfirmed one (pipeline.publish)
-    cannot know and drops them."""
+    publish to the last confirmation: what replication costs a producer. Confirmed, also because a leader below
+    --min-insync refuses ("retry later") what it cannot hold: a confirming publisher re-sends it, an unconfirmed
+    one (pipeline.publish) cannot know."""
     from gateway.client.publisher import Publisher
 
     names, body = pipeline.record_keys(), b"x" * BODY
