@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import shutil
 import statistics
 import tempfile
 import time
@@ -162,7 +163,8 @@ def _pct(values: list[float], p: float) -> float:
 def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options: tuple[str, ...]) -> Iterator[
     tuple[Lab, dict[str, Node], str]
 ]:  # fmt: skip
-    """A lab of `hosts` with etcd on host "etcd" and `nodes` started (not yet waited for), all removed on exit."""
+    """A lab of `hosts` with etcd on host "etcd" and `nodes` started (not yet waited for), all removed on exit.
+    A run that fails keeps its nodes' and etcd's logs under `settings.tmp`, named in the error."""
     with Lab(hosts) as lab, tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=settings.tmp) as tmp:
         root = Path(tmp)
         etcd_proc, etcd = hagroup.start_etcd(lab, root / "etcd")
@@ -170,11 +172,22 @@ def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options
         group = {n: Node(lab, root, n, etcd, channel, stream=STREAM, options=options, verbose=False) for n in nodes}
         try:
             yield lab, group, etcd
+        except Exception as exc:
+            kept = _keep_logs(root, settings.tmp)
+            raise BenchError(f"{type(exc).__name__}: {exc} (the nodes' logs are kept in {kept})") from exc
         finally:
             for node in group.values():
                 node.kill9()
             etcd_proc.kill()
             etcd_proc.wait(10)
+
+
+def _keep_logs(root: Path, under: Path) -> Path:
+    """Copy a failed run's logs (each node's, etcd's) out of its lab directory, which is about to go."""
+    kept = Path(tempfile.mkdtemp(prefix="zeps-bench-failed-", dir=under))
+    for log in (*root.glob("*.log"), *root.glob("etcd/*.log")):
+        shutil.copy2(log, kept / log.name)
+    return kept
 
 
 def _failovers(settings: Settings, suspect_ms: int, kills: int, pool: list[float], _run: int) -> dict[str, float]:

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import SCENARIOS, report, scenario
+from gateway.bench import SCENARIOS, failover, report, scenario
 from gateway.bench.runner import Result, Settings, machine
 from gateway.cli.main import main
+from gateway.errors import BenchError
+from gateway.tools.hagroup import NODE_OPTIONS
 from netlab import state
 
 pytestmark = pytest.mark.lab
@@ -56,6 +58,20 @@ def test_failover_quick_delivers_every_record_once(tmp_path: Path) -> None:
     assert len(result.targets) == 3
     assert not _my_labs()
     assert not any(tmp_path.iterdir())
+
+
+def test_a_failed_failover_run_keeps_its_nodes_logs(tmp_path: Path) -> None:
+    """The group is gone after a failed run, its logs are not: the error names where they are."""
+    settings = Settings(runs=1, quick=True, tmp=tmp_path)
+    group = failover._group(settings, ["etcd", "n1"], ("n1",), NODE_OPTIONS)
+    with pytest.raises(BenchError, match="RuntimeError: the run failed") as failed, group as (_, nodes, _etcd):
+        nodes["n1"].start().wait_ready()
+        raise RuntimeError("the run failed")
+    kept = Path(re.findall(r"logs are kept in (\S+)\)", str(failed.value))[0])
+    assert {p.name for p in kept.iterdir()} == {"n1.log", "etcd.log"}
+    assert "zeps gateway: listening on" in (kept / "n1.log").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("zeps-bench-") and p != kept]  # the lab's dir went
+    assert not _my_labs()
 
 
 def test_replay_and_memory_through_the_cli_write_a_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
