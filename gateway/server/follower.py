@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import zmq
 
-from gateway.errors import ReplayError
+from gateway.errors import CoordinatorError, ReplayError
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -99,8 +99,16 @@ class LeaderInfo:
 
     @classmethod
     def decode(cls, text: str) -> LeaderInfo:
-        data = json.loads(text)
-        return cls(**{f.name: str(data[f.name]) for f in dataclasses.fields(cls)})
+        """The leader key's value; CoordinatorError if it is not one this version writes (a node of another
+        version leads, or someone else wrote the key)."""
+        try:
+            data = json.loads(text)
+            return cls(**{f.name: str(data[f.name]) for f in dataclasses.fields(cls)})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CoordinatorError(
+                f"the group's leader key holds {text[:80]!r}, which this version cannot read ({type(exc).__name__}: "
+                f"{exc}): run one version of zeps on every node of a group (docs/ha.md)"
+            ) from None
 
     def reachable(self, endpoint: str) -> str:
         """`endpoint` (its ingest or peer link) to connect to: a wildcard bind (tcp://0.0.0.0:P) takes the host of

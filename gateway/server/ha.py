@@ -1,14 +1,15 @@
 """A gateway node of a replicated group (docs/ha.md): leader or follower, decided by the elector.
 
-The leader sequences and journals as a single gateway does, but multicasts and confirms a batch only once it
-is committed (gateway.server.replicas: every in-sync follower journaled it, and there are `min_insync` of
-them), and only while the authority clock lets it act. A follower refuses publishers (naming the leader),
-copies the leader's journal into its own verbatim (gateway.server.follower), acknowledges what it journaled,
-and suspects a leader that stops answering: the elector then revokes that leader's lease and campaigns.
+The leader sequences and journals as a single gateway does, but multicasts a batch only once it is committed
+(gateway.server.replicas: every in-sync follower wrote it, and there are `min_insync` of them) and confirms it
+only once it is durable there too, and only while the authority clock lets it act. A follower refuses
+publishers (naming the leader), copies the leader's journal into its own verbatim (gateway.server.follower),
+acknowledges what it wrote and what it made durable, and suspects a leader that stops answering: the elector
+then revokes that leader's lease and campaigns.
 
 On following a new leader, a node first drops what its journal holds beyond the leader's (records a former
-leader journaled but never got committed): it compares its last batch with the leader's, byte for byte,
-and cuts batches from its end until they agree.
+leader journaled but never got committed): it compares batches of its own with the leader's, byte for byte,
+from its last one back, finds where they part (`_reconcile`: galloping, then halving) and cuts there once.
 
 Followers reach the leader on its peer link, a ROUTER of its own (`--peer-endpoint`, by default the ingest's
 address on a free port, named in the leader key): PING and REPLICA-ACK in, PING-OK and REPLICA-COMMIT out.
@@ -18,8 +19,9 @@ publishes never makes a leader look silent to the followers that would depose it
 
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs
-(sent on each advance and every `COMMIT_EVERY_S`). A follower acknowledges a batch only once it is as durable
-as `--fsync` says (written; or fsynced, one fdatasync per drain of the replication link: a group commit).
+(sent on each advance and every `COMMIT_EVERY_S`). A follower acknowledges a batch as written at once, and as
+durable once its group commit (started at once, on the gateway's syncer thread) has made it as durable as
+`--fsync` says.
 
 Each node also says how it is doing under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`),
 every `REPORT_EVERY_S`.
@@ -114,7 +116,7 @@ class HaNode:
         prefix = group_key(cfg.streams)
         self.leader_key, self.isr_key = f"{prefix}/leader", f"{prefix}/insync"
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
-        # followers key their acks' macs with it, so that no client of our ingest can forge an ack.
+        # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         self._ack_key = secrets.token_bytes(32)
         self.peer = gw.ctx.socket(zmq.ROUTER)
         self.peer.setsockopt(zmq.LINGER, 0)
@@ -128,6 +130,7 @@ class HaNode:
         bound = self.peer.getsockopt_string(zmq.LAST_ENDPOINT)
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, bound, self._ack_key.hex())
         self._forged_logged = False
+        self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         self.elector = Elector(
             cfg.etcd,
@@ -212,8 +215,11 @@ class HaNode:
         if holder is None or holder.value == self.info.encode():
             where = "none is elected yet"
         else:
-            info = LeaderInfo.decode(holder.value)
-            where = f"the leader is {info.node} at {info.reachable(info.ingest)} (epoch {holder.create_revision})"
+            try:
+                info = LeaderInfo.decode(holder.value)
+                where = f"the leader is {info.node} at {info.reachable(info.ingest)} (epoch {holder.create_revision})"
+            except CoordinatorError:
+                where = f"the leader of epoch {holder.create_revision} is not of this version"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
     # --- the peer link ---------------------------------------------------------------------------------
@@ -384,7 +390,13 @@ class HaNode:
             self._unfollow()
             f = None
         if f is None:
-            leader = LeaderInfo.decode(holder.value)
+            try:
+                leader = LeaderInfo.decode(holder.value)
+            except CoordinatorError as exc:
+                if self._unreadable != holder.create_revision:  # said once per leader
+                    self._unreadable = holder.create_revision
+                    log.error("ha: cannot follow the leader of epoch %d: %s", holder.create_revision, exc)
+                return
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.gw.config.ha_suspect_s)  # fmt: skip
         if f.tick(now):
