@@ -78,7 +78,8 @@ def wait_healthy(url: str, timeout: float) -> None:
 
 class Node:
     """`zeps gateway --etcd --node` of `stream` multicasting on `channel` ("udp://GROUP:PORT", the node's own
-    address is put in) and `zeps replay` beside it, on lab host `name`; output to ROOT/NAME.log."""
+    address is put in) and `zeps replay` beside it (with `replay_options`), on lab host `name`; output to
+    ROOT/NAME.log."""
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class Node:
         *,
         stream: str,
         options: Sequence[str] = NODE_OPTIONS,
+        replay_options: Sequence[str] = (),
         verbose: bool = True,
     ) -> None:
         self.lab, self.name, self.journal, self.log = lab, name, root / name, root / f"{name}.log"
@@ -99,7 +101,8 @@ class Node:
         self.gateway_args = [*(["-v"] if verbose else []), "gateway", "--stream", stream, "--journal",
                              str(self.journal), "--ingest", self.ingest, "--multicast", f"{transport}://{ip};{where}",
                              "--replay-endpoint", self.replay, "--etcd", etcd, "--node", name, *options]  # fmt: skip
-        self.replay_args = ["replay", "--journal", str(self.journal), "--bind", self.replay, "--tail-poll-ms", "1"]
+        self.replay_args = ["replay", "--journal", str(self.journal), "--bind", self.replay, "--tail-poll-ms", "1",
+                            *replay_options]  # fmt: skip
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> Node:
