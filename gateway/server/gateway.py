@@ -51,6 +51,7 @@ from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.pollable import PolledByFd
+from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
@@ -473,7 +474,7 @@ class Gateway:
     def _publishers_wait(self) -> bool:
         """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
         them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
-        return self._outs_full() or (self._held_full() and not self._refusing())
+        return self._outs_full() or (self.ha is not None and self.ha.quorate and self._held_full())
 
     def _outs_full(self) -> bool:
         return any(out.full for out in self.outs)
@@ -852,17 +853,14 @@ class Gateway:
     def _send_to(self, identity: bytes, frame: bytes) -> None:
         """A reply to one client. Never blocks the gateway; a reply that cannot go is counted, not lost in silence:
         the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms)."""
-        try:
-            self.router.send_multipart((identity, frame), zmq.NOBLOCK)
-        except zmq.Again:
-            self.metrics.replies_dropped.labels("unread").inc()
+        outcome = route(self.router, identity, frame)
+        if outcome == "sent":
+            return
+        self.metrics.replies_dropped.labels(outcome).inc()
+        if outcome == "unread":
             level = logging.DEBUG if self._warned_unread else logging.WARNING  # said once, then counted
             self._warned_unread = True
             log.log(level, "a reply to client %s was dropped: it leaves %d replies unread", identity.hex(), REPLY_HWM)
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
-            self.metrics.replies_dropped.labels("gone").inc()
 
     def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True, kind: str = "invalid") -> None:
         self.metrics.rejected.labels(kind).inc()

@@ -60,6 +60,7 @@ from gateway.server.elector import Elector
 from gateway.server.follower import Follower, LeaderInfo, ReplayFactory, ack_valid
 from gateway.server.replicas import InSync, eligible, insync_record, parse_record
 from gateway.transport.etcd import Etcd
+from gateway.transport.routing import route
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -266,13 +267,7 @@ class HaNode:
     def _tell(self, identity: bytes, cmd: P.Command) -> None:
         """A reply on the peer link; one that cannot go (the follower gone, or not reading) is said again later:
         its pings come every ACK_EVERY_S, commits every COMMIT_EVERY_S."""
-        try:
-            self.peer.send_multipart((identity, P.encode(cmd)), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-        except zmq.ZMQError as exc:
-            if exc.errno != zmq.EHOSTUNREACH:
-                raise
+        route(self.peer, identity, P.encode(cmd))
 
     # --- the loop's hook ---------------------------------------------------------------------------------
 
@@ -458,20 +453,20 @@ class HaNode:
         each batch was copied with every batch before it), so the point is found by galloping back from our
         head, then halving: a few FETCHes for a long divergence (a deposed leader that journaled alone for a
         while), one in the usual case (nothing to cut)."""
-        head = self.gw.lanes[stream].writer.last_seq
+        head, reader = self.gw.lanes[stream].writer.last_seq, JournalReader(self.gw.config.journal, stream)
         # The leader holds our ..agreed, and not the batch that starts at differs. What retention removed is no
         # longer ours to compare or cut.
-        agreed = JournalReader(self.gw.config.journal, stream).first_seq - 1 if head else 0
+        agreed = reader.first_seq - 1 if head else 0
         differs = head + 1
         probe, step = head, 1
         while probe > agreed:  # gallop back from the head: 1, 2, 4... sequences below the last batch that differs
-            own = self._batch_at(stream, probe)
+            own = _batch_at(reader, probe)
             if f.matches(stream, own):
                 agreed = own.last_seq
                 break
             differs, probe, step = own.first_seq, own.first_seq - step, step * 2
         while agreed + 1 < differs:  # then halve what is left between them
-            own = self._batch_at(stream, (agreed + differs) // 2)
+            own = _batch_at(reader, (agreed + differs) // 2)
             if own.first_seq >= differs:  # our journal jumps over the rest (a copy that started at a trimmed leader's)
                 break
             if f.matches(stream, own):
@@ -492,14 +487,6 @@ class HaNode:
         log.warning("ha: stream %s: dropped %d..%d, which leader %s does not have", stream, keep + 1, head,
                     f.leader.node)  # fmt: skip
 
-    def _batch_at(self, stream: str, seq: int) -> B.Batch:
-        """Our journal's batch that holds `seq`."""
-        with JournalReader(self.gw.config.journal, stream).cursor(seq) as cursor:
-            batch = cursor.next_batch()
-        if batch is None:
-            raise JournalError(f"stream {stream}: no batch holds {seq}, below the journal's head")
-        return B.Batch.parse(bytes(batch))
-
     def _unfollow(self) -> None:
         f = self.follower
         if f is not None:
@@ -513,3 +500,12 @@ class HaNode:
         self.gw.unwatch(self.peer)
         self.peer.close()
         self.elector.close(resign=True)
+
+
+def _batch_at(reader: JournalReader, seq: int) -> B.Batch:
+    """The batch of `reader`'s journal that holds `seq`."""
+    with reader.cursor(seq) as cursor:
+        batch = cursor.next_batch()
+    if batch is None:
+        raise JournalError(f"stream {reader.stream}: no batch holds {seq}, below the journal's head")
+    return B.Batch.parse(bytes(batch))
