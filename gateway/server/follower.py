@@ -1,23 +1,34 @@
-"""A follower gateway's link to its leader: the leader's journal copied in over ZEPS replay, acks sent back.
+"""A follower gateway's link to its leader: the leader's journal copied in, acks sent back.
 
-Why the replay protocol (docs/ha.md): the leader's sidecar already serves its journal from any sequence and
-then live, batch by batch, with credit; a follower is one more subscriber of it, so a leader needs no second
-server and a lagging follower reads the journal, never the leader's memory. The ack path is the leader's peer
-link (a socket of its own, named in its etcd leader key; not its ingest, so a flood of publishers never
-delays the followers' pings, and a leader that stops reading publishers still reads them):
-REPLICA-ACK(node, stream, epoch, sequence, durable, mac) whenever what it wrote (`sequence`) or what is as
-durable as its --fsync says (`durable`, after a group commit) moved, again every `ACK_EVERY_S` with a PING.
-The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key: only a node that reads the
-group's etcd can make an ack the leader counts, not anyone who can reach the link (docs/ha.md). A peer link
-that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut off). The leader answers on
-the same link with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves that far
-(gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
+Two ways in, one journal (docs/ha.md, "How followers copy"). While a follower is behind the leader, it is one
+more live-tail subscriber of the leader's sidecar over ZEPS replay: the sidecar serves any sequence and then
+the live tail, with credit, so a lagging or rejoining follower reads the leader's journal, never its memory.
+Once it is level, the leader pushes each batch it journals over the peer link (REPLICA-BATCH), and the
+follower closes its tail: one process hop and the sidecar's work less per batch. Per stream:
+
+    tailing --a push continues our journal, none went missing--> pushed
+    pushed  --a push past our head, or a REPLICA-COMMIT whose head is past ours--> tailing (from our head)
+
+Either way a batch is taken only where it continues the journal, so the two never disagree. The leader
+pushes every batch before the REPLICA-COMMITs that follow it on the same link, so a `head` past ours there
+means a push was lost (the link's queue was full, it reconnected) or never sent (the leader did not count us
+as level): the tail fills from our head, within one commit interval.
+
+The ack path is the same peer link (a socket of the leader's own, named in its etcd leader key; not its
+ingest, so a flood of publishers never delays the followers' pings, and a leader that stops reading
+publishers still reads them): REPLICA-ACK(node, stream, epoch, sequence, durable, mac) whenever what it wrote
+(`sequence`) or what is as durable as its --fsync says (`durable`, after a group commit) moved, again every
+`ACK_EVERY_S` with a PING. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key:
+only a node that reads the group's etcd can make an ack the leader counts, not anyone who can reach the link
+(docs/ha.md). A peer link that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut
+off). The leader answers with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves
+that far (gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
 
-Threading contract: used by the gateway's loop only. `reconcile` waits (bounded by `timeout_s`), at most once
-per change of leader; everything else never waits.
+Threading contract: used by the gateway's loop only. `matches` waits (bounded by `timeout_s`), a few times per
+change of leader; everything else never waits.
 """
 
 from __future__ import annotations
@@ -30,8 +41,9 @@ import json
 import logging
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -44,7 +56,9 @@ from gateway.wire import protocol as P
 log = logging.getLogger(__name__)
 
 ACK_EVERY_S = 0.05
-_COMMIT_ID = P.encode(P.ReplicaCommit("", 0, 0))[2:3]  # the command id byte, to skip decoding PING-OKs
+_COMMIT_ID = P.encode(P.ReplicaCommit("", 0, 0, 0))[2:3]  # command id bytes, to skip decoding PING-OKs
+_BATCH_ID = P.encode(P.ReplicaBatch("", 0, b""))[2:3]
+READ_MAX = 256  # frames one tick reads from the peer link: a pass of the loop stays bounded under a flood
 ACK_MAC_SIZE = 16  # bytes of HMAC-SHA256 kept: 128 bits, past any guessing over a network
 _ACK_DOMAIN = b"zeps replica-ack\0"
 
@@ -119,6 +133,15 @@ class LeaderInfo:
         return endpoint
 
 
+@dataclass
+class _Copy:
+    """One stream being copied: from the leader's sidecar (`client`) while behind, from its pushes once level."""
+
+    client: ReplaySource | None
+    pushed: deque[B.Batch] = field(default_factory=deque)  # read by tick, taken by the next copy
+    leader_head: int = 0  # the leader's journal head, as its last REPLICA-COMMIT said
+
+
 class Follower:
     """Follows the leader of `epoch` for `streams`, from each stream's journal head on."""
 
@@ -137,9 +160,9 @@ class Follower:
         self._replay = replay
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
-        self.clients: dict[str, ReplaySource] = {}
+        self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals reconciled first)
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
-        self.committed: dict[str, int] = {}  # per stream copied (tailing), the leader's commit point
+        self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self.ack_sock = ctx.socket(zmq.DEALER)
         self.ack_sock.setsockopt(zmq.LINGER, 0)
         self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
@@ -176,20 +199,41 @@ class Follower:
             client.close()
 
     def tail(self, stream: str, head: int, durable: int) -> ReplaySource:
-        """Start copying `stream` after `head` (our journal's, durable through `durable`); the client's socket is
-        the caller's to poll."""
+        """Copy `stream` from the leader's sidecar after `head` (our journal's, durable through `durable`); the
+        client's socket is the caller's to poll until `untail`."""
         client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
         client.subscribe("", head)
-        self.clients[stream] = client
+        copy = self.copies.setdefault(stream, _Copy(None))
+        copy.client = client
         self.acked[stream] = (head, durable)
         return client
 
+    def untail(self, stream: str) -> ReplaySource | None:
+        """Stop copying `stream` from the sidecar (level with the leader: its pushes carry on); the client, for
+        the caller to stop polling and close."""
+        copy = self.copies[stream]
+        client, copy.client = copy.client, None
+        return client
+
+    def tailing(self, stream: str) -> bool:
+        return self.copies[stream].client is not None
+
+    def missed(self, stream: str, head: int) -> bool:
+        """Whether the leader said its journal reaches past `head` (ours, every push read so far taken)."""
+        return self.copies[stream].leader_head > head
+
     def batches(self, stream: str) -> Iterator[B.Batch]:
         """What the leader's sidecar sent for `stream` so far (never waits)."""
-        client = self.clients[stream]
-        while (event := client.recv(0)) is not None:
+        client = self.copies[stream].client
+        while client is not None and (event := client.recv(0)) is not None:
             if isinstance(event, B.Batch):
                 yield event
+
+    def pushes(self, stream: str) -> Iterator[B.Batch]:
+        """What the leader pushed for `stream`, in its order, since the last call (read by `tick`)."""
+        pushed = self.copies[stream].pushed
+        while pushed:
+            yield pushed.popleft()
 
     def journaled(self, stream: str, written: int, durable: int) -> None:
         """Acknowledge at once what we hold of `stream`, if it moved: written through `written`, as durable as
@@ -199,16 +243,20 @@ class Follower:
             self._ack(stream, written, durable)
 
     def tick(self, now: float) -> bool:
-        """Read the leader's answers, ack and ping when due; whether the leader went silent: a ping of ours
-        has had no answer for `suspect_s` (so a pause of this process alone never makes it suspect)."""
-        while True:
+        """Read the leader's pushes and answers (at most READ_MAX), ack and ping when due; whether the leader
+        went silent: a ping of ours has had no answer for `suspect_s` (so a pause of this process alone never
+        makes it suspect)."""
+        for _ in range(READ_MAX):
             try:
-                frame = self.ack_sock.recv(zmq.NOBLOCK)
+                frame = self.ack_sock.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
             self.heard_at, self._unanswered_since = now, None
-            if frame[2:3] == _COMMIT_ID:
-                self._committed(frame)
+            kind = frame.buffer[2:3]
+            if kind == _BATCH_ID:
+                self._pushed(frame.buffer)
+            elif kind == _COMMIT_ID:
+                self._committed(frame.buffer)
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
@@ -218,12 +266,22 @@ class Follower:
                 self._ack(stream, written, durable)
         return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
 
-    def _committed(self, frame: bytes) -> None:
-        """A REPLICA-COMMIT: taken for a stream being copied only (its journal was reconciled first)."""
+    def _committed(self, frame: memoryview) -> None:
+        """A REPLICA-COMMIT: taken for a stream being copied only."""
         with contextlib.suppress(P.ProtocolError):
             cmd = P.decode(frame)
-            if isinstance(cmd, P.ReplicaCommit) and cmd.epoch == self.epoch and cmd.stream in self.clients:
+            if isinstance(cmd, P.ReplicaCommit) and cmd.epoch == self.epoch and cmd.stream in self.copies:
                 self.committed[cmd.stream] = max(self.committed.get(cmd.stream, 0), cmd.sequence)
+                copy = self.copies[cmd.stream]
+                copy.leader_head = max(copy.leader_head, cmd.head)
+
+    def _pushed(self, frame: memoryview) -> None:
+        """A REPLICA-BATCH: kept for a stream being copied only; one that does not parse is dropped (the gap it
+        leaves sends us to the sidecar)."""
+        with contextlib.suppress(P.ProtocolError, B.BatchError):
+            cmd = P.decode(frame)
+            if isinstance(cmd, P.ReplicaBatch) and cmd.epoch == self.epoch and cmd.stream in self.copies:
+                self.copies[cmd.stream].pushed.append(B.Batch.parse(cmd.batch))  # a view of the frame
 
     def _ack(self, stream: str, written: int, durable: int) -> None:
         mac = ack_mac(self._ack_key, self.node, stream, self.epoch, written, durable)
@@ -233,14 +291,14 @@ class Follower:
         with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it
             self.ack_sock.send(P.encode(cmd), zmq.NOBLOCK)
 
-    def drop_tails(self) -> list[ReplaySource]:
-        """End the replication links (the sidecar went away); the ack link stays. The clients closed."""
-        dropped = list(self.clients.values())
-        for client in dropped:
-            client.close()
-        self.clients.clear()
-        return dropped
+    def drop_copies(self) -> None:
+        """Stop copying (the sidecar went away, or we stop following); the caller untailed every stream first.
+        The ack link stays."""
+        self.copies.clear()
 
     def close(self) -> None:
-        self.drop_tails()
+        for copy in self.copies.values():
+            if copy.client is not None:
+                copy.client.close()
+        self.drop_copies()
         self.ack_sock.close()

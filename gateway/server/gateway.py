@@ -709,6 +709,7 @@ class Gateway:
         last, ts = lane.writer.last_seq, lane.writer.last_ts_ns
         if self.ha is not None:
             lane.held.append((batch, sealed, last, ts))
+            self.ha.push(lane.stream, sealed)
         else:
             self._fan_out(lane, batch, sealed, last, ts)
         return sealed

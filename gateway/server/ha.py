@@ -12,10 +12,11 @@ leader journaled but never got committed): it compares batches of its own with t
 from its last one back, finds where they part (`_reconcile`: galloping, then halving) and cuts there once.
 
 Followers reach the leader on its peer link, a ROUTER of its own (`--peer-endpoint`, by default the ingest's
-address on a free port, named in the leader key): PING and REPLICA-ACK in, PING-OK and REPLICA-COMMIT out.
-Not the ingest, so that the followers are heard ahead of any publisher: `tick` drains the link first, on every
-pass of the loop, also while the gateway reads no publisher (multicast or its followers behind), and a flood of
-publishes never makes a leader look silent to the followers that would depose it.
+address on a free port, named in the leader key): PING and REPLICA-ACK in; PING-OK, REPLICA-COMMIT and, to
+followers level with the leader, each batch it journals (REPLICA-BATCH, `push`) out. Not the ingest, so that
+the followers are heard ahead of any publisher: `tick` drains the link first, on every pass of the loop, also
+while the gateway reads no publisher (multicast or its followers behind), and a flood of publishes never makes
+a leader look silent to the followers that would depose it.
 
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs
@@ -65,13 +66,15 @@ from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 if TYPE_CHECKING:
-    from gateway.server.gateway import Gateway
+    from gateway.server.gateway import Gateway, _Lane
 
 log = logging.getLogger(__name__)
 
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
 RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (etcd is not to be hammered)
 REPORT_EVERY_S = 0.5
+PUSH_HWM = 256  # frames queued to one follower on the peer link; past it pushes are dropped (it copies them
+# from our sidecar), so a stalled follower costs at most this many batches of memory
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
 
 
@@ -123,6 +126,7 @@ class HaNode:
         self.peer.setsockopt(zmq.LINGER, 0)
         self.peer.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a follower gone: the send fails, and is said again later
         self.peer.setsockopt(zmq.MAXMSGSIZE, 4096)  # PING and REPLICA-ACK only
+        self.peer.setsockopt(zmq.SNDHWM, PUSH_HWM)
         try:
             self.peer.bind(cfg.peer_endpoint or peer_default(cfg.ingest))
         except BaseException:
@@ -264,6 +268,20 @@ class HaNode:
         if ack.epoch == self.insync.epoch:
             self._peers[ack.node] = identity
 
+    def push(self, stream: str, sealed: bytes) -> None:
+        """Send a batch just journaled to the followers level with us (they acknowledged what is committed), so
+        their copy skips our sidecar. A follower that misses one (behind, its link full) learns it from the
+        head in our next REPLICA-COMMIT and copies from our sidecar again (gateway.server.follower)."""
+        insync = self.insync
+        if insync is None or not self._peers:
+            return
+        frame = b""
+        for node, identity in self._peers.items():
+            follower = insync.followers.get(node)
+            if follower is not None and follower.acked.get(stream, 0) >= insync.committed[stream]:
+                frame = frame or P.encode(P.ReplicaBatch(stream, insync.epoch, sealed))
+                route(self.peer, identity, frame)
+
     def _tell(self, identity: bytes, cmd: P.Command) -> None:
         """A reply on the peer link; one that cannot go (the follower gone, or not reading) is said again later:
         its pings come every ACK_EVERY_S, commits every COMMIT_EVERY_S."""
@@ -370,7 +388,8 @@ class HaNode:
         self._next_commit = now + COMMIT_EVERY_S
         for identity in self._peers.values():
             for stream, seq in insync.committed.items():
-                self._tell(identity, P.ReplicaCommit(stream, insync.epoch, seq))
+                head = self.gw.lanes[stream].writer.last_seq  # every batch to it was pushed before this
+                self._tell(identity, P.ReplicaCommit(stream, insync.epoch, seq, head))
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -394,41 +413,65 @@ class HaNode:
                 return
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.gw.config.ha_suspect_s)  # fmt: skip
+            self.gw.watch(f.ack_sock)  # the leader's pushes and commits wake the loop
         if f.tick(now):
             log.warning("ha: leader %s (epoch %d) silent for %.2f s; campaigning", f.leader.node, f.epoch, f.suspect_s)
             self._unfollow()  # acknowledge nothing more to it, then depose it
             self.elector.suspect(holder.create_revision)
             return
+        self.elector.leader_heard(f.answering(now))
         for stream, seq in f.committed.items():
             self.gw.marks[stream].advance(seq)
-        if not f.clients:
+        if not f.copies:
             if f.answering(now) and now >= self._retry_at:
-                self._start_tails(f)
+                self._start_copies(f)
             return
         try:
-            for stream in f.clients:
+            for stream in f.copies:
                 self.copy(stream)
         except (ReplayError, JournalError, OSError) as exc:  # the leader's sidecar went away, or our disk is full
             log.info("ha: replication from %s stopped (%s); starting again", f.leader.node, exc)
-            self._drop_tails(f)
+            self._drop_copies(f)
             self._retry_at = now + RETRY_FOLLOW_S
 
     def copy(self, stream: str) -> None:
-        """Journal what the leader sent for `stream`, verbatim; acknowledge it as written at once, and as durable
-        once a group commit covers it (started at once, on the syncer: one fdatasync for all a drain wrote, and
-        the loop copies on meanwhile)."""
+        """Journal what the leader sent for `stream`, verbatim, where it continues our journal: its sidecar's
+        tail while we are behind, its pushes once level (gateway.server.follower, which says when each); ack it
+        as written at once, and as durable once a group commit covers it (started at once, on the syncer: one
+        fdatasync for all a drain wrote, and the loop copies on meanwhile)."""
         f, lane = self.follower, self.gw.lanes[stream]
         assert f is not None
-        for batch in f.batches(stream):
-            if batch.last_seq <= lane.writer.last_seq:
-                continue
-            lane.writer.append_replica(batch)
-            lane.producers.journaled(batch)
-        lane.writer.sync_soon()
-        f.journaled(stream, lane.writer.last_seq, lane.writer.durable_seq)
+        writer = lane.writer
+        copied = self.gw.metrics.streams[stream].copied
+        for batch in f.batches(stream):  # the sidecar's tail, in order; what a push brought first is skipped
+            if batch.last_seq > writer.last_seq:
+                self._append(lane, batch)
+                copied["sidecar"].inc()
+        level = gap = False
+        for batch in f.pushes(stream):  # the leader's pushes, in its order
+            if batch.first_seq == writer.last_seq + 1:
+                self._append(lane, batch)
+                copied["push"].inc()
+                level = True
+            elif batch.first_seq > writer.last_seq + 1:
+                gap = True
+        writer.sync_soon()
+        f.journaled(stream, writer.last_seq, writer.durable_seq)
+        if f.tailing(stream):
+            if level and not gap:
+                self._untail(f, stream)  # level with the leader: its pushes carry on, its sidecar rests
+        elif gap or f.missed(stream, writer.last_seq):
+            log.debug("ha: stream %s: a push after %d went missing; copying from the sidecar", stream, writer.last_seq)
+            self.gw.watch(f.tail(stream, writer.last_seq, writer.durable_seq).sock)
 
-    def _start_tails(self, f: Follower) -> None:
-        """Cut our journal back to the leader's, then copy each stream after its head (waits, bounded)."""
+    @staticmethod
+    def _append(lane: _Lane, batch: B.Batch) -> None:
+        lane.writer.append_replica(batch)
+        lane.producers.journaled(batch)
+
+    def _start_copies(self, f: Follower) -> None:
+        """Cut our journal back to the leader's, then copy each stream after its head, from the leader's sidecar
+        until level (waits, bounded)."""
         try:
             for stream in self.gw.lanes:
                 self._reconcile(f, stream)
@@ -436,15 +479,21 @@ class HaNode:
                 self.gw.watch(f.tail(stream, lane.writer.last_seq, lane.writer.durable_seq).sock)
         except (ReplayError, JournalError) as exc:
             log.info("ha: cannot copy from %s yet (%s); trying again", f.leader.node, exc)
-            self._drop_tails(f)
+            self._drop_copies(f)
             self._retry_at = time.monotonic() + RETRY_FOLLOW_S
             return
         log.info("ha: %s follows %s (epoch %d)", self.node, f.leader.node, f.epoch)
 
-    def _drop_tails(self, f: Follower) -> None:
-        for client in f.clients.values():
+    def _untail(self, f: Follower, stream: str) -> None:
+        client = f.untail(stream)
+        if client is not None:
             self.gw.unwatch(client.sock)
-        f.drop_tails()
+            client.close()
+
+    def _drop_copies(self, f: Follower) -> None:
+        for stream in f.copies:
+            self._untail(f, stream)
+        f.drop_copies()
 
     def _reconcile(self, f: Follower, stream: str) -> None:
         """Cut our journal back to the last batch the leader holds too, in one cut.
@@ -490,8 +539,10 @@ class HaNode:
     def _unfollow(self) -> None:
         f = self.follower
         if f is not None:
-            self._drop_tails(f)
+            self._drop_copies(f)
+            self.gw.unwatch(f.ack_sock)
             f.close()
+            self.elector.leader_heard(False)
         self.follower = None
 
     def close(self) -> None:

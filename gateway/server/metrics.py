@@ -37,6 +37,9 @@ REJECTED_KINDS = (
 REFUSED_REASONS = ("journal-full", "journal")
 # Replies that could not go: gone (the client disconnected), unread (it leaves its replies unread).
 DROPPED_REASONS = ("gone", "unread")
+# Where a follower node's copies came from: push (the leader's peer link, once level with it), sidecar (the
+# leader's replay sidecar, while behind).
+COPY_SOURCES = ("push", "sidecar")
 
 
 class HasHead(Protocol):
@@ -59,6 +62,7 @@ class StreamSeries:
         self.head = m.head.labels(stream)
         self.duplicates = m.duplicates.labels(stream)
         self.producers = m.producers.labels(stream)
+        self.copied = {source: m.copied.labels(stream, source) for source in COPY_SOURCES}
 
 
 class OutputSeries:
@@ -115,6 +119,12 @@ class GatewayMetrics(Metrics):
             "Journal fsync latency, per stream",
             s,
             buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
+            registry=r,
+        )
+        self.copied = Counter(
+            "zeps_gateway_copied_batches",
+            "Batches a follower node copied from its leader, per stream and source (push, sidecar)",
+            ["stream", "source"],
             registry=r,
         )
         self.journal_full = Gauge(

@@ -32,7 +32,8 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     22 SNAPSHOT        prefixes:strings                        C       snapshot
     23 SNAPSHOT-END    last:8 records:8                        S       snapshot
     24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
-    25 REPLICA-COMMIT  stream:s epoch:8 sequence:8                   S  (the leader to its followers, HA)
+    25 REPLICA-COMMIT  stream:s epoch:8 sequence:8 head:8            S  (the leader to its followers, HA)
+    26 REPLICA-BATCH   stream:s epoch:8 batch:chunk                  S  (the leader to its followers, HA)
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -312,15 +313,27 @@ class ReplicaAck(Command):
 @_command
 class ReplicaCommit(Command):
     """The leader of `epoch` (docs/ha.md) has committed `stream` through `sequence`: a follower may let its
-    sidecar serve that far (gateway.journal.committed)."""
+    sidecar serve that far (gateway.journal.committed). `head`: the leader's journal ends there; it pushed every
+    batch up to it before this command, so a follower level with it that holds less missed a push."""
 
     stream: String
     epoch: Number8
     sequence: Number8
+    head: Number8
+
+
+@_command
+class ReplicaBatch(Command):
+    """The leader of `epoch` (docs/ha.md) journaled `batch` of `stream` (the journal's bytes), pushed to the
+    followers level with it, so that their copy skips the leader's sidecar."""
+
+    stream: String
+    epoch: Number8
+    batch: Chunk
 
 
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 26+ are free.
+# Ids 27+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -347,6 +360,7 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (23, "SNAPSHOT-END", SnapshotEnd, FEATURE_SNAPSHOT, "server"),
     (24, "REPLICA-ACK", ReplicaAck, None, "client"),
     (25, "REPLICA-COMMIT", ReplicaCommit, None, "server"),
+    (26, "REPLICA-BATCH", ReplicaBatch, None, "server"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

@@ -159,3 +159,34 @@ def test_jobs_run_on_the_elector_thread_and_their_outcomes_wake_the_owner(etcd: 
             os.kill(etcd.proc.pid, signal.SIGCONT)
     finally:
         elector.close()
+
+
+def test_a_follower_that_hears_its_leader_polls_the_key_at_the_renewal_interval(etcd: EtcdProcess) -> None:
+    a = Elector(etcd.url, KEY, "a").start()
+    wait_for(lambda: a.may_act(time.monotonic()), 5)
+    b = Elector(etcd.url, KEY, "b", poll_s=0.05)
+    polls: list[float] = []
+    holder = b._etcd.holder  # the real request, counted
+
+    def counted(key: str) -> object:
+        polls.append(time.monotonic())
+        return holder(key)
+
+    b._etcd.holder = counted  # type: ignore[method-assign]
+    b.start()
+    try:
+        time.sleep(1.0)
+        unheard = len(polls)
+        b.leader_heard(True)  # the gateway's loop hears the leader on its link
+        time.sleep(0.3)  # the poll already due may still come
+        polls.clear()
+        time.sleep(1.0)
+        heard = len(polls)
+        b.leader_heard(False)
+        told = time.monotonic()
+        wait_for(lambda: bool(polls) and polls[-1] > told, 2)
+        assert polls[-1] - told < 0.2, "no poll soon after the leader went unheard"
+        assert unheard >= 10 and heard <= 6, (unheard, heard)  # every 0.05 s; every 0.25 s (the renewal interval)
+    finally:
+        b.close()
+        a.close()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -701,5 +702,53 @@ def test_a_publisher_whose_confirms_stall_attaches_again_and_loses_nothing(etcd:
         for node in nodes:
             assert_exactly_once(node.journal, bodies, STREAM)
     finally:
+        for node in nodes:
+            node.kill9()
+
+
+def copied(node: Node, port: int) -> dict[str, float]:
+    """The node's zeps_gateway_copied_batches, by source (its gateway's --metrics at `port`)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for source in ("push", "sidecar"):
+        line = f'zeps_gateway_copied_batches_total{{source="{source}",stream="{STREAM}"}} '
+        out[source] = next(float(x[len(line) :]) for x in text.splitlines() if x.startswith(line))
+    return out
+
+
+def test_a_level_follower_copies_from_the_leaders_pushes_and_a_restarted_one_catches_up_first(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """A follower level with its leader takes each batch the leader pushes on the peer link, not its sidecar's
+    tail; one killed -9 while the leader goes on (nothing required it) starts from the sidecar, then takes the
+    pushes once level. Every batch copied exactly once, journals identical."""
+    ports = [free_port(), free_port()]
+    nodes = [Node(tmp_path, f"n{i}", etcd.url, "--min-insync", "0", "--metrics", f"127.0.0.1:{ports[i]}").start()
+             for i in range(2)]  # fmt: skip
+    pub = Publisher([n.ingest for n in nodes])
+    try:
+        for node in nodes:
+            node.wait_ready()
+        confirmed = {n: pub.send(n) for n in range(1, 201)}
+        head, _ = leader(etcd, nodes)
+        i = 1 - nodes.index(head)
+        follower = nodes[i]
+        wait_synced(nodes)
+        first = copied(follower, ports[i])
+        assert first["push"] + first["sidecar"] == len(follower.records()), first  # each batch once
+        assert first["push"] >= 150, f"a level follower copied from the sidecar: {first}"
+
+        follower.kill9()
+        confirmed |= {n: pub.send(n) for n in range(201, 301)}  # journaled by the leader alone
+        follower.start().wait_ready()
+        confirmed |= {n: pub.send(n) for n in range(301, 501)}
+        wait_synced(nodes)
+        second = copied(follower, ports[i])
+        assert second["sidecar"] >= 100, f"the restarted follower did not catch up from the sidecar: {second}"
+        assert second["push"] >= 150, f"the restarted follower never took pushes once level: {second}"
+        assert second["push"] + second["sidecar"] == 300, second
+        check(nodes, confirmed)
+    finally:
+        pub.close()
         for node in nodes:
             node.kill9()

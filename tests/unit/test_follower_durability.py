@@ -17,6 +17,7 @@ import pytest
 from gateway.journal import Durability, JournalWriter
 from gateway.journal.syncer import Syncer
 from gateway.server.ha import HaNode
+from gateway.server.metrics import GatewayMetrics
 from gateway.server.producers import ProducerTable
 from gateway.wire import batch as B
 
@@ -33,6 +34,12 @@ class Link:
     def batches(self, stream: str) -> Iterator[B.Batch]:
         yield from self._batches
         self._batches = []  # handed over once, as the leader's sidecar does
+
+    def pushes(self, stream: str) -> Iterator[B.Batch]:
+        yield from ()  # this leader pushes nothing: the sidecar's tail alone
+
+    def tailing(self, stream: str) -> bool:
+        return True
 
     def journaled(self, stream: str, written: int, durable: int) -> None:
         if not self.acks or self.acks[-1][:2] != (written, durable):
@@ -56,7 +63,7 @@ def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: 
     try:
         link = Link(leader_batches(4), writer)
         lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
-        gw = SimpleNamespace(lanes={STREAM: lane}, config=SimpleNamespace(durability=durability))
+        gw = SimpleNamespace(lanes={STREAM: lane}, metrics=GatewayMetrics([STREAM]))
         node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and config, the link
         node.gw, node.follower = gw, link  # type: ignore[assignment]
         node.copy(STREAM)

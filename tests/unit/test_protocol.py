@@ -60,7 +60,8 @@ SPEC = {
         [("node", S), ("stream", S), ("epoch", N8), ("sequence", N8), ("durable", N8), ("mac", C)],
         None,
     ),
-    25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8)], None),
+    25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8), ("head", N8)], None),
+    26: ("REPLICA-BATCH", [("stream", S), ("epoch", N8), ("batch", C)], None),
 }
 
 

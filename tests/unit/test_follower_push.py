@@ -1,0 +1,178 @@
+"""A follower copies from the leader's sidecar while behind and from the leader's pushes once level, and goes
+back to the sidecar when a push goes missing, in the middle of a flow or at its end (docs/ha.md, "How
+followers copy"): its journal is the leader's, byte for byte, whatever was lost.
+
+A real Follower and HaNode.copy on a real journal; the leader's peer link is a real ROUTER socket (inproc)
+that the test drives frame by frame; the leader's sidecar is a stand-in serving the leader's batches after
+the sequence the follower subscribes from, up to what the test lets it have.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import zmq
+
+from gateway.journal import Durability, JournalReader, JournalWriter
+from gateway.server.follower import Follower, LeaderInfo
+from gateway.server.ha import HaNode
+from gateway.server.metrics import GatewayMetrics
+from gateway.server.producers import ProducerTable
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
+
+STREAM, EPOCH = "s", 7
+
+
+def leader_batches(count: int, size: int = 2) -> list[B.Batch]:
+    out, seq = [], 1
+    for i in range(count):
+        raw = B.resequence(B.Batch.parse(B.encode(0, [(0, b"k", b"r%d" % i)] * size)), seq, 10**18 + i)
+        out.append(B.Batch.parse(raw))
+        seq += size
+    return out
+
+
+class Sidecar:
+    """The leader's sidecar as a follower's tail sees it: every batch after the subscribed sequence, in order,
+    up to `available` of them; `opened` records each subscription's start."""
+
+    def __init__(self, ctx: zmq.Context, journal: list[B.Batch]) -> None:
+        self.ctx, self.journal = ctx, journal
+        self.available = 0
+        self.opened: list[int] = []
+        self.sock: zmq.Socket | None = None
+        self._next = 0
+
+    def __call__(self, endpoint: str, stream: str, timeout_s: float, ctx: zmq.Context) -> Sidecar:
+        return self
+
+    def subscribe(self, pattern: str = "", latest: int = 0) -> None:
+        assert self.sock is None, "two tails open at once"
+        self.sock = self.ctx.socket(zmq.PAIR)
+        self.opened.append(latest)
+        self._next = next(i for i, b in enumerate([*self.journal, None]) if b is None or b.first_seq > latest)
+
+    def recv(self, timeout: float | None = None) -> B.Batch | None:
+        if self._next >= min(self.available, len(self.journal)):
+            return None
+        self._next += 1
+        return self.journal[self._next - 1]
+
+    def close(self) -> None:
+        assert self.sock is not None
+        self.sock.close()
+        self.sock = None
+
+
+class Leader:
+    """The leader's end of the peer link: pushes and commits, frame by frame."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.identity = b""
+        self.acked = 0
+
+    def read(self) -> None:
+        """Take the follower's pings and acks: where it is on the link, and what it wrote."""
+        while self.sock.poll(0):
+            self.identity, frame = self.sock.recv_multipart()
+            cmd = P.decode(frame)
+            if isinstance(cmd, P.ReplicaAck):
+                self.acked = max(self.acked, cmd.sequence)
+
+    def push(self, batch: B.Batch) -> None:
+        self.sock.send_multipart((self.identity, P.encode(P.ReplicaBatch(STREAM, EPOCH, bytes(batch)))))
+
+    def commit(self, seq: int, head: int) -> None:
+        self.sock.send_multipart((self.identity, P.encode(P.ReplicaCommit(STREAM, EPOCH, seq, head))))
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lost(
+    tmp_path: Path, ctx: zmq.Context
+) -> None:
+    b = leader_batches(12)
+    endpoint = f"inproc://peer-{secrets.token_hex(4)}"
+    leader = Leader(ctx, endpoint)
+    sidecar = Sidecar(ctx, b)
+    info = LeaderInfo("L", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", endpoint, secrets.token_hex(32))
+    f = Follower(ctx, sidecar, "F", info, EPOCH, suspect_s=60.0)
+    writer = JournalWriter.open(tmp_path, STREAM, durability=Durability("never"))
+    watched: set[object] = set()
+    lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
+    metrics = GatewayMetrics([STREAM])
+    gw = SimpleNamespace(lanes={STREAM: lane}, watch=watched.add, unwatch=watched.remove, metrics=metrics)
+    node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and poller, the follower
+    node.gw, node.follower = gw, f  # type: ignore[assignment]
+
+    def loop_pass() -> None:
+        """One pass of a follower's loop; then the leader reads what it was told."""
+        f.tick(time.monotonic())
+        node.copy(STREAM)
+        leader.read()
+
+    try:
+        f.tick(time.monotonic())  # the first ping: the leader learns where we are on its link
+        leader.read()
+        gw.watch(f.tail(STREAM, 0, 0).sock)  # as HaNode starts a copy, after reconciling
+        sidecar.available = 2
+        loop_pass()
+        assert (writer.last_seq, f.tailing(STREAM)) == (b[1].last_seq, True)  # behind: from the sidecar
+
+        leader.push(b[3])  # journaled before we are level: a gap, kept out; the sidecar brings it
+        loop_pass()
+        assert (writer.last_seq, f.tailing(STREAM)) == (b[1].last_seq, True)
+        sidecar.available = 4
+        leader.push(b[4])  # continues what the sidecar brought: level now, the sidecar's tail ends
+        loop_pass()
+        assert (writer.last_seq, f.tailing(STREAM)) == (b[4].last_seq, False)
+        assert sidecar.sock is None and not watched  # closed, and out of the loop's poller
+
+        sidecar.available = 10
+        leader.push(b[5])
+        leader.push(b[7])  # b[6] lost on the way: the gap sends us back to the sidecar, from our head
+        loop_pass()
+        assert (writer.last_seq, f.tailing(STREAM), sidecar.opened) == (b[5].last_seq, True, [0, b[5].last_seq])
+        loop_pass()  # the sidecar brings b[6] ... b[9]
+        assert (writer.last_seq, f.tailing(STREAM)) == (b[9].last_seq, True)
+        leader.push(b[10])  # level again
+        loop_pass()
+        assert (writer.last_seq, f.tailing(STREAM)) == (b[10].last_seq, False)
+
+        # The end of a flow: the last push is lost and nothing follows it but a commit, which says the head.
+        leader.commit(b[10].last_seq, b[11].last_seq)
+        sidecar.available = 12
+        loop_pass()
+        assert f.tailing(STREAM) and sidecar.opened[-1] == b[10].last_seq
+        loop_pass()
+        assert writer.last_seq == leader.acked == b[11].last_seq
+        leader.commit(b[11].last_seq, b[11].last_seq)  # nothing missing: the tail stays until a push levels us
+        loop_pass()
+        assert len(sidecar.opened) == 3
+        copied = {
+            source: metrics.registry.get_sample_value(
+                "zeps_gateway_copied_batches_total", {"stream": STREAM, "source": source}
+            )
+            for source in ("push", "sidecar")
+        }
+        assert copied == {"push": 3, "sidecar": 9}  # b4, b5, b10 pushed; the rest from the sidecar
+        with JournalReader(tmp_path, STREAM).cursor(1) as cursor:
+            got = b"".join(bytes(batch) for batch in iter(cursor.next_batch, None))
+        assert got == b"".join(bytes(x) for x in b)  # the leader's journal, byte for byte
+    finally:
+        f.close()
+        writer.close()
