@@ -24,7 +24,6 @@ Snapshot indexes (gateway.server.snapshots) follow their journals on a timer of 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -47,6 +46,7 @@ from gateway.server.replay_metrics import ReplayMetrics
 from gateway.server.session import Session
 from gateway.server.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
+from gateway.transport.routing import route
 from gateway.wire import announce as A
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
@@ -55,8 +55,6 @@ log = logging.getLogger(__name__)
 
 _MAX_WAIT_S = 0.1  # longest poll: keeps stop() and signals prompt
 _FULL_WAKE_S = 1.0  # every tailing cursor reads at least this often, whatever the change check said
-_ID_FLAGS = int(zmq.NOBLOCK | zmq.SNDMORE)  # plain ints: flag arithmetic on enums costs per record
-_NOBLOCK = int(zmq.NOBLOCK)
 # What changes a stream for its readers: an append or the committed mark (a write), a new segment, a cut
 # segment replaced by rename, a deleted one.
 _CHANGES = flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.DELETE
@@ -457,19 +455,13 @@ class ReplayServer:
 
     def _send(self, s: Session, frame: bytes) -> bool:
         """Send without blocking; False if the client's pipe is full (slow client) or the client is gone."""
-        try:
-            # A full pipe refuses the identity part already (ROUTER_MANDATORY), so nothing half-sent remains.
-            self.router.send(s.identity, _ID_FLAGS)
-            self.router.send(frame, _NOBLOCK)
-            return True
-        except zmq.Again:
+        outcome = route(self.router, s.identity, frame)
+        if outcome == "unread":
             self.metrics.stream(s.stream).send_stalls.inc()
             self._blocked.add(s.identity)
-        except zmq.ZMQError as exc:
-            if exc.errno != errno.EHOSTUNREACH:
-                raise
+        elif outcome == "gone":
             self._end(s, "disconnected")
-        return False
+        return outcome == "sent"
 
     def _answer(self, s: Session) -> None:
         """Send answers to commands at once, so that they queue only while the client's pipe is full; a client

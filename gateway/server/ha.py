@@ -134,13 +134,14 @@ class HaNode:
             raise
         bound = self.peer.getsockopt_string(zmq.LAST_ENDPOINT)
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, bound, self._ack_key.hex())
+        self._value = self.info.encode()  # the leader key's value while we hold it
         self._forged_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         self.elector = Elector(
             cfg.etcd,
             self.leader_key,
-            self.info.encode(),
+            self._value,
             poll_s=0.05,
             eligible=self._eligible,
         )
@@ -217,7 +218,7 @@ class HaNode:
     def refusal(self) -> str:
         """Why this node takes no publishes, naming the leader to publish to."""
         holder = self.elector.holder()
-        if holder is None or holder.value == self.info.encode():
+        if holder is None or holder.value == self._value:
             where = "none is elected yet"
         else:
             try:
@@ -395,7 +396,7 @@ class HaNode:
 
     def _follow(self, now: float) -> None:
         holder = self.elector.holder()
-        if holder is None or holder.value == self.info.encode():
+        if holder is None or holder.value == self._value:
             if self.follower is not None:
                 self._unfollow()
             return

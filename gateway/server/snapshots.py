@@ -25,6 +25,7 @@ is exact").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import time
@@ -307,25 +308,36 @@ class SnapshotFeed:
 
 
 class SnapshotIndexes:
-    """Every stream's index in one replay sidecar: created at start for the streams there, and at the first
-    snapshot request for streams that appear later; all kept current by `follow`.
+    """Every stream's index in one replay sidecar: created for the streams there at start, for streams created
+    since within DISCOVER_S (and at once by a snapshot request for one), all kept current by `follow`. So what a
+    sidecar indexes, and the CPU it spends on it, never depends on whether it started before or after its
+    gateway created a stream.
 
     An index whose journal fails to read (corrupt, removed) is dropped; for RETRY_S its snapshots fail with that
-    error (the journal's message names the repair), then the next request builds it afresh.
+    error (the journal's message names the repair), then the next request or look at the root builds it afresh.
     """
 
     RETRY_S = 10.0
+    DISCOVER_S = 1.0  # how often `follow` looks for streams created since
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.indexes: dict[str, SnapshotIndex] = {}
         self.failed: dict[str, tuple[Exception, float]] = {}  # stream -> (error, until when it is the answer)
+        self._discover_at = 0.0
+        self._discover()
+
+    def _discover(self) -> None:
+        """An index for every stream of the root that has none (one that failed lately waits for RETRY_S)."""
+        self._discover_at = time.monotonic() + self.DISCOVER_S
         try:
-            streams = journal_streams(root)
+            streams = journal_streams(self.root)
         except NotAJournal:
-            streams = []  # none yet
+            return  # no stream yet
         for stream in streams:
-            self.get(stream)
+            if stream not in self.indexes:
+                with contextlib.suppress(JournalError, OSError):  # kept in `failed`, or said at the request
+                    self.get(stream)
 
     def get(self, stream: str) -> SnapshotIndex:
         """The stream's index, created (not yet built) if need be; the journal's error if it cannot be read."""
@@ -346,6 +358,8 @@ class SnapshotIndexes:
     def follow(self, budget_s: float) -> bool:
         """Read what every journal gained, within about budget_s in all; True if every index is at its end."""
         deadline = time.monotonic() + budget_s
+        if deadline - budget_s >= self._discover_at:
+            self._discover()
         current = True
         for stream, index in list(self.indexes.items()):
             try:

@@ -2,7 +2,7 @@
 
 With ROUTER_MANDATORY a reply to a peer that left raises EHOSTUNREACH instead of vanishing, and one to a peer
 whose queue is full raises EAGAIN (NOBLOCK) before any part is queued: the caller decides what each costs
-(the gateway counts both; a leader's peer link says the same again later).
+(the gateway and the replay sidecar count both; a leader's peer link says the same again later).
 """
 
 from __future__ import annotations

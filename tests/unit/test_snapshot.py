@@ -320,6 +320,19 @@ def test_indexes_of_a_root_cover_its_streams_and_new_ones(tmp_path: Path) -> Non
     indexes.close()
 
 
+def test_a_stream_created_after_start_is_indexed_without_a_request(tmp_path: Path) -> None:
+    """What a sidecar indexes does not depend on whether it started before or after the stream was created."""
+    indexes = SnapshotIndexes(tmp_path)  # not a journal yet: nothing to index
+    assert indexes.follow(1.0) and not indexes.indexes
+    with JournalWriter.open(tmp_path, "late") as w:
+        write(w, [(b"k", b"v", 0)] * 2)
+    assert indexes.follow(1.0) and not indexes.indexes  # looked at again only after DISCOVER_S
+    indexes._discover_at = 0.0  # DISCOVER_S has passed
+    assert indexes.follow(1.0)
+    assert indexes.indexes["late"].ready and indexes.source("late")().last == 2  # type: ignore[union-attr]
+    indexes.close()
+
+
 def test_an_unreadable_journal_fails_its_snapshots_for_a_while_then_is_retried(tmp_path: Path) -> None:
     with JournalWriter.open(tmp_path, "s") as w:
         write(w, [(b"k%d" % i, b"v" * 50, 0) for i in range(100)], per_batch=10)
