@@ -72,6 +72,7 @@ class Node:
         self.journal.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")  # noqa: SIM115 (the children keep it)
         self.procs = [subprocess.Popen(argv, stdout=out, stderr=out) for argv in (self.gateway_argv, self.replay_argv)]
+        STARTED.append(self)
         return self
 
     def wait_ready(self, timeout_s: float = 30.0) -> Node:
@@ -153,6 +154,17 @@ class Publisher:
     def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
+
+
+STARTED: list[Node] = []  # every node a test started: killed when it ends, however it ends
+
+
+@pytest.fixture(autouse=True)
+def _no_node_outlives_its_test() -> Iterator[None]:
+    """A test that fails before its own `finally` (in start_group's wait, say) leaves no process running."""
+    yield
+    while STARTED:
+        STARTED.pop().kill9()
 
 
 @pytest.fixture
