@@ -14,8 +14,8 @@ pushes every batch before the REPLICA-COMMITs that follow it on the same link, s
 means a push was lost (the link's queue was full, it reconnected) or never sent (the leader did not count us
 as level): the tail fills from our head, within one commit interval.
 
-The ack path is the same peer link (a socket of the leader's own, named in its etcd leader key; not its
-ingest, so a flood of publishers never delays the followers' pings, and a leader that stops reading
+The ack path is the same peer link (a TCP connection to a port of the leader's own, named in its etcd leader
+key, gateway.transport.link; not its ingest, so a flood of publishers never delays the followers' pings, and a leader that stops reading
 publishers still reads them): REPLICA-ACK(node, stream, epoch, sequence, durable, mac) whenever what it wrote
 (`sequence`) or what is as durable as its --fsync says (`durable`, after a group commit) moved, again every
 `ACK_EVERY_S` with a PING. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key:
@@ -50,12 +50,15 @@ from urllib.parse import urlsplit
 import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
+from gateway.transport.link import Link, LinkSet
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
 
 ACK_EVERY_S = 0.05
+ACK_QUEUE = 1000  # frames to the leader waiting for the kernel (a connect in progress, a leader not reading)
+RECONNECT_S = 0.1  # a peer link that failed is connected again this soon
 _COMMIT_ID = P.encode(P.ReplicaCommit("", 0, 0, 0))[2:3]  # command id bytes, to skip decoding PING-OKs
 _BATCH_ID = P.encode(P.ReplicaBatch("", 0, b""))[2:3]
 READ_MAX = 256  # frames one tick reads from the peer link: a pass of the loop stays bounded under a flood
@@ -153,8 +156,13 @@ class Follower:
         leader: LeaderInfo,
         epoch: int,
         suspect_s: float,
+        *,
+        watch: Callable[[Link, int], None],
+        unwatch: Callable[[Link], None],
+        max_frame: int,
         timeout_s: float = 0.5,
     ) -> None:
+        """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take."""
         self.node, self.leader, self.epoch = node, leader, epoch
         self._ack_key = bytes.fromhex(leader.ack_key)
         self._replay = replay
@@ -163,10 +171,10 @@ class Follower:
         self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals reconciled first)
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
-        self.ack_sock = ctx.socket(zmq.DEALER)
-        self.ack_sock.setsockopt(zmq.LINGER, 0)
-        self.ack_sock.setsockopt(zmq.SNDHWM, 1000)
-        self.ack_sock.connect(leader.reachable(leader.peer))
+        self._links = LinkSet(watch, unwatch)
+        self._max_frame = max_frame
+        self.link = self._connect()
+        self._reconnect_at = 0.0
         self.started_at = self.heard_at = time.monotonic()
         self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
         self._next_ack = 0.0
@@ -246,17 +254,20 @@ class Follower:
         """Read the leader's pushes and answers (at most READ_MAX), ack and ping when due; whether the leader
         went silent: a ping of ours has had no answer for `suspect_s` (so a pause of this process alone never
         makes it suspect)."""
-        for _ in range(READ_MAX):
-            try:
-                frame = self.ack_sock.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
+        link = self.link
+        for frame in link.frames(READ_MAX):
             self.heard_at, self._unanswered_since = now, None
-            kind = frame.buffer[2:3]
+            kind = frame[2:3]
             if kind == _BATCH_ID:
-                self._pushed(frame.buffer)
+                self._pushed(frame)
             elif kind == _COMMIT_ID:
-                self._committed(frame.buffer)
+                self._committed(frame)
+        link.flush()
+        if link.closed:  # out of the poller at once (its descriptor would poll readable), connected again soon
+            if self._links.drop(link):
+                log.debug("ha: peer link to %s: %s", self.leader.node, link.error)
+            if now >= self._reconnect_at:
+                self.link, self._reconnect_at = self._connect(), now + RECONNECT_S
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
@@ -264,9 +275,14 @@ class Follower:
                 self._unanswered_since = now
             for stream, (written, durable) in self.acked.items():
                 self._ack(stream, written, durable)
+        self._links.refresh()
         return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
 
-    def _committed(self, frame: memoryview) -> None:
+    def _connect(self) -> Link:
+        peer = self.leader.reachable(self.leader.peer)
+        return self._links.add(Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE))
+
+    def _committed(self, frame: bytes) -> None:
         """A REPLICA-COMMIT: taken for a stream being copied only."""
         with contextlib.suppress(P.ProtocolError):
             cmd = P.decode(frame)
@@ -275,7 +291,7 @@ class Follower:
                 copy = self.copies[cmd.stream]
                 copy.leader_head = max(copy.leader_head, cmd.head)
 
-    def _pushed(self, frame: memoryview) -> None:
+    def _pushed(self, frame: bytes) -> None:
         """A REPLICA-BATCH: kept for a stream being copied only; one that does not parse is dropped (the gap it
         leaves sends us to the sidecar)."""
         with contextlib.suppress(P.ProtocolError, B.BatchError):
@@ -288,8 +304,7 @@ class Follower:
         self._send(P.ReplicaAck(self.node, stream, self.epoch, written, durable, mac))
 
     def _send(self, cmd: P.Command) -> None:
-        with contextlib.suppress(zmq.Again):  # the leader reads nothing: the next tick says it again, or suspects it
-            self.ack_sock.send(P.encode(cmd), zmq.NOBLOCK)
+        self.link.send(P.encode(cmd))  # not sent (the leader reads nothing, or is gone): the next tick says it again
 
     def drop_copies(self) -> None:
         """Stop copying (the sidecar went away, or we stop following); the caller untailed every stream first.
@@ -301,4 +316,5 @@ class Follower:
             if copy.client is not None:
                 copy.client.close()
         self.drop_copies()
-        self.ack_sock.close()
+        for link in self._links:
+            self._links.drop(link)

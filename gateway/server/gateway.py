@@ -329,9 +329,10 @@ class Gateway:
             if stream in out.sent_head:
                 out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
 
-    def watch(self, sock: zmq.Socket | PolledByFd) -> None:
-        """Wake the loop when `sock` is readable (a follower's replication link, the elector's outcomes)."""
-        self._poller.register(sock, zmq.POLLIN)
+    def watch(self, sock: zmq.Socket | PolledByFd, events: int = zmq.POLLIN) -> None:
+        """Wake the loop on `events` of `sock` (readable: a follower's replication link, the elector's outcomes;
+        also writable: a peer link with frames waiting for the kernel). Watching again changes the events."""
+        self._poller.register(sock, events)
 
     def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
         self._poller.unregister(sock)

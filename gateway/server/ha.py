@@ -11,10 +11,12 @@ On following a new leader, a node first drops what its journal holds beyond the 
 leader journaled but never got committed): it compares batches of its own with the leader's, byte for byte,
 from its last one back, finds where they part (`_reconcile`: galloping, then halving) and cuts there once.
 
-Followers reach the leader on its peer link, a ROUTER of its own (`--peer-endpoint`, by default the ingest's
-address on a free port, named in the leader key): PING and REPLICA-ACK in; PING-OK, REPLICA-COMMIT and, to
-followers level with the leader, each batch it journals (REPLICA-BATCH, `push`) out. Not the ingest, so that
-the followers are heard ahead of any publisher: `tick` drains the link first, on every pass of the loop, also
+Followers reach the leader on its peer link, a TCP port of its own (`--peer-endpoint`, by default the ingest's
+address on a free port, named in the leader key) with length-prefixed ZEPS commands (gateway.transport.link):
+PING and REPLICA-ACK in; PING-OK, REPLICA-COMMIT and, to followers level with the leader, each batch it
+journals (REPLICA-BATCH, `push`) out. Plain TCP, not ZeroMQ, because the link is on the path of every batch
+the group multicasts, and ZeroMQ's I/O threads add two thread hand-offs each way. Not the ingest, so that the
+followers are heard ahead of any publisher: `tick` drains the link first, on every pass of the loop, also
 while the gateway reads no publisher (multicast or its followers behind), and a flood of publishes never makes
 a leader look silent to the followers that would depose it.
 
@@ -51,8 +53,6 @@ from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import zmq
-
 from gateway.errors import ConfigError, CoordinatorError, JournalError, ReplayError
 from gateway.journal import JournalReader
 from gateway.journal.epochs import start_epoch
@@ -61,7 +61,7 @@ from gateway.server.elector import Elector
 from gateway.server.follower import Follower, LeaderInfo, ReplayFactory, ack_valid
 from gateway.server.replicas import InSync, eligible, insync_record, parse_record
 from gateway.transport.etcd import Etcd
-from gateway.transport.routing import route
+from gateway.transport.link import Link, LinkSet, Listener
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -73,8 +73,10 @@ log = logging.getLogger(__name__)
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
 RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (etcd is not to be hammered)
 REPORT_EVERY_S = 0.5
-PUSH_HWM = 256  # frames queued to one follower on the peer link; past it pushes are dropped (it copies them
-# from our sidecar), so a stalled follower costs at most this many batches of memory
+PUSH_HWM = 256  # frames queued to one follower on the peer link beyond the kernel's buffer; past it pushes are
+# dropped (it copies them from our sidecar), so a stalled follower costs at most this many batches of memory
+PEER_FRAME_MAX = 4096  # the largest frame a follower sends (PING, REPLICA-ACK)
+MAX_LINKS = 64  # connections to the peer link; past it the oldest that never carried a good ack is closed
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
 
 
@@ -122,18 +124,9 @@ class HaNode:
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
         # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         self._ack_key = secrets.token_bytes(32)
-        self.peer = gw.ctx.socket(zmq.ROUTER)
-        self.peer.setsockopt(zmq.LINGER, 0)
-        self.peer.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a follower gone: the send fails, and is said again later
-        self.peer.setsockopt(zmq.MAXMSGSIZE, 4096)  # PING and REPLICA-ACK only
-        self.peer.setsockopt(zmq.SNDHWM, PUSH_HWM)
-        try:
-            self.peer.bind(cfg.peer_endpoint or peer_default(cfg.ingest))
-        except BaseException:
-            self.peer.close()
-            raise
-        bound = self.peer.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, bound, self._ack_key.hex())
+        self.peer = Listener(cfg.peer_endpoint or peer_default(cfg.ingest))
+        self._links = LinkSet(gw.watch, gw.unwatch)  # the followers' (and anyone's) connections to it
+        self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self.peer.endpoint, self._ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it
         self._forged_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
@@ -147,7 +140,7 @@ class HaNode:
         )
         self.insync: InSync | None = None
         self.follower: Follower | None = None
-        self._peers: dict[str, bytes] = {}  # leading: follower node -> its ack link's identity on our ingest
+        self._peers: dict[str, Link] = {}  # leading: follower node -> the link its last good ack came on
         self._next_commit = 0.0
         self._retry_at = 0.0
         self._recorded: set[str] = set()  # the in-sync set as last written to etcd
@@ -231,28 +224,40 @@ class HaNode:
     # --- the peer link ---------------------------------------------------------------------------------
 
     def _serve_peers(self, now: float, limit: int = 1024) -> None:
-        """Answer the followers' pings and count their acks (never waits)."""
-        for _ in range(limit):
-            try:
-                frames = self.peer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                identity, frame = frames
-                cmd = P.decode(frame)
-            except (ValueError, P.ProtocolError):
-                self.gw.metrics.rejected.labels("invalid").inc()  # not a node of ours: nothing to answer
-                continue
-            if isinstance(cmd, P.Ping):
-                self._tell(identity, P.PingOk())
-            elif isinstance(cmd, P.ReplicaAck):
-                self._ack(identity, cmd, now)
-            else:
-                self.gw.metrics.rejected.labels("invalid").inc()
+        """Take new connections, answer the followers' pings and count their acks (never waits)."""
+        for link in self.peer.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM):
+            self._links.add(link)
+            if len(self._links) > MAX_LINKS:  # someone opens connections and sends nothing: the oldest idle goes
+                idle = next((k for k in self._links if k not in self._peers.values()), link)
+                self._links.drop(idle)
+        for link in self._links:
+            for frame in link.frames(limit):
+                try:
+                    cmd = P.decode(frame)
+                except P.ProtocolError:
+                    self.gw.metrics.rejected.labels("invalid").inc()  # not a node of ours: nothing to answer
+                    continue
+                if isinstance(cmd, P.Ping):
+                    self._tell(link, P.PingOk())
+                elif isinstance(cmd, P.ReplicaAck):
+                    self._ack(link, cmd, now)
+                else:
+                    self.gw.metrics.rejected.labels("invalid").inc()
+            link.flush()
+            if link.closed:
+                if link.error.startswith("a frame of"):  # not a peer of this version (a ZeroMQ one), or hostile
+                    self.gw.metrics.rejected.labels("invalid").inc()
+                self._drop_link(link)
+        self._links.refresh()
 
-    def _ack(self, identity: bytes, ack: P.ReplicaAck, now: float) -> None:
+    def _drop_link(self, link: Link) -> None:
+        self._links.drop(link)
+        for node in [n for n, k in self._peers.items() if k is link]:
+            del self._peers[node]
+
+    def _ack(self, link: Link, ack: P.ReplicaAck, now: float) -> None:
         """Count a follower's ack if its mac proves a node of the group made it; drop and count a forged one.
-        `identity`: where the follower is on our peer link (REPLICA-COMMITs go there)."""
+        `link`: where the follower is (pushes and REPLICA-COMMITs go there)."""
         if self.insync is None:
             return  # a follower takes no acks; nothing to tell
         if not ack_valid(self._ack_key, ack):
@@ -267,7 +272,7 @@ class HaNode:
             return
         self.insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, ack.durable, now)
         if ack.epoch == self.insync.epoch:
-            self._peers[ack.node] = identity
+            self._peers[ack.node] = link
 
     def push(self, stream: str, sealed: bytes) -> None:
         """Send a batch just journaled to the followers level with us (they acknowledged what is committed), so
@@ -277,16 +282,17 @@ class HaNode:
         if insync is None or not self._peers:
             return
         frame = b""
-        for node, identity in self._peers.items():
+        for node, link in self._peers.items():
             follower = insync.followers.get(node)
             if follower is not None and follower.acked.get(stream, 0) >= insync.committed[stream]:
                 frame = frame or P.encode(P.ReplicaBatch(stream, insync.epoch, sealed))
-                route(self.peer, identity, frame)
+                link.send(frame)
+        self._links.refresh()  # a push the kernel did not take whole: poll for room
 
-    def _tell(self, identity: bytes, cmd: P.Command) -> None:
+    def _tell(self, link: Link, cmd: P.Command) -> None:
         """A reply on the peer link; one that cannot go (the follower gone, or not reading) is said again later:
         its pings come every ACK_EVERY_S, commits every COMMIT_EVERY_S."""
-        route(self.peer, identity, P.encode(cmd))
+        link.send(P.encode(cmd))
 
     # --- the loop's hook ---------------------------------------------------------------------------------
 
@@ -387,10 +393,11 @@ class HaNode:
         if not moved and now < self._next_commit:
             return
         self._next_commit = now + COMMIT_EVERY_S
-        for identity in self._peers.values():
+        for link in self._peers.values():
             for stream, seq in insync.committed.items():
                 head = self.gw.lanes[stream].writer.last_seq  # every batch to it was pushed before this
-                self._tell(identity, P.ReplicaCommit(stream, insync.epoch, seq, head))
+                self._tell(link, P.ReplicaCommit(stream, insync.epoch, seq, head))
+        self._links.refresh()
 
     # --- following ---------------------------------------------------------------------------------------
 
@@ -413,8 +420,8 @@ class HaNode:
                     log.error("ha: cannot follow the leader of epoch %d: %s", holder.create_revision, exc)
                 return
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
-                                         self.gw.config.ha_suspect_s)  # fmt: skip
-            self.gw.watch(f.ack_sock)  # the leader's pushes and commits wake the loop
+                                         self.gw.config.ha_suspect_s, watch=self.gw.watch, unwatch=self.gw.unwatch,
+                                         max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX)  # fmt: skip
         if f.tick(now):
             log.warning("ha: leader %s (epoch %d) silent for %.2f s; campaigning", f.leader.node, f.epoch, f.suspect_s)
             self._unfollow()  # acknowledge nothing more to it, then depose it
@@ -541,7 +548,6 @@ class HaNode:
         f = self.follower
         if f is not None:
             self._drop_copies(f)
-            self.gw.unwatch(f.ack_sock)
             f.close()
             self.elector.leader_heard(False)
         self.follower = None
@@ -549,6 +555,8 @@ class HaNode:
     def close(self) -> None:
         self._unfollow()
         self.gw.unwatch(self.elector)
+        for link in self._links:
+            self._links.drop(link)
         self.gw.unwatch(self.peer)
         self.peer.close()
         self.elector.close(resign=True)

@@ -2,9 +2,10 @@
 back to the sidecar when a push goes missing, in the middle of a flow or at its end (docs/ha.md, "How
 followers copy"): its journal is the leader's, byte for byte, whatever was lost.
 
-A real Follower and HaNode.copy on a real journal; the leader's peer link is a real ROUTER socket (inproc)
-that the test drives frame by frame; the leader's sidecar is a stand-in serving the leader's batches after
-the sequence the follower subscribes from, up to what the test lets it have.
+A real Follower and HaNode.copy on a real journal; the leader's end of the peer link is a real listening
+socket on loopback (gateway.transport.link) that the test drives frame by frame; the leader's sidecar is a
+stand-in serving the leader's batches after the sequence the follower subscribes from, up to what the test
+lets it have.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gateway.server.follower import Follower, LeaderInfo
 from gateway.server.ha import HaNode
 from gateway.server.metrics import GatewayMetrics
 from gateway.server.producers import ProducerTable
+from gateway.transport.link import Link, Listener
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -73,26 +75,37 @@ class Sidecar:
 class Leader:
     """The leader's end of the peer link: pushes and commits, frame by frame."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.identity = b""
+    def __init__(self) -> None:
+        self.listener = Listener("tcp://127.0.0.1:*")
+        self.link: Link | None = None
         self.acked = 0
 
     def read(self) -> None:
-        """Take the follower's pings and acks: where it is on the link, and what it wrote."""
-        while self.sock.poll(0):
-            self.identity, frame = self.sock.recv_multipart()
+        """Take the follower's pings and acks (the first time, its connection), and what it wrote."""
+        deadline = time.monotonic() + 5.0
+        while self.link is None and time.monotonic() < deadline:
+            links = self.listener.accept(max_frame=4096, max_queued=16)
+            self.link = links[0] if links else None
+        assert self.link is not None, "the follower never connected"
+        for frame in self.link.frames(1000):
             cmd = P.decode(frame)
             if isinstance(cmd, P.ReplicaAck):
                 self.acked = max(self.acked, cmd.sequence)
 
     def push(self, batch: B.Batch) -> None:
-        self.sock.send_multipart((self.identity, P.encode(P.ReplicaBatch(STREAM, EPOCH, bytes(batch)))))
+        self.send(P.ReplicaBatch(STREAM, EPOCH, bytes(batch)))
 
     def commit(self, seq: int, head: int) -> None:
-        self.sock.send_multipart((self.identity, P.encode(P.ReplicaCommit(STREAM, EPOCH, seq, head))))
+        self.send(P.ReplicaCommit(STREAM, EPOCH, seq, head))
+
+    def send(self, cmd: P.Command) -> None:
+        assert self.link is not None and self.link.send(P.encode(cmd)) == "sent"
+        time.sleep(0.02)  # on the follower's side of loopback before its next tick
+
+    def close(self) -> None:
+        if self.link is not None:
+            self.link.close()
+        self.listener.close()
 
 
 @pytest.fixture
@@ -106,11 +119,12 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
     tmp_path: Path, ctx: zmq.Context
 ) -> None:
     b = leader_batches(12)
-    endpoint = f"inproc://peer-{secrets.token_hex(4)}"
-    leader = Leader(ctx, endpoint)
+    leader = Leader()
     sidecar = Sidecar(ctx, b)
-    info = LeaderInfo("L", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", endpoint, secrets.token_hex(32))
-    f = Follower(ctx, sidecar, "F", info, EPOCH, suspect_s=60.0)
+    info = LeaderInfo("L", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", leader.listener.endpoint, secrets.token_hex(32))
+    polled: dict[object, int] = {}  # the follower's peer link in the loop's poller
+    f = Follower(ctx, sidecar, "F", info, EPOCH, suspect_s=60.0, watch=polled.__setitem__, unwatch=polled.pop,
+                 max_frame=1 << 20)  # fmt: skip
     writer = JournalWriter.open(tmp_path, STREAM, durability=Durability("never"))
     watched: set[object] = set()
     lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
@@ -127,6 +141,10 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
 
     try:
         f.tick(time.monotonic())  # the first ping: the leader learns where we are on its link
+        leader.read()
+        time.sleep(0.02)
+        f.tick(time.monotonic())  # connected: the ping went out, nothing waits for the kernel
+        assert polled == {f.link: zmq.POLLIN}
         leader.read()
         gw.watch(f.tail(STREAM, 0, 0).sock)  # as HaNode starts a copy, after reconciling
         sidecar.available = 2
@@ -173,6 +191,9 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         with JournalReader(tmp_path, STREAM).cursor(1) as cursor:
             got = b"".join(bytes(batch) for batch in iter(cursor.next_batch, None))
         assert got == b"".join(bytes(x) for x in b)  # the leader's journal, byte for byte
+        f.close()
+        assert not polled  # out of the poller before its descriptor closed
     finally:
         f.close()
+        leader.close()
         writer.close()

@@ -1,0 +1,194 @@
+"""The peer link's framing and its TCP connection (gateway.wire.length_prefixed, gateway.transport.link): frames
+come out whole however the stream is cut, sends never block and never exceed their queue, and every way a
+connection can fail closes the link with a reason, never an exception in the owner's loop.
+
+Real sockets on loopback; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from gateway.errors import ConfigError, ProtocolError
+from gateway.transport.link import Link, LinkSet, Listener, tcp_address
+from gateway.wire.length_prefixed import Deframer, header
+
+
+def framed(*frames: bytes) -> bytes:
+    return b"".join(header(len(f)) + f for f in frames)
+
+
+def test_frames_come_out_whole_wherever_the_stream_is_cut() -> None:
+    frames = [b"", b"a", os.urandom(300), os.urandom(70_000)]
+    stream = framed(*frames)
+    for step in (1, 3, 4, 5, 4096, len(stream)):
+        d, got = Deframer(1 << 20), []
+        for i in range(0, len(stream), step):
+            d.feed(stream[i : i + step])
+            while (frame := d.next()) is not None:
+                got.append(frame)
+        assert got == frames and not d.partial, step
+
+
+def test_a_length_over_the_limit_is_refused_before_its_bytes_are_buffered() -> None:
+    d = Deframer(100)
+    d.feed(header(101))
+    with pytest.raises(ProtocolError, match="frame of 101 bytes, over the limit of 100"):
+        d.next()
+    d = Deframer(100)
+    d.feed(header(100) + b"x" * 99)
+    assert d.next() is None and d.partial
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "address"),
+    [("tcp://127.0.0.1:5", ("127.0.0.1", 5)), ("tcp://*:*", ("0.0.0.0", 0)), ("tcp://[::1]:7", ("::1", 7))],
+)
+def test_endpoints(endpoint: str, address: tuple[str, int]) -> None:
+    assert tcp_address(endpoint) == address
+
+
+@pytest.mark.parametrize("endpoint", ["udp://1.2.3.4:5", "tcp://1.2.3.4", "tcp://:5", "tcp://h:x"])
+def test_endpoints_that_are_not_tcp_host_port_say_so(endpoint: str) -> None:
+    with pytest.raises(ConfigError, match="give tcp://HOST:PORT"):
+        tcp_address(endpoint)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Link, Link]]:
+    """(client, server) links connected over loopback."""
+    listener = Listener("tcp://127.0.0.1:*")
+    client = Link.connect(listener.endpoint, max_frame=1 << 25, max_queued=8)
+    accepted: list[Link] = []
+    deadline = time.monotonic() + 5
+    while not accepted and time.monotonic() < deadline:
+        accepted = listener.accept(max_frame=1 << 25, max_queued=8)
+    listener.close()
+    assert accepted
+    yield client, accepted[0]
+    client.close()
+    accepted[0].close()
+
+
+def receive(link: Link, count: int, deadline_s: float = 5.0, other: Link | None = None) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + deadline_s
+    while len(got) < count and time.monotonic() < deadline and not link.closed:
+        got.extend(link.frames(count - len(got)))
+        if other is not None:
+            other.flush()
+    return got
+
+
+def test_frames_go_both_ways_in_order_and_a_large_one_waits_in_the_queue_until_flushed(
+    pair: tuple[Link, Link],
+) -> None:
+    client, server = pair
+    small = [b"ping %d" % i for i in range(100)]
+    for frame in small:
+        assert client.send(frame) == "sent"
+    assert receive(server, 100) == small
+    big = os.urandom(20_000_000)  # more than loopback's socket buffers take at once
+    assert server.send(big) == "sent"
+    assert server.send(b"after") == "sent"
+    assert server.wants_write  # the rest waits for the kernel: the owner polls POLLOUT
+    assert receive(client, 2, other=server) == [big, b"after"]
+    assert not server.wants_write
+
+
+def test_a_peer_that_reads_nothing_fills_the_queue_and_then_frames_are_not_sent(pair: tuple[Link, Link]) -> None:
+    client, server = pair
+    outcomes = [server.send(b"x" * 100_000) for _ in range(200)]  # 20 MB: the kernel's buffers take a part
+    assert outcomes[-1] == "unread" and "sent" in outcomes
+    assert not server.closed  # slow is not gone
+    taken = outcomes.count("sent")
+    assert len(receive(client, taken, other=server)) == taken  # everything that was "sent" arrives
+
+
+def test_a_peer_that_closes_closes_the_link_with_the_reason(pair: tuple[Link, Link]) -> None:
+    client, server = pair
+    client.send(b"last")
+    client.close()
+    assert receive(server, 2) == [b"last"]
+    assert server.closed and server.error == "closed by the peer"
+    assert server.send(b"x") == "gone"
+
+
+def test_a_frame_over_the_limit_closes_the_link(pair: tuple[Link, Link]) -> None:
+    client, server = pair
+    client.send(b"x" * ((1 << 25) + 1))
+    assert receive(server, 1) == []
+    assert server.closed and "over the limit" in server.error
+
+
+def test_a_zeromq_peer_is_not_framed() -> None:
+    """A node of an older version (ZeroMQ on the peer link) sends a ZMTP greeting: the link closes, naming it."""
+    listener = Listener("tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(listener.endpoint)
+    try:
+        dealer.send(b"hello", zmq.NOBLOCK)
+        links: list[Link] = []
+        deadline = time.monotonic() + 5
+        while not links and time.monotonic() < deadline:
+            links = listener.accept(max_frame=4096, max_queued=8)
+        assert links
+        assert receive(links[0], 1) == []
+        assert links[0].closed and "over the limit of 4,096" in links[0].error
+        links[0].close()
+    finally:
+        dealer.close()
+        ctx.term()
+        listener.close()
+
+
+def test_a_refused_connect_closes_the_link_with_the_reason() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once it closes
+    link = Link.connect(f"tcp://127.0.0.1:{port}", max_frame=100, max_queued=8)
+    assert link.send(b"waits while connecting") in ("sent", "gone")
+    deadline = time.monotonic() + 5
+    while not link.closed and time.monotonic() < deadline:
+        list(link.frames(1))
+    assert link.closed and "ECONNREFUSED" in link.error
+    link.close()
+    bad = Link.connect("tcp://no-such-host.invalid:1", max_frame=100, max_queued=8)
+    assert bad.closed and "cannot connect to tcp://no-such-host.invalid:1" in bad.error
+    bad.close()
+
+
+def test_a_busy_port_is_one_clear_error() -> None:
+    listener = Listener("tcp://127.0.0.1:*")
+    try:
+        with pytest.raises(ConfigError, match=r"cannot listen on .*give a free port or \*"):
+            Listener(listener.endpoint)
+    finally:
+        listener.close()
+
+
+def test_a_link_set_polls_output_only_while_frames_wait_and_unregisters_before_closing(
+    pair: tuple[Link, Link],
+) -> None:
+    client, server = pair
+    polled: dict[Link, int] = {}
+    links = LinkSet(polled.__setitem__, polled.pop)
+    links.add(server)
+    assert polled == {server: zmq.POLLIN}
+    server.send(os.urandom(20_000_000))
+    links.refresh()
+    assert polled == {server: zmq.POLLIN | zmq.POLLOUT}
+    receive(client, 1, other=server)
+    links.refresh()
+    assert polled == {server: zmq.POLLIN}
+    assert links.drop(server) and not polled and not links.drop(server)
+    with pytest.raises(OSError):
+        os.fstat(server.fileno())  # closed once out of the poller
