@@ -15,14 +15,16 @@ means a push was lost (the link's queue was full, it reconnected) or never sent 
 as level): the tail fills from our head, within one commit interval.
 
 The ack path is the same peer link (a TCP connection to a port of the leader's own, named in its etcd leader
-key, gateway.transport.link; not its ingest, so a flood of publishers never delays the followers' pings, and a leader that stops reading
-publishers still reads them): REPLICA-ACK(node, stream, epoch, sequence, durable, mac) whenever what it wrote
-(`sequence`) or what is as durable as its --fsync says (`durable`, after a group commit) moved, again every
-`ACK_EVERY_S` with a PING. The mac (`ack_mac`) is keyed with the secret the leader put in its etcd leader key:
-only a node that reads the group's etcd can make an ack the leader counts, not anyone who can reach the link
-(docs/ha.md). A peer link that answers nothing for `suspect_s` is a leader gone silent (killed, paused, cut
-off). The leader answers with REPLICA-COMMIT, how far each stream is committed: the follower's sidecar serves
-that far (gateway.journal.committed), once the follower's journal is known to be a prefix of the leader's.
+key, gateway.transport.link; not its ingest, so a flood of publishers never delays the followers' pings, and
+a leader that stops reading publishers still reads them): REPLICA-ACK(node, stream, epoch, sequence, durable,
+mac) whenever what it wrote (`sequence`) or what is as durable as its --fsync says (`durable`, after a group
+commit) moved, again every `ACK_EVERY_S` with a PING. The mac (`ack_mac`) is keyed with the secret the leader
+put in its etcd leader key: only a node that reads the group's etcd can make an ack the leader counts, not
+anyone who can reach the link (docs/ha.md). A peer link that answers nothing for `suspect_s` is a leader gone
+silent (killed, paused, cut off); one that the leader closed, after which its port refuses us, is a leader
+whose process exited, suspected at once. The leader answers with REPLICA-COMMIT, how far each stream is
+committed: the follower's sidecar serves that far (gateway.journal.committed), once the follower's journal is
+known to be a prefix of the leader's.
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
@@ -175,6 +177,9 @@ class Follower:
         self._max_frame = max_frame
         self.link = self._connect()
         self._reconnect_at = 0.0
+        self._answered_on: Link | None = None  # the link the leader last answered on
+        self._hung_up = False  # the leader closed the link it answered on, and has not answered since
+        self._exited = False  # ... and then refused a connection: its process is gone
         self.started_at = self.heard_at = time.monotonic()
         self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
         self._next_ack = 0.0
@@ -250,13 +255,16 @@ class Follower:
             self.acked[stream] = (written, durable)
             self._ack(stream, written, durable)
 
-    def tick(self, now: float) -> bool:
-        """Read the leader's pushes and answers (at most READ_MAX), ack and ping when due; whether the leader
-        went silent: a ping of ours has had no answer for `suspect_s` (so a pause of this process alone never
-        makes it suspect)."""
+    def tick(self, now: float) -> str:
+        """Read the leader's pushes and answers (at most READ_MAX), ack and ping when due; why the leader is
+        suspected, or "": a ping of ours has had no answer for `suspect_s` (so a pause of this process alone
+        never makes it suspect), or its process exited: it closed the link it answered us on, and its port then
+        refused us (a kill -9 on a live host says so at once; a dead host or a partition says nothing, and waits
+        for `suspect_s`)."""
         link = self.link
         for frame in link.frames(READ_MAX):
             self.heard_at, self._unanswered_since = now, None
+            self._answered_on, self._hung_up = link, False
             kind = frame[2:3]
             if kind == _BATCH_ID:
                 self._pushed(frame)
@@ -266,6 +274,10 @@ class Follower:
         if link.closed:  # out of the poller at once (its descriptor would poll readable), connected again soon
             if self._links.drop(link):
                 log.debug("ha: peer link to %s: %s", self.leader.node, link.error)
+                if link.hung_up and link is self._answered_on:
+                    self._hung_up = True
+                elif link.refused and self._hung_up:
+                    self._exited = True
             if now >= self._reconnect_at:
                 self.link, self._reconnect_at = self._connect(), now + RECONNECT_S
         if now >= self._next_ack:
@@ -276,7 +288,11 @@ class Follower:
             for stream, (written, durable) in self.acked.items():
                 self._ack(stream, written, durable)
         self._links.refresh()
-        return self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s
+        if self._exited:
+            return "exited (it closed our peer link, and its port refuses connections)"
+        if self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s:
+            return f"silent for {self.suspect_s:.2f} s"
+        return ""
 
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)

@@ -131,13 +131,11 @@ class HaNode:
         self._forged_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
-        self.elector = Elector(
-            cfg.etcd,
-            self.leader_key,
-            self._value,
-            poll_s=0.05,
-            eligible=self._eligible,
-        )
+        try:
+            self.elector = Elector(cfg.etcd, self.leader_key, self._value, poll_s=0.05, eligible=self._eligible)
+        except BaseException:
+            self.peer.close()
+            raise
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._peers: dict[str, Link] = {}  # leading: follower node -> the link its last good ack came on
@@ -422,8 +420,9 @@ class HaNode:
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.gw.config.ha_suspect_s, watch=self.gw.watch, unwatch=self.gw.unwatch,
                                          max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX)  # fmt: skip
-        if f.tick(now):
-            log.warning("ha: leader %s (epoch %d) silent for %.2f s; campaigning", f.leader.node, f.epoch, f.suspect_s)
+        suspected = f.tick(now)
+        if suspected:
+            log.warning("ha: leader %s (epoch %d) %s; campaigning", f.leader.node, f.epoch, suspected)
             self._unfollow()  # acknowledge nothing more to it, then depose it
             self.elector.suspect(holder.create_revision)
             return

@@ -63,6 +63,8 @@ class Link(PolledByFd):
         self.max_queued = max_queued
         self.closed = False
         self.error = ""  # why it closed
+        self.hung_up = False  # the peer closed or reset the connection (its process exited, most likely)
+        self.refused = False  # the connect was refused: nothing listens there
         if not connecting:
             self._nodelay()
 
@@ -82,6 +84,7 @@ class Link(PolledByFd):
         link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
+            link.refused = code == errno.ECONNREFUSED
             link._fail(f"cannot connect to {endpoint}: {errno.errorcode.get(code, code)}")
         return link
 
@@ -151,9 +154,11 @@ class Link(PolledByFd):
                 except BlockingIOError:
                     return
                 except OSError as exc:
+                    self.hung_up = exc.errno == errno.ECONNRESET
                     self._fail(f"receive failed: {exc.strerror or exc}")
                     return
                 if not data:
+                    self.hung_up = True
                     self._fail("closed by the peer" + (" in the middle of a frame" if self._in.partial else ""))
                     return
                 self._in.feed(data)
@@ -168,6 +173,7 @@ class Link(PolledByFd):
             return False
         code = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
+            self.refused = code == errno.ECONNREFUSED
             self._fail(f"connect failed: {errno.errorcode.get(code, code)}")
             return False
         self._connecting = False

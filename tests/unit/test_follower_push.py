@@ -197,3 +197,48 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         f.close()
         leader.close()
         writer.close()
+
+
+def follower_of(leader: Leader, ctx: zmq.Context, polled: dict[object, int]) -> Follower:
+    info = LeaderInfo("L", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", leader.listener.endpoint, secrets.token_hex(32))
+    return Follower(ctx, Sidecar(ctx, []), "F", info, EPOCH, suspect_s=60.0, watch=polled.__setitem__,
+                    unwatch=polled.pop, max_frame=1 << 20)  # fmt: skip
+
+
+def ticks_until(f: Follower, seconds: float) -> str:
+    """The follower's loop for up to `seconds`: why it suspects its leader, or "" if it never did."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if suspected := f.tick(time.monotonic()):
+            return suspected
+        time.sleep(0.005)
+    return ""
+
+
+def test_a_leader_whose_process_exits_is_suspected_at_once_and_one_that_only_hangs_up_is_not(
+    ctx: zmq.Context,
+) -> None:
+    """Suspicion by silence takes `suspect_s` (60 s here); a leader that closed the link it answered on and then
+    refuses a connection has exited (a kill -9 on a live host), and is suspected within a tick or two."""
+    leader, polled = Leader(), {}
+    f = follower_of(leader, ctx, polled)
+    try:
+        f.tick(time.monotonic())
+        leader.read()
+        leader.send(P.PingOk())
+        assert ticks_until(f, 0.1) == "" and f.heard_at > f.started_at
+        assert leader.link is not None
+        leader.link.close()  # hangs up, but still listens: it takes us back, and is not suspected
+        leader.link = None
+        assert ticks_until(f, 0.3) == ""
+        leader.read()  # our new connection
+        leader.send(P.PingOk())
+        assert ticks_until(f, 0.1) == ""
+        started = time.monotonic()
+        leader.close()  # the process exits: the link closes, the port refuses
+        assert ticks_until(f, 5.0).startswith("exited")
+        assert time.monotonic() - started < 0.5
+    finally:
+        f.close()
+        leader.close()
+    assert not polled
