@@ -322,6 +322,17 @@ class ReplayServer:
                 self._notified[watch.notify.fileno()] = stream
         return watch
 
+    def _unwatch(self, stream: str) -> None:
+        """No client reads `stream` any more: stop watching it, or every write to its journal would wake us (a
+        follower gateway that caught up from here and went over to its leader's pushes left one behind)."""
+        watch = self._tails.pop(stream, None)
+        if watch is None:
+            return
+        if watch.notify is not None:
+            self._poller.unregister(watch.notify.fileno())
+            del self._notified[watch.notify.fileno()]
+        watch.close()
+
     def _changed(self, stream: str) -> None:
         """inotify says `stream` changed: its cursors at the tail read again now, not at the next poll."""
         self._tails[stream].drain()
@@ -503,6 +514,8 @@ class ReplayServer:
         if self.sessions.pop(s.identity, None) is None:
             return
         s.close()
+        if not any(other.stream == s.stream for other in self.sessions.values()):
+            self._unwatch(s.stream)
         self.metrics.ended.labels(reason).inc()
         self.metrics.update_sessions(self.sessions.values())
         if notify:

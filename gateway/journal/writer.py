@@ -320,6 +320,10 @@ class JournalWriter:
         """The last sequence as durable as the mode promises: synced, or (mode never) written."""
         return self._next_seq - 1 if self._durability.mode == "never" else self._synced_seq
 
+    def take_finished_sync(self) -> bool:
+        """Take a background sync that has finished (`durable_seq` moves); never waits: whether one had."""
+        return self._collect(wait=False)
+
     def sync_soon(self) -> None:
         """Take a finished background sync, and start a group commit of what is unsynced now rather than after
         `group_ms`: for a follower, whose leader's confirms wait for it."""

@@ -443,6 +443,8 @@ class Gateway:
             wait = out.pump()
             if wait is not None:
                 deadline = min(deadline, now + wait)
+        if self.ha is not None:
+            self.ha.after_release(now)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
                 self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)

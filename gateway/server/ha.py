@@ -295,6 +295,8 @@ class HaNode:
     # --- the loop's hook ---------------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
+        """Hear the followers and etcd, take or leave the lead, and advance the commit points (the gateway then
+        multicasts what they let through, and calls `after_release`)."""
         self._serve_peers(now)
         for name, outcome in self.elector.outcomes():
             if name == "insync":
@@ -307,9 +309,15 @@ class HaNode:
         if acting and self.insync is None:
             self._promote(epoch, now)
         if self.insync is not None:
-            self._lead(now)
+            self.insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
         else:
             self._follow(now)
+
+    def after_release(self, now: float) -> None:
+        """What waits until the committed batches are on their way: telling the sidecar and the followers how far
+        is committed (each wakes another process, which may take our core), the in-sync set, the status."""
+        if self.insync is not None:
+            self._lead(now)
         if now >= self._report_at:
             self._report(now)
 
@@ -366,10 +374,9 @@ class HaNode:
         self.gw.step_down(self.refusal())
 
     def _lead(self, now: float) -> None:
-        """Advance the commit point; bring etcd's in-sync set to what it should be (joiners in, laggards out)."""
+        """Tell the commit points; bring etcd's in-sync set to what it should be (joiners in, laggards out)."""
         insync = self.insync
         assert insync is not None
-        insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
         self._tell_commits(insync, now)
         for name in insync.joinable():
             insync.add(name)  # here first: commits wait for it before etcd says it may be elected
@@ -462,8 +469,9 @@ class HaNode:
                 level = True
             elif batch.first_seq > writer.last_seq + 1:
                 gap = True
+        writer.take_finished_sync()
+        f.journaled(stream, writer.last_seq, writer.durable_seq)  # before a sync starts: its thread wants the GIL
         writer.sync_soon()
-        f.journaled(stream, writer.last_seq, writer.durable_seq)
         if f.tailing(stream):
             if level and not gap:
                 self._untail(f, stream)  # level with the leader: its pushes carry on, its sidecar rests

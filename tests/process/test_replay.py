@@ -4,6 +4,7 @@ and clients that are raw DEALER sockets speaking gateway.wire.protocol (or gatew
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -660,3 +661,44 @@ def test_the_live_tail_wakes_on_appends_and_commits_not_on_the_poll(root: Path) 
         print(f"commit -> tailing client: max {max(delays) * 1e3:.1f} ms")
     mark.close()
     stream.writer.close()
+
+
+def _inotify_fds(pid: int) -> int:
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing
+            count += os.readlink(fd) == "anon_inode:inotify"
+    return count
+
+
+def _until(predicate: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_a_stream_is_watched_only_while_a_client_reads_it(tmp_path: Path) -> None:
+    """The live tail's inotify watch goes when the stream's last client does: a follower gateway that caught up
+    from a leader's sidecar and went over to its pushes must not leave the sidecar woken by every write."""
+    root = tmp_path / "journal"
+    root.mkdir()
+    s = Stream(root, "watched")
+    s.write(3)
+    with start_sidecar(root) as side:
+        pid, before = side.proc.pid, _inotify_fds(side.proc.pid)
+        for _ in range(2):  # and again: a new reader gets a new watch
+            client = ReplayClient(side.endpoint, "watched", window=100_000)
+            client.subscribe("", latest=0)
+            got = 0
+            while got < s.head:
+                event = client.recv(timeout=5)
+                assert isinstance(event, B.Batch), event
+                got = event.last_seq
+            assert _until(lambda: _inotify_fds(pid) == before + 1), "no watch while a client waits at the tail"
+            s.write(1)
+            event = client.recv(timeout=5)  # the watch wakes the tail (the poll is the backstop)
+            assert isinstance(event, B.Batch) and event.last_seq == s.head
+            client.close()  # DETACH: the stream's last reader
+            assert _until(lambda: _inotify_fds(pid) == before), "the watch outlived the stream's last reader"
+    s.writer.close()
