@@ -19,7 +19,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "status",
         help="the group's leader, epoch, in-sync followers and each node's heads, from etcd",
         description="One JSON line with the group's leader, its epoch, the in-sync followers and each node's "
-        "role and journal heads (reported every 0.5 s; `age_s` says how long ago).",
+        "role and journal heads (reported every second; `age_s` says how long ago).",
     )
     status.add_argument("--etcd", required=True, metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379")
     status.add_argument("--stream", action="append", required=True, type=stream_name, help="a stream of the group")

@@ -324,13 +324,6 @@ class JournalWriter:
         """Take a background sync that has finished (`durable_seq` moves); never waits: whether one had."""
         return self._collect(wait=False)
 
-    def sync_soon(self) -> None:
-        """Take a finished background sync, and start a group commit of what is unsynced now rather than after
-        `group_ms`: for a follower, whose leader's confirms wait for it."""
-        self._collect(wait=False)
-        if self._durability.mode == "group" and self._unsynced_since is not None:
-            self._group_sync()
-
     def sync_due(self, now: float) -> bool:
         """Whether group-mode data has waited `group_ms` (now is time.monotonic())."""
         deadline = self.sync_deadline

@@ -23,8 +23,8 @@ a leader look silent to the followers that would depose it.
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs
 (sent on each advance and every `COMMIT_EVERY_S`). A follower acknowledges a batch as written at once, and as
-durable once its group commit (started at once, on the gateway's syncer thread) has made it as durable as
-`--fsync` says.
+durable once its group commit (on the journal's timer, as the leader's, run by the gateway's syncer thread) has
+made it as durable as `--fsync` says.
 
 Each node also says how it is doing under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`),
 every `REPORT_EVERY_S`.
@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
 RETRY_WRITE_S = 0.25  # a failed write of the in-sync set is tried again this soon (etcd is not to be hammered)
-REPORT_EVERY_S = 0.5
+REPORT_EVERY_S = 1.0  # each report is an etcd request, whose Python work holds the GIL about 0.5 ms
 PUSH_HWM = 256  # frames queued to one follower on the peer link beyond the kernel's buffer; past it pushes are
 # dropped (it copies them from our sidecar), so a stalled follower costs at most this many batches of memory
 PEER_FRAME_MAX = 4096  # the largest frame a follower sends (PING, REPLICA-ACK)
@@ -129,6 +129,7 @@ class HaNode:
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self.peer.endpoint, self._ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it
         self._forged_logged = False
+        self._unframed_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         try:
@@ -243,8 +244,13 @@ class HaNode:
                     self.gw.metrics.rejected.labels("invalid").inc()
             link.flush()
             if link.closed:
-                if link.error.startswith("a frame of"):  # not a peer of this version (a ZeroMQ one), or hostile
+                if link.unframed:  # not a peer of this version (a ZeroMQ one), or a hostile one
                     self.gw.metrics.rejected.labels("invalid").inc()
+                    if not self._unframed_logged:  # once: anyone who reaches the port can send junk
+                        log.warning("ha: closed a connection to the peer link that is not in this version's framing "
+                                    "(%s): run one version of zeps on every node of a group; further ones are only "
+                                    "counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
+                        self._unframed_logged = True
                 self._drop_link(link)
         self._links.refresh()
 
@@ -451,8 +457,8 @@ class HaNode:
     def copy(self, stream: str) -> None:
         """Journal what the leader sent for `stream`, verbatim, where it continues our journal: its sidecar's
         tail while we are behind, its pushes once level (gateway.server.follower, which says when each); ack it
-        as written at once, and as durable once a group commit covers it (started at once, on the syncer: one
-        fdatasync for all a drain wrote, and the loop copies on meanwhile)."""
+        as written at once, and as durable once a group commit covers it (on the journal's own timer, as the
+        leader's, run by the syncer thread: the loop copies on meanwhile)."""
         f, lane = self.follower, self.gw.lanes[stream]
         assert f is not None
         writer = lane.writer
@@ -470,8 +476,7 @@ class HaNode:
             elif batch.first_seq > writer.last_seq + 1:
                 gap = True
         writer.take_finished_sync()
-        f.journaled(stream, writer.last_seq, writer.durable_seq)  # before a sync starts: its thread wants the GIL
-        writer.sync_soon()
+        f.journaled(stream, writer.last_seq, writer.durable_seq)
         if f.tailing(stream):
             if level and not gap:
                 self._untail(f, stream)  # level with the leader: its pushes carry on, its sidecar rests

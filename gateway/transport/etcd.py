@@ -162,7 +162,12 @@ class Etcd:
 def _client(url: str, timeout_s: float) -> Any:
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None  # check_url
-    return etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s)
+    client = etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s)
+    # No proxy and no .netrc from the environment: requests looks both up on every request (a fifth of its
+    # Python time here, with the GIL held, beside a gateway's loop), and etcd is reached directly.
+    if hasattr(client, "session"):
+        client.session.trust_env = False
+    return client
 
 
 def _unreachable(exc: Etcd3Exception, timeout_s: float) -> str:

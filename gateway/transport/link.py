@@ -65,6 +65,7 @@ class Link(PolledByFd):
         self.error = ""  # why it closed
         self.hung_up = False  # the peer closed or reset the connection (its process exited, most likely)
         self.refused = False  # the connect was refused: nothing listens there
+        self.unframed = False  # the peer sent what is not our framing (a length over the limit)
         if not connecting:
             self._nodelay()
 
@@ -144,6 +145,7 @@ class Link(PolledByFd):
             try:
                 frame = self._in.next()
             except ProtocolError as exc:
+                self.unframed = True
                 self._fail(str(exc))
                 return
             if frame is None:

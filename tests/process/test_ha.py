@@ -426,6 +426,15 @@ def test_forged_replica_acks_never_make_the_leader_confirm(etcd: EtcdProcess, tm
         refused = misplaced._answer(P.Invalid, 5.0)
         misplaced.close()
         assert isinstance(refused, P.Invalid) and "REPLICA-ACK is not allowed here" in refused.reason, refused
+        zeromq = zmq.Context.instance().socket(zmq.DEALER)  # a node of an older version: ZeroMQ on the peer link
+        zeromq.setsockopt(zmq.LINGER, 0)
+        zeromq.connect(json.loads(holder.value)["peer"])
+        zeromq.send(P.encode(P.ReplicaAck(follower.name, STREAM, epoch, 1 << 40, 1 << 40, bytes(16))))
+        deadline = time.monotonic() + 5
+        while "not in this version's framing" not in head.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        zeromq.close()
+        assert "run one version of zeps on every node" in head.log.read_text()
         follower.signal(signal.SIGSTOP)
         forger = threading.Thread(target=forge, args=(follower.name, epoch), daemon=True)
         forger.start()

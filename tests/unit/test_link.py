@@ -124,7 +124,7 @@ def test_a_frame_over_the_limit_closes_the_link(pair: tuple[Link, Link]) -> None
     client, server = pair
     client.send(b"x" * ((1 << 25) + 1))
     assert receive(server, 1) == []
-    assert server.closed and "over the limit" in server.error
+    assert server.closed and server.unframed and "over the limit" in server.error
 
 
 def test_a_zeromq_peer_is_not_framed() -> None:
