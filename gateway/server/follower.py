@@ -62,7 +62,7 @@ ACK_EVERY_S = 0.05
 ACK_QUEUE = 1000  # frames to the leader waiting for the kernel (a connect in progress, a leader not reading)
 RECONNECT_S = 0.1  # a peer link that failed is connected again this soon
 _COMMIT_ID = P.encode(P.ReplicaCommit("", 0, 0, 0))[2:3]  # command id bytes, to skip decoding PING-OKs
-_BATCH_ID = P.encode(P.ReplicaBatch("", 0, b""))[2:3]
+_BATCH_ID = P.encode(P.ReplicaBatch("", 0, 0, b""))[2:3]
 READ_MAX = 256  # frames one tick reads from the peer link: a pass of the loop stays bounded under a flood
 ACK_MAC_SIZE = 16  # bytes of HMAC-SHA256 kept: 128 bits, past any guessing over a network
 _ACK_DOMAIN = b"zeps replica-ack\0"
@@ -303,9 +303,12 @@ class Follower:
         with contextlib.suppress(P.ProtocolError):
             cmd = P.decode(frame)
             if isinstance(cmd, P.ReplicaCommit) and cmd.epoch == self.epoch and cmd.stream in self.copies:
-                self.committed[cmd.stream] = max(self.committed.get(cmd.stream, 0), cmd.sequence)
+                self._commit_point(cmd.stream, cmd.sequence)
                 copy = self.copies[cmd.stream]
                 copy.leader_head = max(copy.leader_head, cmd.head)
+
+    def _commit_point(self, stream: str, seq: int) -> None:
+        self.committed[stream] = max(self.committed.get(stream, 0), seq)
 
     def _pushed(self, frame: bytes) -> None:
         """A REPLICA-BATCH: kept for a stream being copied only; one that does not parse is dropped (the gap it
@@ -314,6 +317,7 @@ class Follower:
             cmd = P.decode(frame)
             if isinstance(cmd, P.ReplicaBatch) and cmd.epoch == self.epoch and cmd.stream in self.copies:
                 self.copies[cmd.stream].pushed.append(B.Batch.parse(cmd.batch))  # a view of the frame
+                self._commit_point(cmd.stream, cmd.committed)
 
     def _ack(self, stream: str, written: int, durable: int) -> None:
         mac = ack_mac(self._ack_key, self.node, stream, self.epoch, written, durable)

@@ -445,6 +445,7 @@ class Gateway:
                 deadline = min(deadline, now + wait)
         if self.ha is not None:
             self.ha.after_release(now)
+            deadline = min(deadline, self.ha.due)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
                 self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)

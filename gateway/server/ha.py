@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ PUSH_HWM = 256  # frames queued to one follower on the peer link beyond the kern
 PEER_FRAME_MAX = 4096  # the largest frame a follower sends (PING, REPLICA-ACK)
 MAX_LINKS = 64  # connections to the peer link; past it the oldest that never carried a good ack is closed
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
+COMMIT_LINGER_S = 0.005  # ... and tells a moved one at most this often (pushes carry it meanwhile)
 
 
 def peer_default(ingest: str) -> str:
@@ -140,7 +142,9 @@ class HaNode:
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._peers: dict[str, Link] = {}  # leading: follower node -> the link its last good ack came on
-        self._next_commit = 0.0
+        self._next_commit = 0.0  # when the commit points are told to the followers again, moved or not
+        self._commit_at = 0.0  # the earliest they are told again when they moved
+        self._commit_owed = False  # they moved since last told
         self._retry_at = 0.0
         self._recorded: set[str] = set()  # the in-sync set as last written to etcd
         # the write of the in-sync set in flight: (epoch, members; None for a take-over), and whom it drops
@@ -289,7 +293,7 @@ class HaNode:
         for node, link in self._peers.items():
             follower = insync.followers.get(node)
             if follower is not None and follower.acked.get(stream, 0) >= insync.committed[stream]:
-                frame = frame or P.encode(P.ReplicaBatch(stream, insync.epoch, sealed))
+                frame = frame or P.encode(P.ReplicaBatch(stream, insync.epoch, insync.committed[stream], sealed))
                 link.send(frame)
         self._links.refresh()  # a push the kernel did not take whole: poll for room
 
@@ -318,6 +322,13 @@ class HaNode:
             self.insync.advance({s: lane.writer.last_seq for s, lane in self.gw.lanes.items()}, now)
         else:
             self._follow(now)
+
+    @property
+    def due(self) -> float:
+        """When the loop must run again for this node's timers: a moved commit point owed to the followers."""
+        if self.insync is None or not self._peers:
+            return math.inf
+        return self._commit_at if self._commit_owed else self._next_commit
 
     def after_release(self, now: float) -> None:
         """What waits until the committed batches are on their way: telling the sidecar and the followers how far
@@ -394,16 +405,19 @@ class HaNode:
                                             frozenset(target)))  # fmt: skip
 
     def _tell_commits(self, insync: InSync, now: float) -> None:
-        """Publish the commit points to our sidecar, and to our followers when they moved (or are due again)."""
-        moved = False
+        """Publish the commit points to our sidecar at once, and to our followers when they moved, at most every
+        COMMIT_LINGER_S (and again every COMMIT_EVERY_S): while batches flow, each push carries the point too, so
+        a follower is not woken by a REPLICA-COMMIT per batch; when they stop, it learns the last one within
+        COMMIT_LINGER_S."""
         for stream, seq in insync.committed.items():
             mark = self.gw.marks[stream]
             if seq > mark.value:
                 mark.advance(seq)
-                moved = True
-        if not moved and now < self._next_commit:
+                self._commit_owed = True
+        if not (self._commit_owed and now >= self._commit_at) and now < self._next_commit:
             return
-        self._next_commit = now + COMMIT_EVERY_S
+        self._commit_owed = False
+        self._commit_at, self._next_commit = now + COMMIT_LINGER_S, now + COMMIT_EVERY_S
         for link in self._peers.values():
             for stream, seq in insync.committed.items():
                 head = self.gw.lanes[stream].writer.last_seq  # every batch to it was pushed before this

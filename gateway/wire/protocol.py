@@ -325,10 +325,12 @@ class ReplicaCommit(Command):
 @_command
 class ReplicaBatch(Command):
     """The leader of `epoch` (docs/ha.md) journaled `batch` of `stream` (the journal's bytes), pushed to the
-    followers level with it, so that their copy skips the leader's sidecar."""
+    followers level with it, so that their copy skips the leader's sidecar. `committed`: its commit point of
+    `stream` as it pushed, taken as from a REPLICA-COMMIT (which it then sends less often)."""
 
     stream: String
     epoch: Number8
+    committed: Number8
     batch: Chunk
 
 

@@ -93,7 +93,7 @@ class Leader:
                 self.acked = max(self.acked, cmd.sequence)
 
     def push(self, batch: B.Batch) -> None:
-        self.send(P.ReplicaBatch(STREAM, EPOCH, bytes(batch)))
+        self.send(P.ReplicaBatch(STREAM, EPOCH, batch.first_seq - 1, bytes(batch)))
 
     def commit(self, seq: int, head: int) -> None:
         self.send(P.ReplicaCommit(STREAM, EPOCH, seq, head))
@@ -170,6 +170,7 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         leader.push(b[10])  # level again
         loop_pass()
         assert (writer.last_seq, f.tailing(STREAM)) == (b[10].last_seq, False)
+        assert f.committed[STREAM] == b[10].first_seq - 1  # the push carried the leader's commit point
 
         # The end of a flow: the last push is lost and nothing follows it but a commit, which says the head.
         leader.commit(b[10].last_seq, b[11].last_seq)

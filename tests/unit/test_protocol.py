@@ -61,7 +61,7 @@ SPEC = {
         None,
     ),
     25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8), ("head", N8)], None),
-    26: ("REPLICA-BATCH", [("stream", S), ("epoch", N8), ("batch", C)], None),
+    26: ("REPLICA-BATCH", [("stream", S), ("epoch", N8), ("committed", N8), ("batch", C)], None),
 }
 
 
