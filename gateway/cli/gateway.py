@@ -102,6 +102,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         "ingest's address on a free port; docs/ha.md)",
     )
     keyopts.add_server_options(p)
+    p.add_argument(
+        "--curve-key",
+        metavar="FILE",
+        help="a group node whose sidecars require CURVE: this node's client NAME.key_secret (in the other nodes' "
+        "sidecars' --curve-allow), with which it copies its leader's journal (docs/ha.md)",
+    )
+    p.add_argument(
+        "--curve-server",
+        metavar="FILE",
+        help="with --curve-key: the group's sidecars' public NAME.key (one key pair for all of them, as clients "
+        "given every sidecar trust one server key)",
+    )
     p.set_defaults(handler=_run)
 
 
@@ -114,6 +126,11 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
     missing = [f"--{k}" for k in ("stream", "journal", "ingest") if not getattr(args, k)]
     if missing:
         raise ConfigError(f"missing {', '.join(missing)}: give it on the command line or in the --config file")
+    if (args.curve_key or args.curve_server) and not (args.etcd and args.node):
+        raise ConfigError(
+            "--curve-key and --curve-server are a group node's (with --etcd and --node): its follower copies the "
+            "leader's journal with them; a single gateway's CURVE is --curve-secret and --curve-allow"
+        )
     return _gateway_config(args)
 
 
@@ -194,10 +211,11 @@ def _run(args: argparse.Namespace) -> int:
     if not args.accept_corrupt_tail:
         check_tails(cfg)
     replica = (*DEFAULT_FEATURES, P.FEATURE_UNCOMMITTED)  # a follower copies its leader's uncommitted records too
+    curve = keyopts.client_curve(args)  # to the leader's sidecar, when the group's sidecars require CURVE
     gateway = Gateway(
         cfg,
         replay=lambda endpoint, stream, timeout, ctx: ReplayClient(
-            endpoint, stream, timeout=timeout, ctx=ctx, features=replica
+            endpoint, stream, timeout=timeout, ctx=ctx, features=replica, curve=curve
         ),
     )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())

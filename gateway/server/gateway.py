@@ -48,6 +48,7 @@ from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.server.registrar import node_registrar
 from gateway.transport.curve import CurveServerKeys, TcpGuard
+from gateway.transport.link import tcp_address
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.pollable import PolledByFd
@@ -117,6 +118,8 @@ class GatewayConfig:
             raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
+        if self.peer_endpoint:
+            tcp_address(self.peer_endpoint)  # ConfigError naming it, before anything is bound
         if (
             min(self.max_message_bytes, self.max_clients, self.journal_retry_ms, self.max_producers) < 1
             or min(self.client_timeout, self.producer_expiry_s) <= 0

@@ -54,7 +54,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from gateway.errors import ConfigError, CoordinatorError, JournalError, ReplayError
+from gateway.errors import ConfigError, CoordinatorError, JournalError, ReplayError, ReplayRefused
 from gateway.journal import JournalReader
 from gateway.journal.epochs import start_epoch
 from gateway.journal.tools import cut_after
@@ -133,6 +133,7 @@ class HaNode:
         self._forged_logged = False
         self._unframed_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
+        self._refused_by = 0  # the epoch whose leader's sidecar refused us for good, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         try:
             self.elector = Elector(cfg.etcd, self.leader_key, self._value, poll_s=0.05, eligible=self._eligible)
@@ -464,9 +465,7 @@ class HaNode:
             for stream in f.copies:
                 self.copy(stream)
         except (ReplayError, JournalError, OSError) as exc:  # the leader's sidecar went away, or our disk is full
-            log.info("ha: replication from %s stopped (%s); starting again", f.leader.node, exc)
-            self._drop_copies(f)
-            self._retry_at = now + RETRY_FOLLOW_S
+            self._copy_failed(f, "replication from %s stopped (%s); starting again", exc, now)
 
     def copy(self, stream: str) -> None:
         """Journal what the leader sent for `stream`, verbatim, where it continues our journal: its sidecar's
@@ -512,11 +511,20 @@ class HaNode:
             for stream, lane in self.gw.lanes.items():
                 self.gw.watch(f.tail(stream, lane.writer.last_seq, lane.writer.durable_seq).sock)
         except (ReplayError, JournalError) as exc:
-            log.info("ha: cannot copy from %s yet (%s); trying again", f.leader.node, exc)
-            self._drop_copies(f)
-            self._retry_at = time.monotonic() + RETRY_FOLLOW_S
+            self._copy_failed(f, "cannot copy from %s yet (%s); trying again", exc, time.monotonic())
             return
         log.info("ha: %s follows %s (epoch %d)", self.node, f.leader.node, f.epoch)
+
+    def _copy_failed(self, f: Follower, what: str, exc: Exception, now: float) -> None:
+        """Stop copying and try again soon. A refusal that retrying cannot fix (a CURVE key the leader's sidecar
+        does not take, say) is a warning, once per leader: the node stays out of the in-sync set until fixed."""
+        if isinstance(exc, ReplayRefused) and self._refused_by != f.epoch:
+            self._refused_by = f.epoch
+            log.warning("ha: " + what, f.leader.node, exc)
+        else:
+            log.info("ha: " + what, f.leader.node, exc)
+        self._drop_copies(f)
+        self._retry_at = now + RETRY_FOLLOW_S
 
     def _untail(self, f: Follower, stream: str) -> None:
         client = f.untail(stream)

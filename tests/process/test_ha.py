@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,7 @@ from gateway.client.publisher import CONFIRM_STALL_S
 from gateway.errors import PublishError
 from gateway.journal.epochs import read_epochs
 from gateway.server.ha import REPORT_EVERY_S, group_key
+from gateway.tools.deployment import Keys
 from gateway.transport.etcd import Etcd
 from gateway.transport.link import Link
 from gateway.wire import batch as B
@@ -46,7 +47,7 @@ KILLS = 10
 class Node:
     """`zeps gateway --etcd --node` and `zeps replay` beside it, on their own journal."""
 
-    def __init__(self, root: Path, name: str, etcd: str, *extra: str) -> None:
+    def __init__(self, root: Path, name: str, etcd: str, *extra: str, replay_extra: Sequence[str] = ()) -> None:
         self.name, self.journal = name, root / name
         self.ingest = f"tcp://127.0.0.1:{free_port()}"
         self.replay = f"tcp://127.0.0.1:{free_port()}"
@@ -66,6 +67,7 @@ class Node:
             "1",
             "--etcd",
             etcd,
+            *replay_extra,
         ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -778,4 +780,43 @@ def test_a_level_follower_copies_from_the_leaders_pushes_and_a_restarted_one_cat
     finally:
         pub.close()
         for node in nodes:
+            node.kill9()
+
+
+def test_a_group_whose_sidecars_require_curve_copies_with_a_client_key(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """Followers copy through the leader's sidecar: with CURVE there (`zeps replay --curve-secret --curve-allow`),
+    nodes given a client key it allows (`zeps gateway --curve-key --curve-server`) copy, and the leader confirms
+    with --min-insync 1; a pair without one cannot copy, so nothing is confirmed, and the follower says why."""
+    keys = Keys.create(tmp_path / "keys")
+    client = ("--curve-key", str(keys.dir / "client.key_secret"), "--curve-server", str(keys.dir / "server.key"))
+    secured = [Node(tmp_path / "keyed", f"k{i}", etcd.url, "--min-insync", "1", *client,
+                    replay_extra=keys.server_args()).start() for i in range(2)]  # fmt: skip
+    pub = Publisher([n.ingest for n in secured])
+    try:
+        for node in secured:
+            node.wait_ready()
+        confirmed = {n: pub.send(n) for n in range(1, 21)}
+        wait_synced(secured)
+        check(secured, confirmed)
+    finally:
+        pub.close()
+        for node in secured:
+            node.kill9()
+    Etcd(etcd.url).delete(LEADER_KEY)  # the keyed group's leader is gone; let the keyless pair elect at once
+    Etcd(etcd.url).delete(f"{group_key([STREAM])}/insync")
+    keyless = [Node(tmp_path / "keyless", f"n{i}", etcd.url, "--min-insync", "1",
+                    replay_extra=keys.server_args()).start() for i in range(2)]  # fmt: skip
+    pub = Publisher([n.ingest for n in keyless])
+    try:
+        for node in keyless:
+            node.wait_ready()
+        with pytest.raises(AssertionError, match="not confirmed"):
+            pub.send(1, deadline_s=3.0)
+        head, _ = leader(etcd, keyless)
+        follower = next(node for node in keyless if node is not head)
+        said = [line for line in follower.log.read_text().splitlines() if "security mismatch" in line]
+        assert said and "WARNING" in said[0] and "give --curve-key and --curve-server" in said[0], said[:1]
+    finally:
+        pub.close()
+        for node in keyless:
             node.kill9()
