@@ -21,6 +21,9 @@ from gateway.wire.batch import HEADER_SIZE
 
 ZEPS = [sys.executable, "-m", "gateway.cli"]
 DEAD = "tcp://127.0.0.1:1"  # nothing listens there
+# a gateway whose options are refused before it binds anything
+A_GATEWAY = ("gateway", "--stream", "s", "--journal", "j", "--ingest", "tcp://1.2.3.4:1")
+GROUP_NODE = (*A_GATEWAY, "--etcd", "http://1.2.3.4:1")
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("ZEPS_")}
 
 
@@ -103,44 +106,10 @@ USAGE = [
     (("ha", "status", "--stream", "s"), ["--etcd"]),
     (("ha",), ["ACTION"]),
     (("ha", "check", "--stream", "s"), ["--journal"]),
+    ((*GROUP_NODE, "--node", "a"), ["--replay-endpoint"]),
+    ((*A_GATEWAY, "--curve-key", "k"), ["--curve-key and --curve-server are a group node's", "--etcd and --node"]),
     (
-        (
-            "gateway",
-            "--stream",
-            "s",
-            "--journal",
-            "j",
-            "--ingest",
-            "tcp://1.2.3.4:1",
-            "--etcd",
-            "http://1.2.3.4:1",
-            "--node",
-            "a",
-        ),
-        ["--replay-endpoint"],
-    ),
-    (
-        ("gateway", "--stream", "s", "--journal", "j", "--ingest", "tcp://1.2.3.4:1", "--curve-key", "k"),
-        ["--curve-key and --curve-server are a group node's", "--etcd and --node"],
-    ),
-    (
-        (
-            "gateway",
-            "--stream",
-            "s",
-            "--journal",
-            "j",
-            "--ingest",
-            "tcp://1.2.3.4:1",
-            "--peer-endpoint",
-            "udp://x:1",
-            "--etcd",
-            "http://1.2.3.4:1",
-            "--node",
-            "a",
-            "--replay-endpoint",
-            "tcp://1.2.3.4:2",
-        ),
+        (*GROUP_NODE, "--node", "a", "--replay-endpoint", "tcp://1.2.3.4:2", "--peer-endpoint", "udp://x:1"),
         ["peer link endpoint 'udp://x:1'", "tcp://HOST:PORT"],
     ),
     (("nosuch",), ["'nosuch'"]),
