@@ -217,7 +217,8 @@ class Listener(PolledByFd):
             raise ConfigError(f"cannot listen on {endpoint} ({exc.strerror or exc}): give a free port or *") from None
         sock.setblocking(False)
         self._sock, self._fd = sock, sock.fileno()
-        self.endpoint = _endpoint(host, sock.getsockname()[1])
+        bound = sock.getsockname()  # numeric: a follower connecting to it looks up no name on its loop
+        self.endpoint = _endpoint(bound[0], bound[1])
 
     def fileno(self) -> int:
         return self._fd

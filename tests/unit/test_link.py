@@ -7,6 +7,7 @@ Real sockets on loopback; nothing is mocked.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -192,3 +193,12 @@ def test_a_link_set_polls_output_only_while_frames_wait_and_unregisters_before_c
     assert links.drop(server) and not polled and not links.drop(server)
     with pytest.raises(OSError):
         os.fstat(server.fileno())  # closed once out of the poller
+
+
+def test_a_listener_names_itself_by_address_so_that_connecting_looks_up_no_name() -> None:
+    listener = Listener("tcp://localhost:*")
+    try:
+        host, port = tcp_address(listener.endpoint)
+        assert ipaddress.ip_address(host).is_loopback and port > 0, listener.endpoint
+    finally:
+        listener.close()
