@@ -67,6 +67,7 @@ FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-by
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
+REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
 
 
@@ -209,6 +210,10 @@ class _Out:
                 self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
             except zmq.Again:
                 return self.RETRY_S
+            except OSError as exc:  # refused by the network: dropped like a lost packet (replay has it)
+                self.series.send_errors.refused("multicast", self.series.endpoint, exc, REFUSED_MULTICAST)
+            else:
+                self.series.send_errors.sent("multicast", self.series.endpoint)
             self.queue.popleft()
             self.sent_head[frames[0].decode()] = last
             sent += 1
@@ -532,6 +537,10 @@ class Gateway:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes
                     continue
+                except OSError as exc:  # refused by the network: so is the beat; the next one comes
+                    out.series.send_errors.refused("heartbeat", out.series.endpoint, exc, REFUSED_MULTICAST)
+                    continue
+                out.series.send_errors.sent("heartbeat", out.series.endpoint)
                 out.series.heartbeats[stream].inc()
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ class HaNode:
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
         # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         self._ack_key = secrets.token_bytes(32)
-        self.peer = Listener(cfg.peer_endpoint or peer_default(cfg.ingest))
+        self.peer = Listener(cfg.peer_endpoint or peer_default(cfg.ingest), errors=gw.metrics.send_errors)
         self._links = LinkSet(gw.watch, gw.unwatch)  # the followers' (and anyone's) connections to it
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.replay_endpoint, self.peer.endpoint, self._ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it

@@ -31,6 +31,7 @@ import zmq
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
+from gateway.transport.send_errors import SendErrors
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
@@ -199,7 +200,8 @@ class Link(PolledByFd):
 class Listener(PolledByFd):
     """A listening socket for links (`tcp://HOST:PORT`, PORT `*` for a free one); `endpoint` is where it is."""
 
-    def __init__(self, endpoint: str, *, backlog: int = 64) -> None:
+    def __init__(self, endpoint: str, *, backlog: int = 64, errors: SendErrors | None = None) -> None:
+        self.errors = errors  # where connections the network refused are reported
         host, port = tcp_address(endpoint)
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -234,9 +236,11 @@ class Listener(PolledByFd):
             except ConnectionAbortedError:
                 continue  # that one gave up before we took it
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return links  # out of descriptors: the connection waits in the backlog
-                raise
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self.errors:
+                    # accept(2) passes on an error of the new connection (EPERM from a firewall, ENETUNREACH, ...):
+                    # that one is gone, and its node connects again
+                    self.errors.refused("peer-link", self.endpoint, exc, "that connection is dropped; it comes again")
+                return links  # out of descriptors: the connection waits in the backlog; others: try at the next poll
             links.append(Link(sock, max_frame=max_frame, max_queued=max_queued))
 
     def close(self) -> None:
