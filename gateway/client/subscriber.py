@@ -91,6 +91,7 @@ from gateway.errors import (
 from gateway.mcast import Endpoint, Tuning, open_sub
 from gateway.transport.curve import CurveClientKeys
 from gateway.transport.pgm import PgmReceiver
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import batch as B
 from gateway.wire.heartbeat import Heartbeat, parse_payload
 from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
@@ -318,6 +319,7 @@ class Subscriber:
         udp_feeds = any(Endpoint.parse(text).transport == "udp" for text in multicast)
         self.fill_udp = fill_udp if fill_udp is not None else (None if udp_feeds else 0)
         self.datagrams: DatagramFills | None = None  # for the current replay endpoint, made when first needed
+        self.send_errors = SendErrors("subscriber", ["fill-request"])  # fill requests the network refuses
         self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
         self.unready_since: float | None = None  # the first connection opened since one was last ready
@@ -768,7 +770,7 @@ class Subscriber:
             old.close()
             self.datagrams = None
         if self.datagrams is None:
-            self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys)
+            self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys, errors=self.send_errors)
             self._poller.register(self.datagrams, zmq.POLLIN)
             if self.fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
                 self.fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)

@@ -272,7 +272,8 @@ class Gateway:
             series = self.metrics.add_output(str(channel.endpoint), heads)
             self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue))
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
-                                           sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
+                                           sidecar=config.replay_endpoint, key=config.stream_key,
+                                           errors=self.metrics.send_errors)  # fmt: skip
         interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
         self.registrar = node_registrar(config.etcd, config.discovery, interfaces, A.GATEWAY, ingest=config.ingest,
                                         sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip

@@ -136,7 +136,8 @@ class HaNode:
         self._refused_by = 0  # the epoch whose leader's sidecar refused us for good, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
         try:
-            self.elector = Elector(cfg.etcd, self.leader_key, self._value, poll_s=0.05, eligible=self._eligible)
+            self.elector = Elector(cfg.etcd, self.leader_key, self._value, poll_s=0.05, eligible=self._eligible,
+                                   errors=gw.metrics.send_errors)  # fmt: skip
         except BaseException:
             self.peer.close()
             raise
@@ -447,7 +448,8 @@ class HaNode:
                 return
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.gw.config.ha_suspect_s, watch=self.gw.watch, unwatch=self.gw.unwatch,
-                                         max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX)  # fmt: skip
+                                         max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX,
+                                         errors=self.gw.metrics.send_errors)  # fmt: skip
         suspected = f.tick(now)
         if suspected:
             log.warning("ha: leader %s (epoch %d) %s; campaigning", f.leader.node, f.epoch, suspected)

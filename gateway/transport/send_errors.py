@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,11 +34,23 @@ USUAL = ("EPERM", "EACCES", "ENETUNREACH", "EHOSTUNREACH", "ENETDOWN", "ENOBUFS"
 
 
 def errno_name(exc: BaseException) -> str:
-    """The symbolic name of `exc`'s errno (EPERM), or its type's name when it has none."""
-    code = getattr(exc, "errno", None)
-    if isinstance(code, int):
-        return errno.errorcode.get(code, str(code))
-    return type(exc).__name__
+    """The symbolic name of the errno of `exc` or of the error it wraps (EPERM), else the name of its type."""
+    return describe(exc)[0]
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """(errno name, what it means) of `exc` or of the error it wraps, else (its type's name, its text).
+    Libraries wrap the OSError: etcd3gw, requests and urllib3 three deep, urllib3 in `reason`."""
+    inner = exc
+    for _ in range(8):
+        code = getattr(inner, "errno", None)
+        if isinstance(code, int):
+            return errno.errorcode.get(code, str(code)), os.strerror(code)
+        wrapped = inner.__cause__ or inner.__context__ or getattr(inner, "reason", None)
+        if not isinstance(wrapped, BaseException):
+            break
+        inner = wrapped
+    return type(exc).__name__, str(exc)
 
 
 @dataclass(slots=True)
@@ -66,7 +79,7 @@ class SendErrors:
     def refused(self, op: str, endpoint: str, exc: BaseException, outcome: str = "dropped") -> None:
         """`op` to `endpoint` failed with `exc`: count it; log it (with `outcome`, what the caller does about
         it) if it starts an episode."""
-        name = errno_name(exc)
+        name, meaning = describe(exc)
         self.counter.labels(op, name).inc()
         episode = self._episodes.get((op, endpoint))
         if episode is not None:
@@ -75,8 +88,7 @@ class SendErrors:
             return
         self._episodes[(op, endpoint)] = _Episode(name, time.monotonic())
         log.warning("%s: %s to %s refused (%s: %s): %s; if it lasts, check this host's link, routes and firewall "
-                    "(iptables)", self.process, op, endpoint, name, getattr(exc, "strerror", None) or exc,
-                    outcome)  # fmt: skip
+                    "(iptables)", self.process, op, endpoint, name, meaning, outcome)  # fmt: skip
 
     def sent(self, op: str, endpoint: str) -> None:
         """`op` to `endpoint` went through: ends its episode, if one is open (cheap when none is)."""

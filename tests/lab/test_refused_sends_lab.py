@@ -24,7 +24,7 @@ pytestmark = pytest.mark.lab
 
 RATE = 2_000  # records/s, in batches of 100
 HOLD_S = 2.0  # one partition
-BETWEEN_S = 1.0  # healed between two
+BETWEEN_S = 0.5  # healed between two
 SEEN_BY_SENDER = ("drop-out", "reject-both", "route", "link-down")
 CUTS = {"udp": KINDS, "epgm": SEEN_BY_SENDER, "norm": SEEN_BY_SENDER}
 

@@ -58,7 +58,22 @@ def test_episodes_are_per_endpoint() -> None:
     assert errors.open_episodes() == {("fill-answer", "10.0.0.3:4000"): "EPERM"}
 
 
+def _wrapped() -> Exception:
+    """An OSError two wrappers deep, the way requests and etcd3gw hand one on."""
+    try:
+        try:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+        except OSError as exc:
+            raise RuntimeError("connection failed") from exc
+    except RuntimeError:
+        try:
+            raise ValueError("request failed")  # raised while handling: the wrapped error is its context
+        except ValueError as outer:
+            return outer
+
+
 def test_errno_names() -> None:
+    assert errno_name(_wrapped()) == "ECONNREFUSED"
     assert errno_name(EPERM) == "EPERM"
     assert errno_name(OSError("no errno")) == "OSError"
     assert errno_name(OSError(99999, "made up")) == "99999"
