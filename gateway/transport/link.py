@@ -207,7 +207,7 @@ class Link(PolledByFd):
 
     def _send_failed(self, exc: OSError) -> None:
         self._fail(f"send failed: {exc.strerror or exc}")
-        if self.errors:
+        if self.errors and exc.errno not in (errno.EPIPE, errno.ECONNRESET):  # those: the peer hung up, not the network
             self.errors.refused("peer-link", self.peer, exc, RECONNECTED)
 
     def _fail(self, why: str) -> None:
@@ -265,7 +265,7 @@ class Listener(PolledByFd):
                     # that one is gone, and its node connects again
                     self.errors.refused("peer-link", self.endpoint, exc, "that connection is dropped; it comes again")
                 return links  # out of descriptors: the connection waits in the backlog; others: try at the next poll
-            peer = _endpoint(*address[:2])
+            peer = f"tcp://{address[0]}"  # its port is new each time: one episode per host
             links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, peer=peer, errors=self.errors))
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter
 log = logging.getLogger(__name__)
 
 # What a partition, a firewall or a full device queue make a send or a connect return (exported at 0 per op).
+MAX_EPISODES = 1024  # open at once: the oldest is forgotten past this (endpoints that never come back)
 USUAL = ("EPERM", "EACCES", "ENETUNREACH", "EHOSTUNREACH", "ENETDOWN", "ENOBUFS", "ECONNREFUSED")
 
 
@@ -41,16 +42,17 @@ def errno_name(exc: BaseException) -> str:
 def describe(exc: BaseException) -> tuple[str, str]:
     """(errno name, what it means) of `exc` or of the error it wraps, else (its type's name, its text).
     Libraries wrap the OSError: etcd3gw, requests and urllib3 three deep, urllib3 in `reason`."""
-    inner = exc
+    inner, text = exc, str(exc)
     for _ in range(8):
         code = getattr(inner, "errno", None)
         if isinstance(code, int):
             return errno.errorcode.get(code, str(code)), os.strerror(code)
+        text = text or str(inner)  # the outermost that says something
         wrapped = inner.__cause__ or inner.__context__ or getattr(inner, "reason", None)
         if not isinstance(wrapped, BaseException):
             break
         inner = wrapped
-    return type(exc).__name__, str(exc)
+    return type(exc).__name__, text or "no reason given"
 
 
 @dataclass(slots=True)
@@ -86,6 +88,8 @@ class SendErrors:
             episode.count += 1
             episode.errno = name
             return
+        if len(self._episodes) >= MAX_EPISODES:
+            del self._episodes[next(iter(self._episodes))]
         self._episodes[(op, endpoint)] = _Episode(name, time.monotonic())
         log.warning("%s: %s to %s refused (%s: %s): %s; if it lasts, check this host's link, routes and firewall "
                     "(iptables)", self.process, op, endpoint, name, meaning, outcome)  # fmt: skip

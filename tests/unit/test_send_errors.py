@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from gateway.cli.main import _explain
 from gateway.transport.metrics import Registry
-from gateway.transport.send_errors import SendErrors, errno_name
+from gateway.transport.send_errors import MAX_EPISODES, SendErrors, errno_name
 
 EPERM = PermissionError(errno.EPERM, "Operation not permitted")
 UNREACH = OSError(errno.ENETUNREACH, "Network is unreachable")
@@ -102,3 +102,11 @@ def test_the_cli_never_prints_a_bare_errno() -> None:
     assert "ENETUNREACH" in line and "ip route" in line
     code, line = _explain(_raised(FileNotFoundError(errno.ENOENT, "No such file or directory", "/nowhere/j")))
     assert "on /nowhere/j" in line and "check the path" in line
+
+
+def test_episodes_that_never_end_are_bounded() -> None:
+    errors = SendErrors("test", [], Registry())
+    for port in range(MAX_EPISODES + 10):  # e.g. a leader restarted on a new port each time
+        errors.refused("peer-link", f"tcp://10.0.0.1:{port}", EPERM)
+    episodes = errors.open_episodes()
+    assert len(episodes) == MAX_EPISODES and ("peer-link", f"tcp://10.0.0.1:{MAX_EPISODES + 9}") in episodes
