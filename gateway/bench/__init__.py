@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover")
+SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover", "chaos")
 
 
 def scenario(name: str) -> ModuleType:

@@ -197,6 +197,17 @@ def subscribe_all(
         return {"records": got, "arrived": arrived, "losses": losses, "summary": sub.summary(), "target": target}
 
 
+def journal_records(root: Path, stream: str) -> list[tuple[int, str, bytes]]:
+    """Every record of `stream` in the journal under `root`: (sequence, key, body), in order."""
+    from gateway.journal import JournalReader
+
+    with JournalReader(root, stream).cursor(1) as cursor:
+        out: list[tuple[int, str, bytes]] = []
+        while (batch := cursor.next_batch()) is not None:
+            out.extend((r.seq, r.key, r.body) for r in batch.records())
+        return out
+
+
 def number(body: bytes) -> int:
     """N of a "record-N" body."""
     return int(body.removeprefix(b"record-"))
