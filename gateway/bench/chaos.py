@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bench import nemesis
+from gateway.bench.failover import keep_logs
 from gateway.bench.runner import Progress, Result, Settings, Table, Target, stop
 from gateway.errors import BenchError
 from gateway.journal.crosscheck import check_group
@@ -58,10 +59,11 @@ def run(settings: Settings) -> Result:
              f"--faults {count} --seed {seed} repeats it)")  # fmt: skip
     with Lab(["etcd", *NODES, "pub", "sub"]) as lab, tempfile.TemporaryDirectory(dir=settings.tmp) as tmp:
         got = campaign(lab, Path(tmp), transport, count, seed, progress)
+        kept = keep_logs(Path(tmp), settings.tmp) if got["problems"] or got["long"] else None
     problems, stats = got["problems"], got["stats"]
     rows = [(transport, seed, got["faults"], got["steps"], f"{got['loss_pct']:.1f}%", got["confirmed"],
              got["head"], *(stats[k] for k in ("outage", "silence")), len(problems))]  # fmt: skip
-    kinds = [(kind, n, *_pcts(s)) for kind, (n, s) in sorted(got["by_kind"].items())]
+    kinds = [(kind, n, *(f"{v:.2f}" for v in _pcts(s))) for kind, (n, s) in sorted(got["by_kind"].items())]
     worst = max(got["silences"], default=0.0)
     return Result(
         "chaos",
@@ -96,7 +98,8 @@ def run(settings: Settings) -> Result:
                 f"longest silence after any fault < {TARGET_SILENCE_S:g} s", f"{worst:.2f} s", worst < TARGET_SILENCE_S
             ),
         ],
-        notes=[f"seed {seed}"] + problems + [f"{t:.2f} s silence after: {what}" for t, what in got["long"]],
+        notes=[f"seed {seed}" + (f"; the nodes' and etcd's logs are kept in {kept}" if kept else ""), *problems]
+        + [f"{t:.2f} s silence after: {what}" for t, what in got["long"]],
         runs=1,
         seconds=time.monotonic() - progress.start,
         issue=34,
@@ -141,8 +144,8 @@ def campaign(
                         group.progress, 100_000_000)  # fmt: skip
         for i, step in enumerate(steps):
             hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60)
-            say(f"step {i + 1}/{len(steps)}: {step.first}" + (f" + {step.second} at {step.delay_s} s"
-                                                              if step.second else ""))  # fmt: skip
+            overlap = f" + {step.second} at {step.delay_s} s" if step.second else ""
+            say(f"step {i + 1}/{len(steps)} at {time.strftime('%H:%M:%S')}: {step.first}{overlap}")
             group.step = i
             nemesis.apply(group, step)
             if exited := group.exited():

@@ -179,7 +179,7 @@ def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options
         try:
             yield lab, group, etcd
         except Exception as exc:
-            kept = _keep_logs(root, settings.tmp)
+            kept = keep_logs(root, settings.tmp)
             raise BenchError(f"{type(exc).__name__}: {exc} (the nodes' logs are kept in {kept})") from exc
         finally:
             for node in group.values():
@@ -188,7 +188,7 @@ def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options
             etcd_proc.wait(10)
 
 
-def _keep_logs(root: Path, under: Path) -> Path:
+def keep_logs(root: Path, under: Path) -> Path:
     """Copy a failed run's logs (each node's, etcd's) out of its lab directory, which is about to go."""
     kept = Path(tempfile.mkdtemp(prefix="zeps-bench-failed-", dir=under))
     for log in (*root.glob("*.log"), *root.glob("etcd/*.log")):
