@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
-from gateway.errors import DataLoss
+from gateway.errors import CoordinatorError, DataLoss
 from gateway.server.ha import group_key
 from gateway.tools.deployment import wait_ping
 from gateway.transport.etcd import Etcd
@@ -130,10 +130,14 @@ class Node:
 
 
 def leader(etcd: str, stream: str, timeout: float = 15.0) -> tuple[str, int]:
-    """Inside a lab host: (the leader node's name, its epoch) of the group of `stream`, once there is one."""
+    """Inside a lab host: (the leader node's name, its epoch) of the group of `stream`, once there is one (and
+    etcd answers)."""
     client, deadline, key = Etcd(etcd), time.monotonic() + timeout, f"{group_key([stream])}/leader"
     while time.monotonic() < deadline:
-        holder = client.holder(key)
+        try:
+            holder = client.holder(key)
+        except CoordinatorError:  # etcd down or cut off for a while (a fault): ask again until the deadline
+            holder = None
         if holder is not None:
             return json.loads(holder.value)["node"], holder.create_revision
         time.sleep(0.02)
