@@ -120,9 +120,10 @@ class Group:
         return others[int(pick * len(others)) % len(others)]
 
     def mark(self, fault: Fault, what: str) -> None:
-        """Note that `fault` starts now, doing `what` (marks read "KIND: WHAT")."""
+        """Note that `fault` starts now, doing `what` (marks read "KIND: WHAT at HH:MM:SS.mmm")."""
         with self._mark_lock:
-            self.marks.append((time.monotonic(), self.progress.value, f"{fault.kind}: {what}", self.step))
+            wall = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"  # to read the nodes' logs
+            self.marks.append((time.monotonic(), self.progress.value, f"{fault.kind}: {what} at {wall}", self.step))
 
     def lock(self, name: str) -> threading.Lock:
         return self._locks.setdefault(name, threading.Lock())
