@@ -59,7 +59,9 @@ def run(settings: Settings) -> Result:
              f"--faults {count} --seed {seed} repeats it)")  # fmt: skip
     with Lab(["etcd", *NODES, "pub", "sub"]) as lab, tempfile.TemporaryDirectory(dir=settings.tmp) as tmp:
         got = campaign(lab, Path(tmp), transport, count, seed, progress)
-        kept = keep_logs(Path(tmp), settings.tmp) if got["problems"] or got["long"] else None
+        # --quick proves the harness: its silences mean nothing, so only a problem keeps its logs there
+        keep = got["problems"] or (got["long"] and not settings.quick)
+        kept = keep_logs(Path(tmp), settings.tmp) if keep else None
     problems, stats = got["problems"], got["stats"]
     rows = [(transport, seed, got["faults"], got["steps"], f"{got['loss_pct']:.1f}%", got["confirmed"],
              got["head"], *(stats[k] for k in ("outage", "silence")), len(problems))]  # fmt: skip
