@@ -21,6 +21,7 @@ the fault), as p50/p99/max.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import socket
 import tempfile
@@ -58,7 +59,11 @@ def run(settings: Settings) -> Result:
     progress(f"{transport}://, {count} faults, seed {seed} (zeps bench chaos --transport {transport} "
              f"--faults {count} --seed {seed} repeats it)")  # fmt: skip
     with Lab(["etcd", *NODES, "pub", "sub"]) as lab, tempfile.TemporaryDirectory(dir=settings.tmp) as tmp:
-        got = campaign(lab, Path(tmp), transport, count, seed, progress)
+        try:
+            got = campaign(lab, Path(tmp), transport, count, seed, progress)
+        except BenchError as exc:
+            kept_now = keep_logs(Path(tmp), settings.tmp)
+            raise BenchError(f"seed {seed}: {exc}\n(the nodes' and etcd's logs are kept in {kept_now})") from exc
         # --quick proves the harness: its silences mean nothing, so only a problem keeps its logs there
         keep = got["problems"] or (got["long"] and not settings.quick)
         kept = keep_logs(Path(tmp), settings.tmp) if keep else None
@@ -142,8 +147,7 @@ def campaign(
                         until, deadline)  # fmt: skip
         ready.get(timeout=WAIT_S)
         junk = lab.start("pub", send_junk, lab.group(1), MCAST_PORT, seed, stopping, deadline)
-        pub = lab.start("pub", hagroup.publish_confirmed, [n.ingest for n in nodes.values()], STREAM, stopping,
-                        group.progress, 100_000_000)  # fmt: skip
+        pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stopping, group.progress)
         for i, step in enumerate(steps):
             hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60)
             overlap = f" + {step.second} at {step.delay_s} s" if step.second else ""
@@ -174,6 +178,14 @@ def campaign(
     return {"problems": problems, "steps": len(steps), "faults": sum(s.faults() for s in steps), "loss_pct": loss,
             "confirmed": len(confirmed), "head": head, "summary": got["summary"], "marks": group.marks,
             **_outages(got, group.marks)}  # fmt: skip
+
+
+def publish(ingests: list[str], stop_event: Any, progress: Any) -> tuple[list[int], int]:
+    """In host pub: hagroup.publish_confirmed until `stop_event`, with the Publisher's reconnects logged (time
+    stamped, on stderr) to read a failover from the client's side against the nodes' logs."""
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("gateway.client.publisher").setLevel(logging.INFO)
+    return hagroup.publish_confirmed(ingests, STREAM, stop_event, progress, 100_000_000)
 
 
 def send_junk(group: str, port: int, seed: int, stop_event: Any, limit_s: float) -> int:
