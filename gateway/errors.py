@@ -4,20 +4,14 @@ Each message names the cause and the fix, so a command line can print it as one 
 derive from the builtin that their callers caught before this family existed (ValueError for bad input,
 RuntimeError for a failure at run time), so existing `except ValueError` code keeps working.
 
-This module sits below every layer (it imports nothing of ours), so any layer may raise these.
+This module sits below every layer (it imports nothing of ours), so any layer may raise these. The upper
+layers' own errors live with them and derive from ZepsError too: gateway.bench.BenchError,
+gateway.spark.SparkUnavailable.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-MAX_REASON = 255  # a ZEPS string: reasons travel back to peers verbatim in INVALID
-
-
-def printable(text: str) -> str:
-    """Escape everything outside printable ASCII and cut to MAX_REASON bytes, so the text fits a ZEPS string."""
-    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 class ZepsError(Exception):
@@ -40,14 +34,15 @@ class BatchError(ZepsError, ValueError):
 
 
 class ProtocolError(ZepsError, ValueError):
-    """A frame (or a value to encode) breaks the ZEPS grammar.
+    """A frame (or a value to encode) breaks the ZEPS grammar; `reason` says which rule and where.
 
-    reason is printable ASCII of at most 255 bytes, so a server can send it back verbatim in INVALID.
+    gateway.wire.protocol shows a peer's values escaped and cut (its `printable`), so the reason is printable
+    ASCII that a server can send back in INVALID.
     """
 
     def __init__(self, reason: str) -> None:
-        self.reason = printable(reason)
-        super().__init__(self.reason)
+        super().__init__(reason)
+        self.reason = reason
 
 
 class AuthError(ZepsError, ValueError):
@@ -134,22 +129,14 @@ class SlowConsumer(ZepsError, RuntimeError):
     """The application fell further behind the live feed than `max_lag` allows (lag_policy="raise")."""
 
 
-class SparkUnavailable(ZepsError, RuntimeError):
-    """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
-
-
 class CoordinatorError(ZepsError, RuntimeError):
     """The coordinator (etcd) refused a request or did not answer in time; the message names it and the fix."""
-
-
-class BenchError(ZepsError, RuntimeError):
-    """A benchmark could not run or did not check out; the message says why and what to do."""
 
 
 # --- the journal -------------------------------------------------------------------------------------------
 
 
-class JournalError(ZepsError):
+class JournalError(ZepsError, RuntimeError):
     """Anything the journal refuses to do; the message names the cause and the fix."""
 
 
