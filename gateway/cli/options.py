@@ -14,12 +14,14 @@ rule and the fix, with exit status 2 (argparse's own for usage errors), before a
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 Check = Callable[[argparse.Namespace], str | None]  # a rule over several options: the error, or None
@@ -242,6 +244,16 @@ def since(seconds: float) -> Position:
     return Position(time_ns=(delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000)
 
 
+def journal_root(text: str) -> Path:
+    """A journal root: a directory, or a path that does not exist yet (the gateway creates it); not a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a file, not a directory: give the journal root (a subdirectory per stream; made if missing)"
+        )
+    return path
+
+
 # --- the parser --------------------------------------------------------------------------------------------
 
 
@@ -284,6 +296,25 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """One line (argparse prints the whole usage first): the error and where to read more."""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, with unknown options refused by the (sub)command that was given them, with a suggestion:
+        `zeps history --strem s` says "did you mean --stream?" (argparse's own message names neither)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = getattr(parsed, "parser", self)
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}{parser.suggest(unknown)}")
+        return parsed
+
+    def suggest(self, unknown: Sequence[str]) -> str:
+        """ "; did you mean --x?" for the first unknown option close to one of this parser's, else ""."""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for word in unknown:
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
     def from_env(self, action: argparse.Action, var: str, *, required: bool = False) -> None:
         """Fill `action` from environment variable `var` when the option is not given."""
