@@ -114,6 +114,8 @@ USAGE = [
         ["peer link endpoint 'udp://x:1'", "tcp://HOST:PORT"],
     ),
     (("nosuch",), ["'nosuch'"]),
+    (("doctor", "--transport", "pigeon"), ["--transport", "'pigeon'", "epgm"]),
+    (("doctor", "--etcd", "localhost"), ["etcd URL 'localhost'", "http://HOST:PORT"]),
     ((*HIST, "--strem", "t"), ["unrecognized arguments: --strem t", "did you mean --stream?"]),
     (("subscribe", "--replay", DEAD, "--strem=s"), ["zeps subscribe:", "did you mean --stream?"]),
     (("gateway", "--journal", __file__), ["--journal", "is a file, not a directory"]),
@@ -301,6 +303,17 @@ def test_a_closed_pipe_ends_quietly(servers, command: str) -> None:
     proc.stdout.close()
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and b"Broken pipe" not in err and b"Traceback" not in err, err
+
+
+def test_doctor_says_one_line_a_finding_and_fails_on_what_is_needed() -> None:
+    done = zeps("doctor", "--transport", "epgm", "--transport", "norm")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # this machine runs the project's tests
+    assert [line.split()[1] for line in lines][:5] == ["openpgm", "libnorm", "pyzmq", "record", "pgm"]
+    assert all(line.startswith(("ok ", "hint ")) for line in lines), lines
+    dead = zeps("doctor", "--etcd", DEAD.replace("tcp", "http"))
+    assert dead.returncode == 1 and dead.stdout.splitlines()[-1].startswith("FAIL etcd"), dead.stdout
+    assert "does not answer" in dead.stdout and "start it, or check the URL" in dead.stdout
 
 
 def test_history_at_the_ingest_port_says_it_is_not_a_sidecar(servers) -> None:
