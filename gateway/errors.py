@@ -54,7 +54,8 @@ class McastError(ZepsError, ValueError):
 
 
 class Unauthenticated(McastError):
-    """A multicast message that failed the stream key check; `kind` says how (for counting and logs)."""
+    """A multicast message that failed the stream key check; `kind` says how (for counting and logs), `reason`
+    says it in words."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
@@ -114,7 +115,9 @@ class NotGranted(ReplayRefused):
 
 
 class DataLoss(ZepsError, RuntimeError):
-    """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on."""
+    """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on.
+
+    reason: why (retention, a trimmed range, a corrupt journal at the server)."""
 
     def __init__(self, lo: int, hi: int, reason: str) -> None:
         super().__init__(f"records {lo}..{hi} are lost ({reason}): the journal no longer retains them")
@@ -141,7 +144,10 @@ class JournalError(ZepsError, RuntimeError):
 
 
 class JournalCorrupt(JournalError):
-    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows."""
+    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows.
+
+    path: the segment file; offset: the byte where the damage starts; reason: what is wrong there; fix: what to
+    do (the message ends with it)."""
 
     def __init__(self, path: Path, offset: int, reason: str, fix: str) -> None:
         super().__init__(f"journal corrupt: {path} at byte {offset}: {reason}. {fix}")
@@ -151,7 +157,8 @@ class JournalCorrupt(JournalError):
 
 
 class JournalLocked(JournalError):
-    """Another process is the writer of this stream."""
+    """Another process is the writer of this stream: `message` says which stream and how to find the process,
+    `pid` is that process (None when the lock does not say)."""
 
     def __init__(self, message: str, pid: int | None) -> None:
         super().__init__(message)
@@ -165,7 +172,8 @@ class NotAJournal(JournalError):
 class JournalTrimmed(JournalError):
     """Sequences a reader asked for are no longer in the journal (retention, or removal by hand).
 
-    `seq` is the first sequence that could not be delivered; `first_retained` the first one that can.
+    `stream` is the stream's name; `seq` the first sequence that could not be delivered; `first_retained` the
+    first one that can.
     A cursor that raises this has moved on to `first_retained` when that exists, so calling it again
     continues from there: skipping the loss is the caller's decision, never the journal's.
     """

@@ -254,7 +254,10 @@ _MAX_HOPS = len(State)  # guards firing in a row within one round; more is a cyc
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Where the stream starts for this subscriber; build with the class methods."""
+    """Where the stream starts for this subscriber; build with the class methods.
+
+    kind: earliest, latest, at_seq or snapshot; seq: the first sequence for at_seq (0 otherwise).
+    """
 
     kind: Literal["earliest", "latest", "at_seq", "snapshot"]
     seq: int = 0
