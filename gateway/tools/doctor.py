@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +37,17 @@ def check(transports: Sequence[str], etcd: Sequence[str]) -> list[Finding]:
 
 def libraries(transports: Sequence[str]) -> list[Finding]:
     """The engines and the compiled parts (loading a library runs ldconfig: this starts a process)."""
+    from gateway.transport import norm, pgm
+
     wanted = set(transports)
-    return [_openpgm("epgm" in wanted or "pgm" in wanted), _libnorm("norm" in wanted), _pyzmq_engines(), *_compiled()]
+    return [
+        _library("openpgm", bool(wanted & {"epgm", "pgm"}), pgm.lib, "epgm:// and pgm:// need libpgm: apt-get install "
+                 "libpgm-5.3-0", "libpgm loads: epgm:// and pgm:// run on OpenPGM (the default engine)"),
+        _library("libnorm", "norm" in wanted, norm.lib, "norm:// needs libnorm: apt-get install libnorm1",
+                 "libnorm loads: norm:// is available"),
+        _pyzmq_engines(),
+        *_compiled(),
+    ]  # fmt: skip
 
 
 def system(transports: Sequence[str], sys_root: Path = Path("/")) -> list[Finding]:
@@ -47,26 +56,15 @@ def system(transports: Sequence[str], sys_root: Path = Path("/")) -> list[Findin
     return [_multicast_interface(multicast, sys_root), *_socket_buffers(multicast, sys_root)]
 
 
-def _openpgm(needed: bool) -> Finding:
-    from gateway.errors import PgmError
-    from gateway.transport import pgm
+def _library(name: str, needed: bool, load: Callable[[], object], missing: str, present: str) -> Finding:
+    """A library loaded with ctypes (`load` raises a ZepsError naming the package when it is absent)."""
+    from gateway.errors import ZepsError
 
     try:
-        pgm.lib()
-    except PgmError:
-        return Finding("openpgm", False, needed, "epgm:// and pgm:// need libpgm: apt-get install libpgm-5.3-0")
-    return Finding("openpgm", True, needed, "libpgm loads: epgm:// and pgm:// run on OpenPGM (the default engine)")
-
-
-def _libnorm(needed: bool) -> Finding:
-    from gateway.errors import NormError
-    from gateway.transport import norm
-
-    try:
-        norm.lib()
-    except NormError:
-        return Finding("libnorm", False, needed, "norm:// needs libnorm: apt-get install libnorm1")
-    return Finding("libnorm", True, needed, "libnorm loads: norm:// is available")
+        load()
+    except ZepsError:
+        return Finding(name, False, needed, missing)
+    return Finding(name, True, needed, present)
 
 
 def _pyzmq_engines() -> Finding:
