@@ -32,6 +32,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "m
 _SIZE_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")  # argparse's words (3.11)
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*):(\d+|\*)$")
 
 
@@ -294,7 +295,12 @@ class Parser(argparse.ArgumentParser):
         self.required_options: list[str] = []  # dests to name when missing (not argparse-required: env may fill)
 
     def error(self, message: str) -> NoReturn:
-        """One line (argparse prints the whole usage first): the error and where to read more."""
+        """One line (argparse prints the whole usage first): the error, the choice probably meant (a mistyped
+        subcommand or choice), and where to read more."""
+        if m := _INVALID_CHOICE.search(message):
+            choices = [c.strip(" '") for c in m.group(2).split(",")]
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]}?" if close else ""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:

@@ -114,6 +114,8 @@ USAGE = [
         ["peer link endpoint 'udp://x:1'", "tcp://HOST:PORT"],
     ),
     (("nosuch",), ["'nosuch'"]),
+    (("histroy",), ["invalid choice: 'histroy'", "did you mean history?"]),
+    (("journal", "verfiy", "j"), ["'verfiy'", "did you mean verify?"]),
     (("doctor", "--transport", "pigeon"), ["--transport", "'pigeon'", "epgm"]),
     (("doctor", "--etcd", "localhost"), ["etcd URL 'localhost'", "http://HOST:PORT"]),
     ((*HIST, "--strem", "t"), ["unrecognized arguments: --strem t", "did you mean --stream?"]),
