@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.servers import STREAM, Stream
 
 from gateway.cli.extras import EXTRAS
 
@@ -46,6 +47,16 @@ def test_a_command_that_needs_an_extra_names_it_and_the_pip_command(argv: tuple[
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
     assert f"pip install 'zeps-gateway[{extra}]'" in done.stderr and "a bug" not in done.stderr
+
+
+def test_the_spark_commands_name_the_spark_extra(tmp_path: Path) -> None:
+    stream = Stream(tmp_path, STREAM)
+    stream.write(1, per_batch=3)
+    stream.writer.close()
+    for argv in (("export", "--to", str(tmp_path / "out.parquet")), ("analyze",)):
+        done = run("zeps", argv[0], "--journal", str(tmp_path), "--stream", STREAM, *argv[1:])
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert "pip install 'zeps-gateway[spark]'" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(
