@@ -12,13 +12,11 @@ numpy and pyarrow are not dependencies of the library).
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
-from types import ModuleType
 from typing import TYPE_CHECKING
 
-from gateway.wire.record_loops import RECORD
+from gateway.wire.record_loops import RECORD, compiled
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,17 +48,7 @@ def py_walk(
     return out, n
 
 
-def _compiled() -> ModuleType | None:
-    if os.environ.get("ZEPS_PURE_PYTHON") == "1":
-        return None
-    try:
-        from gateway.wire import _column_loops
-    except ImportError:  # built without a C compiler
-        return None
-    return _column_loops
-
-
-_c = _compiled()
+_c = compiled("_column_loops")
 IMPLEMENTATION = "compiled" if _c else "python"
 walk: Callable[..., tuple[bytearray, int]] = _c.walk if _c else py_walk
 
