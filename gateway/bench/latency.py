@@ -19,20 +19,8 @@ import functools
 import time
 from array import array
 
-from gateway.bench import norm, pipeline, versus_nats
-from gateway.bench.runner import (
-    PERCENTILES,
-    Plot,
-    Progress,
-    Result,
-    Settings,
-    Stat,
-    Table,
-    Target,
-    percentiles,
-    repeat,
-    stop,
-)
+from gateway.bench import norm, pipeline, runner, versus_nats
+from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, repeat, stop
 from gateway.errors import BenchError
 from gateway.tools.deployment import Deployment
 from netlab import MP
@@ -83,7 +71,7 @@ def run(settings: Settings) -> Result:
                                                 lambda _: once(dep, count), failures)  # fmt: skip
                 finally:
                     clear(dep.lab, "sub")
-    columns = tuple(f"p{p:g}" for p in PERCENTILES)
+    columns = tuple(f"p{p:g}" for p in runner.PERCENTILES)
     rows = []
     for case in CASES:
         got = stats[case]
@@ -158,7 +146,7 @@ def once(dep: Deployment, count: int, rate: float = RATE) -> dict[str, float]:
     lat.frombytes(got["latencies"])
     journaled.frombytes(got["journaled"])
     hops = {"journal": journaled, "deliver": array("q", (t - j for t, j in zip(lat, journaled, strict=True)))}
-    out = {**percentiles(lat, PERCENTILES), "max": max(lat) / 1e6, "from_replay": got["summary"]["from_replay"]}
+    out = {**runner.percentiles(lat), "max": max(lat) / 1e6, "from_replay": got["summary"]["from_replay"]}
     for hop, times in hops.items():
-        out.update({f"{hop}_{k}": v for k, v in percentiles(times, HOP_PERCENTILES).items()})
+        out.update({f"{hop}_{k}": v for k, v in runner.percentiles(times, HOP_PERCENTILES).items()})
     return out
