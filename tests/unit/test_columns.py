@@ -44,8 +44,8 @@ def _rows(view: C.Columns) -> list[tuple[int, int, bytes, bytes]]:
 @settings(max_examples=200)
 @given(batches(), st.data())
 def test_columns_hold_what_raw_yields(batch: B.Batch, data: st.DataObject) -> None:
-    lo = data.draw(st.integers(batch.first_seq - 2, batch.last_seq + 2))
-    hi = data.draw(st.integers(lo - 1, batch.last_seq + 2))
+    lo = data.draw(st.integers(max(0, batch.first_seq - 2), batch.last_seq + 2))
+    hi = data.draw(st.integers(max(0, lo - 1), batch.last_seq + 2))  # sequences are unsigned
     wanted = data.draw(prefixes)
     delivery = Delivery(batch, lo, hi, "live", wanted)
     expected = [(s, t, k.tobytes(), b.tobytes()) for s, t, k, b in delivery.raw()]
