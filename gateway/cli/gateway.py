@@ -59,7 +59,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--datagram-bytes", type=byte_size(256, 65507), help="udp:// datagram size at most (1472: one MTU)")
     add_pgm_engine(p)
     p.add_argument("--heartbeat-ms", type=positive, help="heartbeat interval in ms (default 100)")
-    p.add_argument("--linger-ms", type=nonnegative, help="longest wait to fill a batch, in ms (default 2)")
+    p.add_argument(
+        "--linger-ms", type=nonnegative, help="most a batch waits while publishes keep coming, ms (default 2)"
+    )
     p.add_argument("--batch-records", type=positive, help="records per batch at most (default 1024)")
     p.add_argument("--batch-bytes", type=byte_size(1024, _MAX_BATCH), help="bytes per batch at most (default 60000)")
     p.add_argument(
