@@ -15,9 +15,8 @@ import functools
 from array import array
 from collections.abc import Callable
 
-from gateway.bench import nats, pipeline
+from gateway.bench import BenchError, nats, pipeline
 from gateway.bench.runner import PERCENTILES, Progress, Settings, Stat, Table, Target, percentiles, repeat, stop
-from gateway.errors import BenchError
 from gateway.tools.deployment import Deployment
 from netlab import MP, Lab
 
