@@ -68,7 +68,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import zmq
 
@@ -79,7 +79,10 @@ from gateway.client.endpoints import Endpoints
 from gateway.client.feed_drain import FeedDrain
 from gateway.client.replay_client import DEFAULT_FEATURES, Event, ReplayClient, start_after
 from gateway.client.snapshot_view import LastValues
+from gateway.client.start_point import StartPoint, parse_start
 from gateway.errors import (
+    Closed,
+    ConfigError,
     DataLoss,
     McastError,
     ReplayError,
@@ -107,6 +110,8 @@ REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bound
 STATES_KEPT = 64  # state changes kept in SubscriberStats.states
 _GAP_CYCLE = {R.State.MERGED, R.State.RECOVERING}  # logged at DEBUG: every gap under loss is one
 MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
+WAIT_NOTICE_S = (0.5, 30.0)  # "still waiting for the sidecar" warnings: the first after, then doubling up to
+LAG_POLICIES = ("replay", "raise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,20 +196,37 @@ class SubscriberStats:
         }
 
 
-def parse_start(start: str | int | datetime | None) -> tuple[R.Start | None, int | None]:
-    """(reconciler start, or None for a time start; the time in ns for a time start)."""
-    if start is None or start == "latest":
-        return R.Start.latest(), None
-    if start == "earliest":
-        return R.Start.earliest(), None
-    if start == "snapshot":
-        return R.Start.snapshot(), None
-    if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
-        return R.Start.at_seq(max(1, int(start))), None
-    when = start if isinstance(start, datetime) else datetime.fromisoformat(start)
-    if when.tzinfo is None:
-        raise ValueError(f"start time {start!r} needs a time zone, e.g. 2026-11-21T13:00:00Z")
-    return None, int(when.timestamp() * 1e9)
+def _start_point(start: str | int | datetime | None) -> StartPoint:
+    try:
+        return parse_start("latest" if start is None else start)
+    except ConfigError as exc:
+        raise ConfigError(f"start: {exc}") from None
+
+
+def _prefixes(topics: str | Sequence[str]) -> tuple[str, ...]:
+    """Topics as a tuple of key prefixes: a str is one prefix (not a sequence of one-letter prefixes)."""
+    prefixes = (topics,) if isinstance(topics, str) else tuple(topics)
+    for topic in prefixes:
+        if not isinstance(topic, str):
+            raise TypeError(f"topics: {topic!r} is a {type(topic).__name__}: give key prefixes as str, e.g. 'eu.'")
+    return prefixes
+
+
+def _reconciler_start(point: StartPoint) -> tuple[R.Start | None, int | None, int]:
+    """(the reconciler's start, or None when the sidecar must be asked first; the time to ask for, in ns;
+    the last N records to start with, 0 for none)."""
+    match point:
+        case StartPoint(word="earliest"):
+            return R.Start.earliest(), None, 0
+        case StartPoint(word="snapshot"):
+            return R.Start.snapshot(), None, 0
+        case StartPoint(seq=int(seq)):
+            return R.Start.at_seq(max(1, seq)), None, 0
+        case StartPoint(back=int(back)):
+            return None, None, back
+        case StartPoint(time_ns=int(ns)):
+            return None, ns, 0
+    return R.Start.latest(), None, 0
 
 
 class Checkpoint:
@@ -238,7 +260,40 @@ class Checkpoint:
 
 
 class Subscriber:
-    """Iterate to receive a stream's records gap-free and in order; see the module docstring."""
+    """Iterate to receive a stream's records gap-free and in order; see the module docstring.
+
+    Arguments (all but `stream` by keyword):
+
+    - `stream`: the stream's name.
+    - `multicast`: multicast endpoints of the stream (epgm://IF;GROUP:PORT, norm://..., udp://...), one per
+      feed (A/B). `replay`: a sidecar's tcp://HOST:PORT, or several serving the stream, tried in turn. With
+      neither, the stream is found by name on `interface` or in `directory` (below).
+    - `start`: where to begin when `checkpoint` holds nothing. "latest" (default: from now on), "earliest"
+      (the first record the journal retains), "snapshot" (the last record of every key, then what follows;
+      docs/snapshots.md), a sequence number (int, or its digits: from it on), -N (the last N records), or a
+      time (an aware datetime, or ISO-8601 text with a zone, e.g. "2026-05-01T09:30:00Z": the first record
+      journaled at or after it). Anything else raises ConfigError naming these forms.
+    - `topics`: key prefixes to deliver: one prefix as a str ("eu."), or several as a list (default: all).
+    - `checkpoint`: a file path. The last sequence handed out and finished with is saved there (atomically,
+      at most every 0.5 s and on close); when the file exists, the stream resumes after it and `start` is
+      ignored.
+    - `max_lag` and `lag_policy`: when the application is more than `max_lag` records behind the live feed,
+      "replay" (default) reads on from the journal instead of holding live records (nothing is lost, the
+      application catches up at its pace); "raise" raises SlowConsumer from next().
+    - `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+    - `replay_timeout`: the deadline of each replay handshake. `on_replay_state(state, error)`: told
+      "connecting", "ready", "retrying" and "failed" (module docstring).
+    - `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
+      `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
+    - `interface`, `directory`, `discovery_timeout`: with neither `multicast` nor `replay`, the stream is
+      found by name (gateway.client.directory): on the announcements heard on `interface` (or in
+      `directory`) within `discovery_timeout` seconds; replay then goes where the directory says, and a
+      sidecar that moves or dies is left for the one announced instead.
+    - `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
+      replay endpoint's port when a feed is udp://, else off; 0: off.
+    - `stream_key`: accept only multicast signed with this key (two while one is rotated). `curve`: keys for
+      CURVE replay connections.
+    """
 
     def __init__(
         self,
@@ -246,12 +301,12 @@ class Subscriber:
         *,
         multicast: Sequence[str] = (),
         replay: str | Sequence[str] | None = None,
-        topics: Sequence[str] = (),
+        topics: str | Sequence[str] = (),
         start: str | int | datetime | None = "latest",
         checkpoint: str | Path | None = None,
         tuning: Tuning | None = None,
         max_lag: int | None = None,
-        lag_policy: str = "replay",
+        lag_policy: Literal["replay", "raise"] = "replay",
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
@@ -266,18 +321,11 @@ class Subscriber:
         fill_udp: int | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
-        """`replay`: a sidecar endpoint, or several serving the same stream, tried in turn (module docstring).
-        `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
-        `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring.
-        `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
-        `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
-
-        With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
-        announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
-        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
-
-        `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
-        replay endpoint's port when a feed is udp://, else off; 0: off."""
+        """See the class docstring. Bad arguments raise ConfigError (a ValueError) or TypeError at once."""
+        point = _start_point(start)
+        topics = _prefixes(topics)
+        if lag_policy not in LAG_POLICIES:
+            raise ConfigError(f"lag_policy {lag_policy!r}: use one of {', '.join(map(repr, LAG_POLICIES))}")
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self.directory: Directory | None = None
         if not multicast and not replay:
@@ -321,6 +369,8 @@ class Subscriber:
         self.replay_up = True  # the reconciler has not been told ReplayLost
         self.reconnect_at = 0.0
         self.unready_since: float | None = None  # the first connection opened since one was last ready
+        self._waiting_since: float | None = None  # replay asked for and not ready since (retries included)
+        self._notice_at = 0.0  # the next "still waiting" warning
         self.replay_state = "connecting"
         self.on_replay_state = on_replay_state
         self.failed: ReplayRefused | None = None  # raised at every call once what came before is handed out
@@ -331,10 +381,12 @@ class Subscriber:
         self.position: int | None = None  # last sequence the application has finished with
         self.handed: int | None = None  # the record the application holds now (finished at its next call)
         self.closed = False
-        self.view = LastValues() if (start == "snapshot" if view is None else view) else None
+        self.view = LastValues() if (point.word == "snapshot" if view is None else view) else None
 
         resume = self.checkpoint.load() if self.checkpoint else None
-        begin, self.since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
+        begin, self.since_ns, self.back = (
+            (R.Start.after_seq(resume), None, 0) if resume is not None else _reconciler_start(point)
+        )
         self.options = {
             "key_filter_active": bool(self.prefixes),
             "buffer_limit_bytes": buffer_limit_bytes,
@@ -358,7 +410,9 @@ class Subscriber:
                 yield item
 
     def next(self, timeout: float | None = None) -> Received | None:
-        """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/SlowConsumer."""
+        """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/SlowConsumer,
+        and Closed after close()."""
+        self._check_open()
         self._finish_handed()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -378,8 +432,10 @@ class Subscriber:
     def next_batch(self, timeout: float | None = None) -> Delivery | None:
         """The next records as one Delivery (the rest of one next() began), or None after `timeout` seconds.
 
-        The fast path for high rates: one object per batch, records as views. Raises DataLoss/SlowConsumer.
+        The fast path for high rates: one object per batch, records as views. Raises DataLoss/SlowConsumer,
+        and Closed after close().
         """
+        self._check_open()
         self._finish_handed()
         item = self._rest_of_current()
         if item is None:
@@ -390,6 +446,10 @@ class Subscriber:
                 for rec in item.records():
                     self.view.apply(rec)
         return item
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise Closed(f"this Subscriber of {self.stream!r} is closed: nothing more will come; create a new one")
 
     def _rest_of_current(self) -> Delivery | None:
         """What next() has not yet handed out of the Delivery it was reading, if anything."""
@@ -425,6 +485,7 @@ class Subscriber:
         how many. For applications that want the current values rather than each record."""
         if self.view is None:
             raise ValueError("update() keeps `view` current: create the Subscriber with view=True")
+        self._check_open()
         deadline = time.monotonic() + timeout
         n = 0
         while True:
@@ -442,6 +503,12 @@ class Subscriber:
     def replay_endpoint(self) -> str | None:
         """The replay sidecar in use, or next to try (None until one is known)."""
         return self.sidecars.current
+
+    @property
+    def waiting_for_replay(self) -> float | None:
+        """Seconds the subscriber has been waiting for a replay sidecar to answer (retries included); None
+        while one answers, or while replay is not needed."""
+        return None if self._waiting_since is None else time.monotonic() - self._waiting_since
 
     @property
     def head(self) -> int:
@@ -565,6 +632,8 @@ class Subscriber:
             self._on_datagrams(self.datagrams, self.datagrams.fileno() in ready, now)
         if self.failed is None and not self.replay_up and now >= self.reconnect_at:
             self._reconnect(now)
+        if self._waiting_since is not None and now >= self._notice_at and self.failed is None:
+            self._notice_waiting(now - self._waiting_since, now)
         if self.reconciler is None:
             if self.starter is None and self.replay_up and self.failed is None:
                 self._start_probe()  # the replay endpoint may have been learnt from a heartbeat
@@ -633,7 +702,7 @@ class Subscriber:
             self._replay_lost(now, exc.reason)
         else:
             if client.ready and client in self._replay_clients():
-                self.unready_since = None
+                self.unready_since = self._waiting_since = None
                 if self.replay_state != "ready":
                     self.sidecars.succeeded()
                     self._set_replay_state("ready", None)
@@ -801,6 +870,8 @@ class Subscriber:
         now = time.monotonic()
         if self.unready_since is None:
             self.unready_since = now
+        if self._waiting_since is None:
+            self._waiting_since, self._notice_at = now, now + WAIT_NOTICE_S[0]
         features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
         return ReplayClient(
             self.replay_endpoint,
@@ -861,6 +932,18 @@ class Subscriber:
         self._set_replay_state("connecting", None)
         self._execute(self.reconciler.handle(R.ReplayRestored(), now))
 
+    def _notice_waiting(self, waited: float, now: float) -> None:
+        """Say what is waited for and where, again and again (each interval double the last): a typo'd
+        endpoint must not look like a quiet stream."""
+        log.warning(
+            "%s: waiting for the replay sidecar at %s: no answer for %.1f s; still trying (is it running, and "
+            "is the endpoint right?)",
+            self.stream,
+            self.replay_endpoint,
+            waited,
+        )
+        self._notice_at = now + min(max(waited, WAIT_NOTICE_S[0]), WAIT_NOTICE_S[1])
+
     def _fail(self, exc: ReplayRefused) -> None:
         """A final failure: no more tries; next() raises it once what came before is handed out."""
         log.error("%s: %s", self.stream, exc)
@@ -895,8 +978,9 @@ class Subscriber:
         except StopIteration as stop:
             client.close()
             self.starter = None
-            log.info("%s: starting at sequence %d", self.stream, stop.value)
-            self._begin(R.Start.at_seq(stop.value), now)
+            first = max(1, stop.value - self.back)  # stop.value is the head + 1 when no time was asked for
+            log.info("%s: starting at sequence %d", self.stream, first)
+            self._begin(R.Start.at_seq(first), now)
 
     def _begin(self, begin: R.Start, now: float) -> None:
         self.reconciler = R.Reconciler(begin, **self.options)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from support.servers import Side, Stream, free_port, side
 
 from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.subscriber import Subscriber
-from gateway.errors import ReplayRefused
+from gateway.errors import Closed, ReplayRefused
 from gateway.tools.deployment import Keys
 from gateway.wire import protocol as P
 
@@ -317,3 +318,43 @@ def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> Non
     assert flowing[1] == 1000
     for name, (gap, _) in {"dead": dead, "half": half, "flowing": flowing, "frozen": frozen}.items():
         assert gap < 0.01 + SLACK_S, f"{name}: the event loop stalled for {gap:.3f} s"
+
+
+def test_start_minus_n_is_the_last_n_and_topics_may_be_one_prefix(tmp_path: Path) -> None:
+    """start=-N means the last N records, as `--from -N` does; topics="k1." is one prefix, not three letters."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(5)
+    with side(root) as sidecar:
+        with Subscriber("orders", replay=sidecar.endpoint, start=-3) as sub:
+            assert drain(sub, 3) == s.expected(after=s.head - 3)
+            assert sub.next(timeout=0.3) is None
+        with Subscriber("orders", replay=sidecar.endpoint, start="earliest", topics="k1.") as sub:
+            want = s.expected(prefix="k1.")
+            assert 0 < len(want) < s.head and drain(sub, len(want)) == want
+    s.writer.close()
+
+
+def test_next_after_close_raises_at_once(tmp_path: Path) -> None:
+    sub = Subscriber("orders", replay=f"tcp://127.0.0.1:{free_port()}", start="earliest")
+    sub.close()
+    began = time.monotonic()
+    for take in (sub.next, sub.next_batch):
+        with pytest.raises(Closed, match="closed"):
+            take(5.0)
+    assert time.monotonic() - began < SLACK_S
+
+
+def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A typo'd endpoint must not look like a quiet stream: a warning naming it within a second, then again
+    with the time waited."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    caplog.set_level(logging.WARNING, logger="gateway.client.subscriber")
+    with Subscriber("orders", replay=endpoint, start="earliest") as sub:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            sub.next(timeout=0.1)
+        waited = sub.waiting_for_replay
+    notices = [r.getMessage() for r in caplog.records if "waiting for the replay sidecar" in r.getMessage()]
+    assert len(notices) >= 2 and all(endpoint in n for n in notices), notices
+    assert "no answer for 0.5 s" in notices[0] and waited is not None and waited > 2.0, (notices, waited)
