@@ -121,8 +121,7 @@ class AsyncSubscriber:
 
     async def _readable(self, timeout: float) -> None:
         pollables = self.sync.pollables()
-        if self.sync.drain is not None:
-            self.sync.drain.away()  # its thread reads the feeds while we await its queue
+        self.sync.away()  # the drain's thread reads the feeds while we await its queue
         if not pollables:  # replay only, between tries: nothing to wait on but the clock
             await asyncio.sleep(timeout)
             return

@@ -23,8 +23,12 @@ import zmq
 from support.deadlines import SLACK_S, exercise_deadlines
 from support.servers import Side, Stream, free_port, side
 
+from gateway import reconcile as R
 from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.link_state import LinkState
+from gateway.client.replay_link import ReplayLink
 from gateway.client.subscriber import Subscriber
+from gateway.client.subscriber_stats import SubscriberStats
 from gateway.errors import Closed, ReplayRefused
 from gateway.tools.deployment import Keys
 from gateway.wire import protocol as P
@@ -358,3 +362,67 @@ def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: py
     notices = [r.getMessage() for r in caplog.records if "waiting for the replay sidecar" in r.getMessage()]
     assert len(notices) >= 2 and all(endpoint in n for n in notices), notices
     assert "no answer for 0.5 s" in notices[0] and waited is not None and waited > 2.0, (notices, waited)
+
+
+# --- the replay link alone ------------------------------------------------------------------------------------
+
+
+def new_link(endpoint: str, events: list, states: list, starts: list) -> ReplayLink:
+    return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
+                      directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
+                      next_seq=lambda: 1, on_start=starts.append,
+                      on_state=lambda state, error: states.append(state))  # fmt: skip
+
+
+def run_link(link: ReplayLink, until: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        poller = zmq.Poller()
+        for pollable in link.pollables():
+            poller.register(pollable, zmq.POLLIN)
+        ready = dict(poller.poll(20)) if link.pollables() else {}
+        link.turn(ready, time.monotonic())
+
+
+def test_the_replay_link_alone_probes_requests_and_attributes_answers(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(10)
+    events: list = []
+    states: list = []
+    starts: list = []
+    with side(root) as sidecar:
+        link = new_link(sidecar.endpoint, events, states, starts)
+        try:
+            link.probe(None)  # "latest" without multicast: the journal's head + 1
+            run_link(link, lambda: bool(starts))
+            assert starts == [s.head + 1] and link.state is LinkState.READY
+            link.request(R.Request(7, 1, None))  # the catch-up: history, then the live tail
+            link.request(R.Request(8, 3, 4))  # a fill, answered on its own connection
+
+            def covered() -> int:
+                return max((e.batch.last_seq for e in events if isinstance(e, R.Replay) and e.request_id == 7),
+                           default=0)  # fmt: skip
+
+            run_link(link, lambda: covered() >= s.head and any(isinstance(e, R.ReplayEnd) for e in events))
+            assert covered() == s.head and R.ReplayEnd(8) in events
+            fill = [e.batch for e in events if isinstance(e, R.Replay) and e.request_id == 8]
+            assert fill and fill[0].first_seq <= 3 and fill[-1].last_seq >= 4
+        finally:
+            link.close()
+    s.writer.close()
+    assert states == ["ready"]
+
+
+def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
+    events: list = []
+    states: list = []
+    link = new_link(f"tcp://127.0.0.1:{free_port()}", events, states, [])
+    try:
+        link.request(R.Request(1, 1, None))
+        run_link(link, lambda: link.state is LinkState.RETRYING, seconds=5)
+        assert link.state is LinkState.RETRYING and events == [R.ReplayLost()] and link.waiting is not None
+        run_link(link, lambda: link.state is LinkState.CONNECTING, seconds=5)
+        assert events == [R.ReplayLost(), R.ReplayRestored()] and states == ["retrying", "connecting"]
+    finally:
+        link.close()
