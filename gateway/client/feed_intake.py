@@ -76,11 +76,11 @@ class FeedIntake:
         finally:
             self.drain.release()
 
-    def take_queued(self) -> bool:
-        """Hand on what the drain's thread queued (up to a burst); True when nothing older than what the feeds
-        hold waits there, so that the feeds may be read directly."""
+    def take_queued(self) -> bool | None:
+        """Hand on what the drain's thread queued (up to a burst): None when nothing was queued; else True when
+        nothing older than what the feeds hold waits there any more (the feeds may then be read directly)."""
         if self.drain is None or not self.drain.queue:
-            return True
+            return None
         for feed, frames in self.drain.take(FEED_BURST):
             self._on_message(feed, frames)
         return not self.drain.queue

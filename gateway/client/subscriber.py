@@ -500,9 +500,10 @@ class Subscriber:
     def _turn(self, timeout: float) -> None:
         self._sync_poller()
         self._now = time.monotonic()
-        direct = self._intake.take_queued()  # read the feeds themselves: not while older messages are queued
-        if not direct:
-            timeout = 0.0
+        queued = self._intake.take_queued()
+        direct = queued is not False  # read the feeds themselves: not while older messages are queued
+        if queued is not None:
+            timeout = 0.0  # hand out what was taken at once
         datagrams = self._link.datagrams
         due = datagrams.hedge.next_due() if datagrams is not None else None
         if due is not None:  # a datagram's timer: wake for it (rounded up, so a due timer is not polled at 0)
