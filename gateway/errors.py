@@ -114,6 +114,10 @@ class NotGranted(ReplayRefused):
     """The server does not grant an extension the request needs."""
 
 
+class Closed(ZepsError, RuntimeError):
+    """A client used after its close(): nothing more will come through it; create a new one."""
+
+
 class DataLoss(ZepsError, RuntimeError):
     """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on.
 
