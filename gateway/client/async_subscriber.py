@@ -41,9 +41,11 @@ T = TypeVar("T")
 
 
 class AsyncSubscriber:
-    """Same arguments (see `Subscriber`), records, errors (`DataLoss`, `SlowConsumer`, `Closed`) and statistics
-    as `Subscriber`. The signature repeats Subscriber's so that editors and type checkers see it (a test keeps
-    the two equal)."""
+    """Same arguments as `Subscriber` (stream, multicast, replay, topics, start, checkpoint, tuning, max_lag,
+    lag_policy, buffer_limit_bytes, progress_timeout, replay_timeout, stream_key, curve, view, on_replay_state,
+    drain, interface, directory, discovery_timeout, fill_udp, ctx: see there), records, errors (`DataLoss`,
+    `SlowConsumer`, `Closed`) and statistics. The signature repeats Subscriber's so that editors and type
+    checkers see it (a test keeps the two equal)."""
 
     def __init__(
         self,

@@ -194,6 +194,10 @@ class Subscriber:
       replay endpoint's port when a feed is udp://, else off; 0: off.
     - `stream_key`: accept only multicast signed with this key (two while one is rotated). `curve`: keys for
       CURVE replay connections.
+- `tuning`: multicast socket settings (gateway.mcast.Tuning: rate, recovery interval, buffers) for the
+  feeds; None: the defaults. `progress_timeout`: seconds without progress (no live record, no replay answer)
+  before the reconciler falls back to replay or asks again. `ctx`: the ZeroMQ context to make sockets in
+  (default: one of its own).
     """
 
     def __init__(
