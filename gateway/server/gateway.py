@@ -44,9 +44,11 @@ from gateway.server.announcer import Discovery, gateway_announcer, gateway_strea
 from gateway.server.channels import plan
 from gateway.server.follower import ReplayFactory
 from gateway.server.ha import HaNode
+from gateway.server.lane import Confirm, Held, Lane
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.server.registrar import node_registrar
+from gateway.server.replication import Replication, Solo
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.link import tcp_address
 from gateway.transport.norm import NormSender
@@ -146,29 +148,6 @@ class _Session:
     last_seen: float = 0.0
 
 
-class _Lane:
-    """One stream: records waiting to be batched, the journal writer, and confirms waiting for fsync."""
-
-    def __init__(self, stream: str, writer: JournalWriter, producers: ProducerTable) -> None:
-        self.stream = stream
-        self.writer = writer
-        self.producers = producers  # exactly-once publishing: what each producer has journaled
-        self.pending: list[tuple[int, bytes, bytes]] = []
-        self.pending_bytes = 0
-        self.pending_since = 0.0
-        # (identity, records, confirm) in publish order: the ZEPS publishers of the records not yet sequenced,
-        # owed a PUBLISH-OK (if confirm) once journaled, or an INVALID if the journal refuses them.
-        self.unsequenced: list[tuple[bytes, int, bool]] = []
-        # (identity, first_seq, count) owed once the journal has synced through first_seq + count - 1.
-        self.confirms: deque[tuple[bytes, int, int]] = deque()
-        # Disk full: since when (None: writable), and the time before which no write is tried again.
-        self.full_since: float | None = None
-        self.retry_at = 0.0
-        self.full_reason = ""
-        # A node of a group: (batch, sealed, last_seq, ts_ns) journaled but not committed, so not multicast yet.
-        self.held: deque[tuple[B.Batch, bytes, int, int]] = deque()
-
-
 class _Out:
     """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
 
@@ -237,7 +216,7 @@ class Gateway:
         self.metrics = GatewayMetrics(config.streams)
         self.marks = self._committed_marks()
         self.syncer = Syncer()  # group commits off the loop: a slow fdatasync holds back confirms, not records
-        self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
+        self.lanes = {name: Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
@@ -277,11 +256,11 @@ class Gateway:
         self._standing = (0, False)  # (epoch, leads) as last announced: a group's node's place in it
         self._stopping = False
         self._poller = zmq.Poller()
-        self.ha: HaNode | None = None
+        self.replication: Replication = Solo()
         if config.node:
             if replay is None:
                 raise ConfigError("a node of a group needs a replay client to follow its leader with")
-            self.ha = HaNode(self, replay).start()
+            self.replication = HaNode(self, replay).start()
         log.info(
             "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
@@ -340,23 +319,16 @@ class Gateway:
     def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
         self._poller.unregister(sock)
 
-    def _visible(self, lane: _Lane) -> int:
-        """The last sequence that may be multicast, confirmed and announced: a node's commit point."""
-        return self.ha.committed(lane.stream) if self.ha is not None else lane.writer.last_seq
-
     def step_down(self, reason: str) -> None:
         """This node stopped leading: refuse what was not journaled, multicast nothing more that was, owe no
         confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
         for lane in self.lanes.values():
-            lane.pending, lane.pending_bytes = [], 0
-            lane.unsequenced.clear()  # their sessions end below, with the reason
-            lane.confirms.clear()
-            lane.held.clear()
+            lane.forget()  # their sessions end below, with the reason
         for identity in list(self.sessions):
             self._send_to(identity, P.invalid(reason))
             self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
 
-    def _recover_producers(self, lane: _Lane) -> None:
+    def _recover_producers(self, lane: Lane) -> None:
         """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
         and of at most `producer_scan_bytes` (older producers are taken as new, as if expired)."""
         if lane.writer.last_seq == 0:
@@ -430,11 +402,9 @@ class Gateway:
     def _on_timers(self, now: float) -> float:
         """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
         linger = self.config.linger_ms / 1000
-        deadline = now + 0.05
-        if self.ha is not None:
-            self.ha.tick(now)
-            self._release()
-            deadline = now + 0.01  # acks, pings, commits
+        deadline = now + self.replication.poll_s
+        self.replication.tick(now)
+        self._release()
         for lane in self.lanes.values():
             if lane.pending:
                 due = lane.pending_since + linger
@@ -446,9 +416,8 @@ class Gateway:
             wait = out.pump()
             if wait is not None:
                 deadline = min(deadline, now + wait)
-        if self.ha is not None:
-            self.ha.after_release(now)
-            deadline = min(deadline, self.ha.due)
+        self.replication.after_release(now)
+        deadline = min(deadline, self.replication.due)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
                 self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)
@@ -460,7 +429,7 @@ class Gateway:
             self._heartbeat(now)
             self._expire_producers()
         deadline = min(deadline, self._next_heartbeat)
-        standing = self.ha.standing() if self.ha is not None else (0, False)
+        standing = self.replication.standing()
         moved = standing != self._standing  # a group's node took or lost the lead: clients learn it at once
         self._standing = standing
         epoch, leader = standing
@@ -481,7 +450,7 @@ class Gateway:
     def _publishers_wait(self) -> bool:
         """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
         them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
-        return self._outs_full() or (self.ha is not None and self.ha.quorate and self._held_full())
+        return self._outs_full() or (self.replication.quorate and self._held_full())
 
     def _outs_full(self) -> bool:
         return any(out.full for out in self.outs)
@@ -494,7 +463,7 @@ class Gateway:
     def _refusing(self) -> bool:
         """A leader with its held batches full and too few in-sync followers to commit (below --min-insync):
         waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
-        return self.ha is not None and not self.ha.quorate and self._held_full()
+        return not self.replication.quorate and self._held_full()
 
     @property
     def _uncommitted_reason(self) -> str:
@@ -504,13 +473,13 @@ class Gateway:
         )
 
     def _release(self) -> None:
-        """A node that leads: multicast what its in-sync followers now hold, as far as multicast takes it (the rest
-        stays held, so that one pass of the loop queues a bounded amount, and publishers wait once it is full)."""
+        """Multicast what is committed now (a node that leads: what its in-sync followers hold), as far as
+        multicast takes it (the rest stays held, so that one pass of the loop queues a bounded amount, and
+        publishers wait once it is full)."""
         for lane in self.lanes.values():
-            visible = self._visible(lane)
-            while lane.held and lane.held[0][2] <= visible and not self._outs_full():
-                batch, sealed, last, ts = lane.held.popleft()
-                self._fan_out(lane, batch, sealed, last, ts)
+            committed = self.replication.committed(lane)
+            while lane.held and lane.held[0].last <= committed and not self._outs_full():
+                self._fan_out(lane, lane.held.popleft())
 
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
@@ -521,13 +490,12 @@ class Gateway:
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
         ts = time.time_ns()
-        if self.ha is not None and not self.ha.leading:
+        if not self.replication.leading:
             return  # a follower is silent on the multicast
         for out in self.outs:
             for stream, head in out.sent_head.items():
-                head = min(head, self._visible(self.lanes[stream]))
-                epoch = self.ha.epoch if self.ha is not None else 0
-                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, epoch).encode()
+                head = min(head, self.replication.committed(self.lanes[stream]))
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, self.replication.epoch).encode()
                 try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes
@@ -565,8 +533,8 @@ class Gateway:
         if session is not None:
             session.last_seen = time.monotonic()
         match cmd:
-            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
-                self._reject(identity, self.ha.refusal(), kind="not-leader")
+            case P.Attach() | P.Publish() | P.PublishBatch() if (refusal := self.replication.refusal()) is not None:
+                self._reject(identity, refusal, kind="not-leader")
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
             case P.Ping():
@@ -638,7 +606,7 @@ class Gateway:
         lane.pending.append((time.time_ns(), key, body))
         lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
         if identity is not None and session is not None:
-            _owe(lane.unsequenced, identity, 1, P.FEATURE_CONFIRM in session.features)
+            lane.owe(identity, 1, P.FEATURE_CONFIRM in session.features)
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
 
@@ -676,11 +644,11 @@ class Gateway:
             known = lane.producers.get(producer[0])  # type: ignore[index]
             assert known is not None
             if confirm:
-                lane.confirms.append((identity, known.last_seq - dups + 1, dups))
+                lane.confirms.append(Confirm(identity, known.last_seq - dups + 1, dups))
             return
         if dups:  # partial overlap: journal the records after the producer's last, confirm them all
             batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
-        _owe(lane.unsequenced, identity, batch.count, confirm)
+        lane.owe(identity, batch.count, confirm)
         sealed = self._journal(lane, batch, dups)
         if sealed is not None and producer is not None:
             last = lane.writer.last_seq  # `sealed` is `batch` resequenced: a view of it needs no walk
@@ -690,7 +658,7 @@ class Gateway:
             lane.producers.journaled(view)
             series.producers.set(len(lane.producers))
 
-    def _flush(self, lane: _Lane) -> None:
+    def _flush(self, lane: Lane) -> None:
         if not lane.pending:
             return
         raw = B.encode(0, lane.pending)
@@ -699,7 +667,7 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: _Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
         """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
 
         `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
@@ -713,22 +681,22 @@ class Gateway:
         series.journaled.inc(batch.count)
         series.journaled_bytes.inc(len(sealed))
         series.batch_records.observe(batch.count)
-        last, ts = lane.writer.last_seq, lane.writer.last_ts_ns
-        if self.ha is not None:
-            lane.held.append((batch, sealed, last, ts))
-            self.ha.push(lane.stream, sealed)
+        held = Held(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
+        self.replication.journaled(lane.stream, sealed)
+        if lane.held or self.replication.committed(lane) < held.last:
+            lane.held.append(held)  # a node's waits for its followers; `_release` lets it out, bounded per pass
         else:
-            self._fan_out(lane, batch, sealed, last, ts)
+            self._fan_out(lane, held)  # committed once journaled (a single gateway's): out at once
         return sealed
 
-    def _writable(self, lane: _Lane, count: int) -> bool:
+    def _writable(self, lane: Lane, count: int) -> bool:
         """The disk-full gate: while the journal's disk is full, refuse without trying until `retry_at`."""
         if lane.full_since is not None and time.monotonic() < lane.retry_at:
             self._refuse_unjournaled(lane, count, lane.full_reason, "journal-full")
             return False
         return True
 
-    def _append(self, lane: _Lane, batch: B.Batch) -> bytes | None:
+    def _append(self, lane: Lane, batch: B.Batch) -> bytes | None:
         """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
         try:
             sealed = lane.writer.append(batch)
@@ -750,20 +718,20 @@ class Gateway:
             self.metrics.streams[lane.stream].journal_full.set(0)
         return sealed
 
-    def _owe_confirms(self, lane: _Lane, count: int, dups: int) -> None:
+    def _owe_confirms(self, lane: Lane, count: int, dups: int) -> None:
         """The journaled batch's publishers are owed PUBLISH-OK once it is synced; a producer batch (alone in
         `unsequenced`) is confirmed with its `dups` re-sent records, ending at its last sequence."""
         last = lane.writer.last_seq
         first = last - count + 1
-        for identity, n, confirm in lane.unsequenced:
-            if confirm:
-                lane.confirms.append((identity, first - dups, n + dups))
-            first += n
+        for owed in lane.unsequenced:
+            if owed.confirm:
+                lane.confirms.append(Confirm(owed.identity, first - dups, owed.records + dups))
+            first += owed.records
         lane.unsequenced.clear()
 
-    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes, last: int, ts: int) -> None:
-        """Queue the sealed batch (sequences ..last, journal time ts) on every multicast output (cut to size for
-        datagram ones)."""
+    def _fan_out(self, lane: Lane, held: Held) -> None:
+        """Queue a committed batch on every multicast output (cut to size for datagram ones)."""
+        batch, sealed, last, ts = held
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
@@ -783,7 +751,7 @@ class Gateway:
             out.queue.extend(cut[room])
             out.series.messages[lane.stream].inc(len(cut[room]))
 
-    def _disk_full(self, lane: _Lane, exc: OSError) -> str:
+    def _disk_full(self, lane: Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
 
         The writer has cut the failed batch back, so the journal holds whole batches only and nothing accepted
@@ -810,20 +778,18 @@ class Gateway:
             self.metrics.streams[lane.stream].journal_full.set(1)
         return lane.full_reason
 
-    def _refuse_unjournaled(self, lane: _Lane, count: int, reason: str, kind: str) -> None:
+    def _refuse_unjournaled(self, lane: Lane, count: int, reason: str, kind: str) -> None:
         """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
         self.metrics.streams[lane.stream].refused[kind].inc(count)
-        for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
+        for identity in dict.fromkeys(owed.identity for owed in lane.unsequenced):
             self._send_to(identity, P.invalid(reason))
         lane.unsequenced.clear()
 
-    def _send_confirms(self, lane: _Lane) -> None:
+    def _send_confirms(self, lane: Lane) -> None:
         """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written), here and
         (a group's leader) on every in-sync follower."""
-        synced = lane.writer.durable_seq
-        if self.ha is not None:
-            synced = min(synced, self.ha.durable(lane.stream))
-        while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
+        durable = self.replication.durable(lane)
+        while lane.confirms and lane.confirms[0].last <= durable:
             identity, first, n = lane.confirms.popleft()
             self.reply(identity, P.PublishOk(first, n))
 
@@ -848,7 +814,7 @@ class Gateway:
             if len(body) > self.config.max_message_bytes:
                 self.metrics.rejected.labels("oversize").inc()
                 continue
-            if self.ha is not None and not self.ha.leading:
+            if not self.replication.leading:
                 self.metrics.rejected.labels("not-leader").inc()
                 continue
             self._publish(None, None, key, body)
@@ -878,9 +844,7 @@ class Gateway:
 
     def close(self) -> None:
         """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
-        if self.ha is not None:
-            self.ha.close()  # resigns first: a node that does not lead refuses, holds and confirms nothing
-            self.step_down(f"gateway node {self.config.node} is shutting down: publish to another node; retry later")
+        self.replication.close()  # a node resigns first, and steps down: it refuses, holds and confirms nothing
         for lane in self.lanes.values():
             self._flush(lane)
         deadline = time.monotonic() + 2.0
@@ -903,11 +867,3 @@ class Gateway:
         if self.registrar is not None:
             self.registrar.close()
         self.metrics.close()
-
-
-def _owe(owed: list[tuple[bytes, int, bool]], identity: bytes, n: int, confirm: bool) -> None:
-    """Add n records to what `identity` is owed, merging with its last entry when it is the same publisher."""
-    if owed and owed[-1][0] == identity and owed[-1][2] == confirm:
-        owed[-1] = (identity, owed[-1][1] + n, confirm)
-    else:
-        owed.append((identity, n, confirm))

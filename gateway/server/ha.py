@@ -67,7 +67,8 @@ from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 if TYPE_CHECKING:
-    from gateway.server.gateway import Gateway, _Lane
+    from gateway.server.gateway import Gateway
+    from gateway.server.replication import ReplicaLane
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,9 @@ def put_status(key: str, status: str, etcd: Etcd) -> None:
 
 
 class HaNode:
-    """This node's part in the group; the gateway asks it who may do what."""
+    """This node's part in the group; the gateway asks it who may do what (gateway.server.replication)."""
+
+    poll_s = 0.01  # acks, pings, commits
 
     def __init__(self, gw: Gateway, replay: ReplayFactory) -> None:
         cfg = gw.config
@@ -204,15 +207,18 @@ class HaNode:
         """Whether this node leads with enough in-sync followers to commit."""
         return self.insync is not None and self.insync.quorate
 
-    def committed(self, stream: str) -> int:
-        """How far `stream` may be multicast and served: every in-sync follower wrote it."""
-        return self.insync.committed[stream] if self.insync is not None else 0
+    def committed(self, lane: ReplicaLane) -> int:
+        """How far a stream may be multicast and served: every in-sync follower wrote it."""
+        return self.insync.committed[lane.stream] if self.insync is not None else 0
 
-    def durable(self, stream: str) -> int:
-        """How far `stream` may be confirmed, as far as the followers go: every in-sync follower made it durable."""
-        return self.insync.durable[stream] if self.insync is not None else 0
+    def durable(self, lane: ReplicaLane) -> int:
+        """How far a stream may be confirmed: durable here and on every in-sync follower."""
+        return min(lane.writer.durable_seq, self.insync.durable[lane.stream] if self.insync is not None else 0)
 
-    def refusal(self) -> str:
+    def refusal(self) -> str | None:
+        return None if self.leading else self._refusal()
+
+    def _refusal(self) -> str:
         """Why this node takes no publishes, naming the leader to publish to."""
         holder = self.elector.holder()
         if holder is None or holder.value == self._value:
@@ -283,7 +289,7 @@ class HaNode:
         if ack.epoch == self.insync.epoch:
             self._peers[ack.node] = link
 
-    def push(self, stream: str, sealed: bytes) -> None:
+    def journaled(self, stream: str, sealed: bytes) -> None:
         """Send a batch just journaled to the followers level with us (they acknowledged what is committed), so
         their copy skips our sidecar. A follower that misses one (behind, its link full) learns it from the
         head in our next REPLICA-COMMIT and copies from our sidecar again (gateway.server.follower)."""
@@ -389,7 +395,7 @@ class HaNode:
     def _demote(self) -> None:
         log.warning("ha: %s no longer leads (epoch %d): taking no more publishes", self.node, self.epoch)
         self.insync = None
-        self.gw.step_down(self.refusal())
+        self.gw.step_down(self._refusal())
 
     def _lead(self, now: float) -> None:
         """Tell the commit points; bring etcd's in-sync set to what it should be (joiners in, laggards out)."""
@@ -478,12 +484,12 @@ class HaNode:
         copied = self.gw.metrics.streams[stream].copied
         for batch in f.batches(stream):  # the sidecar's tail, in order; what a push brought first is skipped
             if batch.last_seq > writer.last_seq:
-                self._append(lane, batch)
+                lane.append_replica(batch)
                 copied["sidecar"].inc()
         level = gap = False
         for batch in f.pushes(stream):  # the leader's pushes, in its order
             if batch.first_seq == writer.last_seq + 1:
-                self._append(lane, batch)
+                lane.append_replica(batch)
                 copied["push"].inc()
                 level = True
             elif batch.first_seq > writer.last_seq + 1:
@@ -496,11 +502,6 @@ class HaNode:
         elif gap or f.missed(stream, writer.last_seq):
             log.debug("ha: stream %s: a push after %d went missing; copying from the sidecar", stream, writer.last_seq)
             self.gw.watch(f.tail(stream, writer.last_seq, writer.durable_seq).sock)
-
-    @staticmethod
-    def _append(lane: _Lane, batch: B.Batch) -> None:
-        lane.writer.append_replica(batch)
-        lane.producers.journaled(batch)
 
     def _start_copies(self, f: Follower) -> None:
         """Cut our journal back to the leader's, then copy each stream after its head, from the leader's sidecar
@@ -594,6 +595,7 @@ class HaNode:
         self.gw.unwatch(self.peer)
         self.peer.close()
         self.elector.close(resign=True)
+        self.gw.step_down(f"gateway node {self.node} is shutting down: publish to another node; retry later")
 
 
 def _batch_at(reader: JournalReader, seq: int) -> B.Batch:

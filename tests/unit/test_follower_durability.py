@@ -17,6 +17,7 @@ import pytest
 from gateway.journal import Durability, JournalWriter
 from gateway.journal.syncer import Syncer
 from gateway.server.ha import HaNode
+from gateway.server.lane import Lane
 from gateway.server.metrics import GatewayMetrics
 from gateway.server.producers import ProducerTable
 from gateway.wire import batch as B
@@ -62,7 +63,7 @@ def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: 
     writer = JournalWriter.open(tmp_path, STREAM, durability=durability, syncer=syncer)
     try:
         link = Link(leader_batches(4), writer)
-        lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
+        lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
         gw = SimpleNamespace(lanes={STREAM: lane}, metrics=GatewayMetrics([STREAM]))
         node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and config, the link
         node.gw, node.follower = gw, link  # type: ignore[assignment]

@@ -22,6 +22,7 @@ import zmq
 from gateway.journal import Durability, JournalReader, JournalWriter
 from gateway.server.follower import Follower, LeaderInfo
 from gateway.server.ha import HaNode
+from gateway.server.lane import Lane
 from gateway.server.metrics import GatewayMetrics
 from gateway.server.producers import ProducerTable
 from gateway.transport.link import Link, Listener
@@ -127,7 +128,7 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
                  max_frame=1 << 20)  # fmt: skip
     writer = JournalWriter.open(tmp_path, STREAM, durability=Durability("never"))
     watched: set[object] = set()
-    lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
+    lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
     metrics = GatewayMetrics([STREAM])
     gw = SimpleNamespace(lanes={STREAM: lane}, watch=watched.add, unwatch=watched.remove, metrics=metrics)
     node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and poller, the follower
