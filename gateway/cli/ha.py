@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     from gateway.server.follower import LeaderInfo
-    from gateway.server.ha import group_key
+    from gateway.server.group import group_key
     from gateway.server.replicas import parse_record
     from gateway.transport.etcd import Etcd
 

@@ -5,7 +5,7 @@ timeout, `ttl / 4`) and is the only writer of `Leadership`. Other threads read `
 each one value, replaced whole, so a reader never sees an epoch from one grant with the deadline of another.
 The gateway's loop calls `may_act(now)` before it multicasts or confirms; it never waits on etcd.
 
-The owner's other etcd work (the in-sync set, the node's status: gateway.server.ha) runs on the same thread
+The owner's other etcd work (the in-sync set, the node's status: gateway.server.insync_keeper) runs on the same thread
 as *jobs*: `post(name, job)` (any thread, never waits) leaves `job(etcd)` for the thread, a later job of the
 same name replacing one not yet started (the newest intent wins). The thread runs posted jobs after each
 renewal or poll that was due and stops a pass when the next one falls due, so a job delays a renewal by its
@@ -253,7 +253,7 @@ class Elector(PolledByFd):
             return
         lead.granted(sent_at, epoch, self.ttl_s)
         self._holder = Holder(self.value, epoch, self._lease)
-        # not the value: a group's holds its ack key (gateway.server.ha), which no log should carry
+        # not the value: a group's holds its ack key (gateway.server.group), which no log should carry
         log.info("leadership: this process leads %s in epoch %d (lease %x)", self.key, epoch, self._lease)
 
     def _publish(self) -> None:

@@ -10,7 +10,7 @@ Nothing is dropped silently. A malformed command is answered with INVALID and a 
 that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), or a
 leader's in-sync followers do (it holds `max_out_queue` batches they have not copied), the gateway stops reading
 publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them. A leader's followers
-are heard on a link of their own (gateway.server.ha), so they are read on every pass whatever the publishers do;
+are heard on a link of their own (gateway.server.peer_server), read on every pass whatever the publishers do;
 and one drain of the ingest ends after DRAIN_S, so that no flood of publishes delays the loop's timers.
 
 Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
@@ -43,7 +43,7 @@ from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
 from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
 from gateway.server.channels import plan
 from gateway.server.follower import ReplayFactory
-from gateway.server.ha import HaNode
+from gateway.server.group import GroupConfig, GroupNode, NodeHost
 from gateway.server.lane import Confirm, Held, Lane
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
@@ -260,7 +260,7 @@ class Gateway:
         if config.node:
             if replay is None:
                 raise ConfigError("a node of a group needs a replay client to follow its leader with")
-            self.replication = HaNode(self, replay).start()
+            self.replication = GroupNode(self._group_config(), self._node_host(), replay).start()
         log.info(
             "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
@@ -271,6 +271,16 @@ class Gateway:
             config.stream_key,
             config.curve,
         )
+
+    def _group_config(self) -> GroupConfig:
+        c = self.config
+        return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal)  # fmt: skip
+
+    def _node_host(self) -> NodeHost:
+        copied = {name: series.copied for name, series in self.metrics.streams.items()}
+        return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
+                        self.reopen, self.step_down)  # fmt: skip
 
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
