@@ -19,11 +19,11 @@ import pytest
 import zmq
 
 from gateway.journal import Durability, JournalReader, JournalWriter
-from gateway.server.copier import ReplicaCopier
-from gateway.server.follower import Follower, LeaderInfo
-from gateway.server.lane import Lane
-from gateway.server.metrics import GatewayMetrics
-from gateway.server.producers import ProducerTable
+from gateway.replication.copier import ReplicaCopier
+from gateway.replication.follower import Follower, LeaderInfo
+from gateway.sequencer.lane import Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.producers import ProducerTable
 from gateway.transport.link import Link, Listener
 from gateway.wire import batch as B
 from gateway.wire import protocol as P

@@ -15,10 +15,10 @@ import pytest
 
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark
-from gateway.server.copier import ReplicaCopier, last_agreed
-from gateway.server.lane import Lane
-from gateway.server.metrics import GatewayMetrics
-from gateway.server.producers import ProducerTable
+from gateway.replication.copier import ReplicaCopier, last_agreed
+from gateway.sequencer.lane import Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 
 STREAM = "s"

@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 import zmq
 from prometheus_client import Counter
 
-from gateway.server.follower import ack_valid
-from gateway.server.replicas import InSync
-from gateway.server.replication import ReplicaLane
+from gateway.replication.follower import ack_valid
+from gateway.replication.replicas import InSync
+from gateway.replication.strategy import ReplicaLane
 from gateway.transport.link import Link, LinkSet, Listener
 from gateway.transport.pollable import PolledByFd
 from gateway.wire import protocol as P
@@ -137,7 +137,7 @@ class PeerServer:
     def push(self, insync: InSync, stream: str, sealed: bytes) -> None:
         """Send a batch just journaled to the followers level with us (they acknowledged what is committed), so
         their copy skips our sidecar. A follower that misses one (behind, its link full) learns it from the
-        head in our next REPLICA-COMMIT and copies from our sidecar again (gateway.server.follower)."""
+        head in our next REPLICA-COMMIT and copies from our sidecar again (gateway.replication.follower)."""
         if not self._peers:
             return
         frame = b""

@@ -4,7 +4,7 @@ The gateway sequences and journals the same way alone or as a node of a replicat
 asked of its `Replication`: whether it takes publishes (`leading`), how far a stream may be multicast and
 announced (`committed`) and confirmed (`durable`), and what it does with each batch journaled (`journaled`).
 `Solo` is a single gateway: everything journaled is committed, and it always leads. A node of a group
-(gateway.server.group.GroupNode) answers from its in-sync followers and the elector.
+(gateway.replication.group.GroupNode) answers from its in-sync followers and the elector.
 
 Threading contract: every method runs on the gateway's loop and never waits.
 """
@@ -19,7 +19,7 @@ from gateway.wire import batch as B
 
 
 class ReplicaLane(Protocol):
-    """What replication needs of one of the gateway's lanes (gateway.server.lane.Lane)."""
+    """What replication needs of one of the gateway's lanes (gateway.sequencer.lane.Lane)."""
 
     @property
     def stream(self) -> str: ...

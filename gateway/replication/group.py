@@ -1,20 +1,20 @@
 """A gateway node of a replicated group (docs/ha.md): leader or follower, decided by the elector.
 
 The leader sequences and journals as a single gateway does, but multicasts a batch only once it is committed
-(gateway.server.replicas: every in-sync follower wrote it, and there are `min_insync` of them) and confirms it
+(gateway.replication.replicas: every in-sync follower wrote it, and there are `min_insync` of them) and confirms it
 only once it is durable there too, and only while the authority clock lets it act. A follower refuses
 publishers (naming the leader), copies the leader's journal into its own verbatim, acknowledges what it wrote
 and what it made durable, and suspects a leader that stops answering: the elector then revokes that leader's
 lease and campaigns.
 
-`GroupNode` is the gateway's replication strategy for a node (gateway.server.replication); it composes one
+`GroupNode` is the gateway's replication strategy for a node (gateway.replication.strategy); it composes one
 part per job, each built from explicit inputs (Aeron Archive's one session per job):
 
-- the peer-link server (gateway.server.peer_server): followers' pings and acks in, pushes and commit points out;
-- the replica copier (gateway.server.copier): while following, the one cut that makes our journal a prefix of
+- the peer-link server (gateway.replication.peer_server): followers' pings and acks in, pushes and commit points out;
+- the replica copier (gateway.replication.copier): while following, the one cut that makes our journal a prefix of
   the leader's, then the copy;
-- the in-sync keeper (gateway.server.insync_keeper): the in-sync set and the node's status in etcd;
-- the elector (gateway.server.elector): the lease, on a thread of its own.
+- the in-sync keeper (gateway.replication.insync_keeper): the in-sync set and the node's status in etcd;
+- the elector (gateway.replication.elector): the lease, on a thread of its own.
 
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs.
@@ -41,13 +41,13 @@ from prometheus_client import Counter
 from gateway.errors import ConfigError, CoordinatorError
 from gateway.journal.committed import CommittedMark
 from gateway.journal.epochs import start_epoch
-from gateway.server.copier import ReplicaCopier
-from gateway.server.elector import Elector
-from gateway.server.follower import Follower, LeaderInfo, ReplayFactory
-from gateway.server.insync_keeper import GroupKeys, InSyncKeeper, Written
-from gateway.server.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
-from gateway.server.replicas import InSync
-from gateway.server.replication import ReplicaLane
+from gateway.replication.copier import ReplicaCopier
+from gateway.replication.elector import Elector
+from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
+from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
+from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
+from gateway.replication.replicas import InSync
+from gateway.replication.strategy import ReplicaLane
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def group_key(streams: list[str]) -> str:
 
 @dataclass(frozen=True)
 class GroupConfig:
-    """What a node is told (gateway.server.gateway.GatewayConfig's group fields)."""
+    """What a node is told (gateway.sequencer.gateway.GatewayConfig's group fields)."""
 
     node: str
     streams: list[str]
@@ -98,7 +98,7 @@ class NodeHost:
 
 
 class GroupNode:
-    """This node's part in the group; the gateway asks it who may do what (gateway.server.replication)."""
+    """This node's part in the group; the gateway asks it who may do what (gateway.replication.strategy)."""
 
     poll_s = 0.01  # acks, pings, commits
 
@@ -194,7 +194,7 @@ class GroupNode:
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
     def journaled(self, stream: str, sealed: bytes) -> None:
-        """A batch just journaled goes to the followers level with us (gateway.server.peer_server.push)."""
+        """A batch just journaled goes to the followers level with us (gateway.replication.peer_server.push)."""
         if self.insync is not None:
             self.peers.push(self.insync, stream, sealed)
 

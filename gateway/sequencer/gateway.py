@@ -10,7 +10,7 @@ Nothing is dropped silently. A malformed command is answered with INVALID and a 
 that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), or a
 leader's in-sync followers do (it holds `max_out_queue` batches they have not copied), the gateway stops reading
 publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them. A leader's followers
-are heard on a link of their own (gateway.server.peer_server), read on every pass whatever the publishers do;
+are heard on a link of their own (gateway.replication.peer_server), read on every pass whatever the publishers do;
 and one drain of the ingest ends after DRAIN_S, so that no flood of publishes delays the loop's timers.
 
 Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
@@ -34,21 +34,21 @@ from pathlib import Path
 
 import zmq
 
+from gateway.discovery.announcer import Discovery, gateway_announcer, gateway_streams
+from gateway.discovery.registrar import node_registrar
 from gateway.errors import ConfigError, JournalTrimmed
 from gateway.journal import Durability, JournalReader, JournalWriter, Retention
 from gateway.journal.committed import CommittedMark, remove_mark
 from gateway.journal.layout import list_segments, seg_path
 from gateway.journal.syncer import Syncer
 from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
-from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
-from gateway.server.channels import plan
-from gateway.server.follower import ReplayFactory
-from gateway.server.group import GroupConfig, GroupNode, NodeHost
-from gateway.server.lane import Confirm, Held, Lane
-from gateway.server.metrics import GatewayMetrics, OutputSeries
-from gateway.server.producers import ProducerTable
-from gateway.server.registrar import node_registrar
-from gateway.server.replication import Replication, Solo
+from gateway.replication.follower import ReplayFactory
+from gateway.replication.group import GroupConfig, GroupNode, NodeHost
+from gateway.replication.strategy import Replication, Solo
+from gateway.sequencer.channels import plan
+from gateway.sequencer.lane import Confirm, Held, Lane
+from gateway.sequencer.metrics import GatewayMetrics, OutputSeries
+from gateway.sequencer.producers import ProducerTable
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.link import tcp_address
 from gateway.transport.norm import NormSender
@@ -80,7 +80,9 @@ class GatewayConfig:
     journal: Path
     ingest: str
     ingest_pub: str | None = None
-    multicast: list[str] = field(default_factory=list)  # ENDPOINT (every stream) or STREAM=ENDPOINT (server.channels)
+    multicast: list[str] = field(
+        default_factory=list
+    )  # ENDPOINT (every stream) or STREAM=ENDPOINT (sequencer.channels)
     replay_endpoint: str = ""
     tuning: Tuning = field(default_factory=Tuning)
     heartbeat_ms: int = 100
@@ -101,8 +103,8 @@ class GatewayConfig:
     metrics: str | None = None
     stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
     curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
-    discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (server.registrar); with node, HA
+    discovery: Discovery = field(default_factory=Discovery)  # announcements (discovery.announcer)
+    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (discovery.registrar); with node, HA
     node: str = ""  # with etcd: this gateway is this node of a replicated group (docs/ha.md); "": a single gateway
     min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
     ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set

@@ -2,7 +2,7 @@
 
 A lane's batches go three ways after the journal: multicast (once committed: at once for a single gateway, once
 the in-sync followers wrote them for a node of a group), confirms (once durable), and the followers' copies.
-Replication sees a lane through `ReplicaLane` (gateway.server.replication): its writer, and `append_replica`.
+Replication sees a lane through `ReplicaLane` (gateway.replication.strategy): its writer, and `append_replica`.
 
 Threading contract: used by the gateway's loop only.
 """
@@ -13,7 +13,7 @@ from collections import deque
 from typing import NamedTuple
 
 from gateway.journal import JournalWriter
-from gateway.server.producers import ProducerTable
+from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 
 

@@ -1,11 +1,11 @@
 """The in-sync set in etcd: taken over when a node starts to lead, kept to the followers that keep up.
 
-A leader's in-sync set (gateway.server.replicas) lives in etcd, written only by the leader and fenced by its
+A leader's in-sync set (gateway.replication.replicas) lives in etcd, written only by the leader and fenced by its
 epoch, so that exactly its members (and the leader) may be elected. This keeper writes it, and the node's
 status under `<group>/nodes/<node>` (role, epoch, heads; `zeps ha status`) every `REPORT_EVERY_S`.
 
 Threading contract: every method but the jobs runs on the gateway's loop and none waits on etcd. Every etcd
-request runs on the elector's thread (gateway.server.elector): the loop posts what etcd should say as a job
+request runs on the elector's thread (gateway.replication.elector): the loop posts what etcd should say as a job
 (`post`), the job carries copies of what it needs and touches nothing the loop uses, and its outcome comes
 back through the elector's outcomes, which the node hands to `written`. One write of the in-sync set is in
 flight at a time, so outcomes apply in the order the writes were made. Each job is one request, so that it
@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.errors import CoordinatorError
-from gateway.server.replicas import InSync, eligible, insync_record, parse_record
+from gateway.replication.replicas import InSync, eligible, insync_record, parse_record
 from gateway.transport.etcd import Etcd
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The socket loop (gateway.replay) owns the ROUTER socket; a Session owns everything else about one client:
 its granted extensions, its credit, its subscription and its outstanding FETCHes, each a _Feed holding a
-journal cursor and a sequence position, and a snapshot in progress (gateway.server.snapshots.SnapshotFeed).
+journal cursor and a sequence position, and a snapshot in progress (gateway.sidecar.snapshots.SnapshotFeed).
 Frames are produced lazily, one step (at most one journal batch) at a time, only while the client has
 credit, so a client that stops granting credit costs a cursor and a position, never a growing buffer: at most
 one step's frames wait in `out` for credit or for the socket.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
 from gateway.errors import JournalTrimmed
-from gateway.server.snapshots import Frozen, SnapshotFeed
+from gateway.sidecar.snapshots import Frozen, SnapshotFeed
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 

@@ -4,7 +4,7 @@ On following a new leader, a node first drops what its journal holds beyond the 
 leader journaled but never got committed): it compares batches of its own with the leader's, byte for byte,
 from its last one back, finds where they part (`last_agreed`: galloping, then halving) and cuts there once
 (`cut_to_leader`). Then it copies each stream after its head: from the leader's sidecar while behind, from its
-pushes once level (gateway.server.follower says when each), verbatim, acknowledging what it wrote at once and
+pushes once level (gateway.replication.follower says when each), verbatim, acknowledging what it wrote at once and
 what is durable once its group commit (on the journal's own timer, run by the syncer thread) covers it.
 
 Threading contract: used by the gateway's loop only. `cut_to_leader` waits on the leader's sidecar (bounded,
@@ -25,9 +25,9 @@ from gateway.errors import JournalError, ReplayError, ReplayRefused
 from gateway.journal import JournalReader
 from gateway.journal.committed import CommittedMark
 from gateway.journal.tools import cut_after
-from gateway.server.follower import Follower
-from gateway.server.peer_server import Unwatch, Watch
-from gateway.server.replication import ReplicaLane
+from gateway.replication.follower import Follower
+from gateway.replication.peer_server import Unwatch, Watch
+from gateway.replication.strategy import ReplicaLane
 from gateway.wire import batch as B
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again thi
 
 
 class Leader(Protocol):
-    """What a cut asks of the leader (gateway.server.follower.Follower)."""
+    """What a cut asks of the leader (gateway.replication.follower.Follower)."""
 
     def matches(self, stream: str, own: B.Batch) -> bool: ...
 
@@ -76,7 +76,7 @@ class ReplicaCopier:
 
     def copy(self, f: Follower, stream: str) -> None:
         """Journal what the leader sent for `stream`, verbatim, where it continues our journal: its sidecar's
-        tail while we are behind, its pushes once level (gateway.server.follower, which says when each); ack it
+        tail while we are behind, its pushes once level (gateway.replication.follower, which says when each); ack it
         as written at once, and as durable once a group commit covers it (on the journal's own timer, as the
         leader's, run by the syncer thread: the loop copies on meanwhile)."""
         lane = self._lanes[stream]
