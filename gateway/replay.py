@@ -48,6 +48,7 @@ from gateway.sidecar.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
 from gateway.wire import announce as A
+from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
 
@@ -371,10 +372,12 @@ class ReplayServer:
             case P.Detach() if session is not None:
                 self._end(session, "detach")
                 self._send_now(identity, P.encode(P.DetachOk()))
-            case P.Ping() if session is None:
-                self._send_now(identity, P.encode(P.PingOk()))
             case _ if session is None:
-                self._invalid(identity, f"{cmd.NAME} before ATTACH: send ATTACH with a stream name first", "state")
+                answer = H.detached(cmd)  # the one handshake (gateway.wire.handshake)
+                if isinstance(answer.reply, P.Invalid):
+                    self._invalid(identity, answer.reply.reason, "state")
+                else:
+                    self._send_now(identity, P.encode(answer.reply))
             case _:
                 try:
                     accepted = session.handle(cmd, now)
@@ -388,8 +391,8 @@ class ReplayServer:
                 self._answer(session)
 
     def _attach(self, identity: bytes, version: int, stream: str, now: float) -> None:
-        if version != P.VERSION:
-            self._invalid(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}", "attach")
+        if (refusal := H.attach_refusal(version)) is not None:
+            self._invalid(identity, refusal, "attach")
             return
         reader = self._reader(identity, stream)
         if reader is None:

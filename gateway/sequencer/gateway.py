@@ -58,6 +58,7 @@ from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
+from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
 from gateway.wire.streamkey import AUTH, StreamKey, message
@@ -146,8 +147,12 @@ class _Session:
     """A ZEPS publisher connection, known by its ROUTER identity."""
 
     stream: str
-    features: frozenset[str] = frozenset()
-    last_seen: float = 0.0
+    last_seen: float
+    handshake: H.Handshake = field(default_factory=lambda: H.Handshake(GRANTABLE.intersection))
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.handshake.features
 
 
 class _Out:
@@ -549,23 +554,18 @@ class Gateway:
                 self._reject(identity, refusal, kind="not-leader")
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
+            case _ if session is None:
+                self._answer(identity, H.detached(cmd))
+            case _ if (answer := session.handshake.on(cmd)) is not None:
+                self._answer(identity, answer)
             case P.Ping():
                 self.reply(identity, P.PingOk())
-            case P.Publish() | P.PublishBatch() if session is not None and self._refusing():
+            case P.Publish() | P.PublishBatch() if self._refusing():
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
-            case _ if session is None:
-                self._reject(
-                    identity,
-                    f"{cmd.NAME} before ATTACH: attach to a stream first (a session ends when the gateway restarts "
-                    "or closes the connection, e.g. for a frame over its size limit)",
-                )
             case P.Publish(key=key, body=body):
                 self._publish(identity, session, key.encode(), bytes(body))
             case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
                 self._publish_batch(identity, session, raw)
-            case P.Extend(features=wanted):
-                session.features = GRANTABLE.intersection(wanted)
-                self.reply(identity, P.ExtendOk(tuple(sorted(session.features))))
             case P.Detach():
                 del self.sessions[identity]
                 self.metrics.streams[session.stream].publishers.dec()
@@ -579,9 +579,16 @@ class Gateway:
             case _:
                 self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
 
+    def _answer(self, identity: bytes, answer: H.Answer) -> None:
+        """Send the handshake's answer (gateway.wire.handshake)."""
+        if isinstance(answer.reply, P.Invalid):
+            self._reject(identity, answer.reply.reason)
+        else:
+            self.reply(identity, answer.reply)
+
     def _attach(self, identity: bytes, version: int, stream: str) -> None:
-        if version != P.VERSION:
-            self._reject(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}")
+        if (refusal := H.attach_refusal(version)) is not None:
+            self._reject(identity, refusal)
             return
         if stream not in self.lanes:
             served = ", ".join(sorted(self.lanes))
