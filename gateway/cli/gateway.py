@@ -23,7 +23,7 @@ from gateway.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from gateway.sequencer.gateway import GatewayConfig
+    from gateway.sequencer.config import GatewayConfig
 
 _MAX_BATCH = 64 << 20  # gateway.wire.batch.MAX_BATCH (not imported: `zeps --help` stays light)
 
@@ -154,7 +154,7 @@ _PASSED_ON = (
 def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
-    from gateway.sequencer.gateway import GatewayConfig
+    from gateway.sequencer.config import GatewayConfig
     from gateway.wire.streamkey import StreamKey
 
     given = {k: v for k, v in vars(args).items() if v is not None}

@@ -16,6 +16,9 @@ and one drain of the ingest ends after DRAIN_S, so that no flood of publishes de
 Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
 `Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
 never the records behind it. The loop polls the syncer's pipe and confirms once a sync has finished.
+
+Size: over 600 lines, because the ingest's rules (`_on_command`, `_attach`, `_publish_batch`) still live beside
+the loop that executes them; they are the next to leave, for a sans-IO ingest core (issue #31).
 """
 
 from __future__ import annotations
@@ -27,32 +30,29 @@ import math
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import zmq
 
-from gateway.discovery.announcer import Discovery, gateway_announcer, gateway_streams
+from gateway.discovery.announcer import gateway_announcer, gateway_streams
 from gateway.discovery.registrar import node_registrar
-from gateway.errors import ConfigError, JournalTrimmed
-from gateway.journal import Durability, JournalReader, JournalWriter, Retention
+from gateway.errors import ConfigError
+from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
-from gateway.journal.layout import list_segments, seg_path
 from gateway.journal.syncer import Syncer
-from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
+from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
 from gateway.replication.group import GroupConfig, GroupNode, NodeHost
 from gateway.replication.strategy import Replication, Solo
 from gateway.sequencer.channels import plan
+from gateway.sequencer.config import GatewayConfig
 from gateway.sequencer.lane import Confirm, Held, Lane
-from gateway.sequencer.metrics import GatewayMetrics, OutputSeries
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.output import McastOutput
 from gateway.sequencer.producers import ProducerTable
-from gateway.transport.curve import CurveServerKeys, TcpGuard
-from gateway.transport.link import tcp_address
-from gateway.transport.norm import NormSender
-from gateway.transport.pgm import PgmSender
+from gateway.sequencer.recovery import recover
+from gateway.transport.curve import TcpGuard
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
@@ -61,85 +61,15 @@ from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
-from gateway.wire.streamkey import AUTH, StreamKey, message
+from gateway.wire.streamkey import AUTH, message
 
 log = logging.getLogger(__name__)
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
-FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
-
-
-@dataclass
-class GatewayConfig:
-    """Everything `zeps gateway` can be told; the CLI and the TOML config file fill the same fields."""
-
-    streams: list[str]
-    journal: Path
-    ingest: str
-    ingest_pub: str | None = None
-    multicast: list[str] = field(
-        default_factory=list
-    )  # ENDPOINT (every stream) or STREAM=ENDPOINT (sequencer.channels)
-    replay_endpoint: str = ""
-    tuning: Tuning = field(default_factory=Tuning)
-    heartbeat_ms: int = 100
-    linger_ms: int = 2
-    batch_records: int = 1024
-    batch_bytes: int = 60_000
-    max_message_bytes: int = 1024 * 1024
-    max_clients: int = 1024
-    client_timeout: float = 60.0  # at the client limit, sessions silent this long make room for new ones
-    journal_retry_ms: int = 1000  # while the journal's disk is full: refuse publishes this long between tries
-    producer_expiry_s: float = 3600.0  # a producer silent this long is forgotten (its next batch is taken as new)
-    max_producers: int = 100_000  # per stream; beyond it the least recently seen producer is forgotten
-    producer_scan_bytes: int = 1 << 30  # on start, producer state is rebuilt from at most this much journal tail
-    max_out_queue: int = 256
-    durability: Durability = field(default_factory=Durability)
-    retention: Retention = field(default_factory=Retention)
-    segment_bytes: int = 64 * 1024 * 1024
-    metrics: str | None = None
-    stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
-    curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
-    discovery: Discovery = field(default_factory=Discovery)  # announcements (discovery.announcer)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (discovery.registrar); with node, HA
-    node: str = ""  # with etcd: this gateway is this node of a replicated group (docs/ha.md); "": a single gateway
-    min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
-    ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
-    ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
-    peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
-
-    def __post_init__(self) -> None:
-        if not self.streams:
-            raise ConfigError("name at least one stream (--stream NAME)")
-        for name in self.streams:
-            P.validate_stream_name(name)
-        if self.node and not self.etcd:
-            raise ConfigError(f"node {self.node!r} of a replicated group needs --etcd URL: its coordinator")
-        if self.node and not self.replay_endpoint:
-            raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
-        if self.ingest_pub and len(self.streams) != 1:
-            raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
-        if self.peer_endpoint:
-            tcp_address(self.peer_endpoint)  # ConfigError naming it, before anything is bound
-        if (
-            min(self.max_message_bytes, self.max_clients, self.journal_retry_ms, self.max_producers) < 1
-            or min(self.client_timeout, self.producer_expiry_s) <= 0
-        ):
-            raise ConfigError(
-                "--max-message-bytes, --max-clients, --journal-retry-ms, --client-timeout, --producer-expiry-s and "
-                "--max-producers must be > 0"
-            )
-
-    @property
-    def max_frame_bytes(self) -> int:
-        """The ingest's ZMQ_MAXMSGSIZE: ZeroMQ closes a connection that sends a larger frame without reading it
-        (so no peer can make the gateway buffer unbounded frames). Smaller frames over the record limit are
-        read and answered with INVALID naming the limit."""
-        return self.max_message_bytes + FRAME_SLACK
 
 
 @dataclass
@@ -153,61 +83,6 @@ class _Session:
     @property
     def features(self) -> frozenset[str]:
         return self.handshake.features
-
-
-class _Out:
-    """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
-
-    Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
-    zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
-    (`run`). A datagram output queues each batch as parts that fit a datagram.
-    """
-
-    RETRY_S = 0.001  # how soon a full transport is tried again
-    PUMP_S = 0.005  # one pump ends after this long (checked every PUMP_CHECK sends): the loop's pass stays short
-    PUMP_CHECK = 64
-
-    def __init__(
-        self,
-        sock: zmq.Socket | NormSender | UdpSender | PgmSender,
-        endpoint: Endpoint,
-        heads: dict[str, int],
-        rooms: dict[str, int],
-        series: OutputSeries,
-        max_queue: int,
-    ) -> None:
-        self.sock = sock
-        self.max_queue = max_queue  # a queue this long stops the gateway reading publishers
-        self.endpoint = endpoint
-        self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
-        self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
-        self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
-        self.series = series  # its metrics
-        series.queued.set_function(self.queue.__len__)
-
-    def pump(self) -> float | None:
-        """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
-        at once, more is queued), None when idle."""
-        until, sent = time.monotonic() + self.PUMP_S, 0
-        while self.queue:
-            frames, last = self.queue[0]
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
-            except zmq.Again:
-                return self.RETRY_S
-            self.queue.popleft()
-            self.sent_head[frames[0].decode()] = last
-            sent += 1
-            if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
-                return 0.0
-        # NORM takes part of a message that does not fit and the rest only when asked again.
-        if isinstance(self.sock, NormSender) and not self.sock.drain():
-            return self.RETRY_S
-        return None
-
-    @property
-    def full(self) -> bool:
-        return len(self.queue) >= self.max_queue
 
 
 class Gateway:
@@ -246,12 +121,14 @@ class Gateway:
             self.guard.secure(self.xsub, f"ingest-pub {config.ingest_pub}")
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
-        self.outs: list[_Out] = []
+        self.outs: list[McastOutput] = []
         for channel in plan(config.multicast, config.streams):  # an output sends (and heartbeats) its streams only
             heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
             sock = open_pub(self.ctx, channel.endpoint, config.tuning)
             series = self.metrics.add_output(str(channel.endpoint), heads)
-            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue))
+            self.outs.append(
+                McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
+            )
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
         interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
@@ -346,41 +223,12 @@ class Gateway:
             self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
 
     def _recover_producers(self, lane: Lane) -> None:
-        """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
-        and of at most `producer_scan_bytes` (older producers are taken as new, as if expired)."""
+        """Rebuild the producer table from the journal's tail (gateway.sequencer.producers.recover)."""
         if lane.writer.last_seq == 0:
             return
-        started = time.monotonic()
-        reader = JournalReader(self.config.journal, lane.stream)
-        since = reader.seq_for_time(time.time_ns() - int(self.config.producer_expiry_s * 1e9))
-        segments, budget = list_segments(reader.directory), self.config.producer_scan_bytes
-        for first in reversed(segments):  # the oldest segment still within the byte budget, from the end
-            with contextlib.suppress(FileNotFoundError):
-                budget -= seg_path(reader.directory, first).stat().st_size
-            if budget < 0:
-                since = max(since, first)
-                break
-        if since > lane.writer.last_seq:
-            return
-        with reader.cursor(max(since, reader.first_seq)) as cursor:
-            while True:
-                try:
-                    batch = cursor.next_batch()
-                except JournalTrimmed:  # a gap (a cut tail, segments removed): the cursor goes on after it
-                    continue
-                if batch is None:
-                    break
-                lane.producers.journaled(batch)
-            scanned = cursor.bytes_read
-        lane.producers.expire(time.time_ns())
+        c = self.config
+        recover(lane.producers, JournalReader(c.journal, lane.stream), c.producer_expiry_s, c.producer_scan_bytes)
         self.metrics.streams[lane.stream].producers.set(len(lane.producers))
-        log.info(
-            "stream %s: %d producers recovered from %d bytes of journal tail in %.3f s",
-            lane.stream,
-            len(lane.producers),
-            scanned,
-            time.monotonic() - started,
-        )
 
     def _rooms(self, sock: McastSender) -> dict[str, int]:
         """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
