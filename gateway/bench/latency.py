@@ -19,9 +19,8 @@ import functools
 import time
 from array import array
 
-from gateway.bench import norm, pipeline
+from gateway.bench import BenchError, norm, pipeline
 from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, repeat, stop
-from gateway.errors import BenchError
 from gateway.tools.deployment import Deployment
 from netlab import MP
 from netlab.impair import Impairment, clear, impair

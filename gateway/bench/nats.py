@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.bench import BenchError
 from gateway.bench.runner import BODY, KEYS, stop_process
-from gateway.errors import BenchError
 from netlab import Lab
 
 STREAM_NAME = "BENCH"

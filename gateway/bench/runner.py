@@ -27,7 +27,7 @@ from pathlib import Path
 
 import zmq
 
-from gateway.errors import BenchError
+from gateway.bench import BenchError
 from gateway.wire import record_loops
 from netlab import HostProcess
 

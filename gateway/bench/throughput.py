@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from gateway.bench import pipeline
+from gateway.bench import BenchError, pipeline
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -38,7 +38,6 @@ from gateway.bench.runner import (
     repeat,
     stop,
 )
-from gateway.errors import BenchError
 from gateway.mcast import Endpoint, Tuning
 from gateway.tools.deployment import Deployment
 from netlab import MP, Lab

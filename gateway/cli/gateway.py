@@ -14,6 +14,7 @@ from gateway.cli.options import (
     byte_size,
     duration,
     host_port,
+    journal_root,
     mcast_channel,
     nonnegative,
     positive,
@@ -40,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
     p.add_argument("--stream", action="append", type=stream_name, help="stream to serve (repeatable)")
-    p.add_argument("--journal", type=Path, help="journal root directory")
+    p.add_argument("--journal", type=journal_root, help="journal root directory")
     p.add_argument("--ingest", type=tcp_endpoint, help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", type=tcp_endpoint, help="XSUB endpoint for plain ZeroMQ PUB publishers")
     p.add_argument(

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import SCENARIOS, failover, report, scenario
+from gateway.bench import SCENARIOS, BenchError, failover, report, scenario
 from gateway.bench.runner import Result, Settings, machine
 from gateway.cli.main import main
-from gateway.errors import BenchError
 from gateway.tools.hagroup import NODE_OPTIONS
 from netlab import state
 
