@@ -47,7 +47,7 @@ from gateway.replication.group import GroupConfig, GroupNode, NodeHost
 from gateway.replication.strategy import Replication, Solo
 from gateway.sequencer.channels import plan
 from gateway.sequencer.config import GatewayConfig
-from gateway.sequencer.lane import Confirm, Held, Lane
+from gateway.sequencer.lane import Confirm, Journaled, Lane
 from gateway.sequencer.metrics import GatewayMetrics
 from gateway.sequencer.output import McastOutput
 from gateway.sequencer.producers import ProducerTable
@@ -250,7 +250,7 @@ class Gateway:
                 waiting = self._publishers_wait()
                 poller.register(self.router, 0 if waiting else zmq.POLLIN)
                 if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
-                    poller.register(self.xsub, 0 if waiting or self._held_full() else zmq.POLLIN)
+                    poller.register(self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
                 events = dict(poller.poll(math.ceil(wait * 1000)))
                 if self.syncer.fileno() in events:
                     self.syncer.drain()
@@ -315,20 +315,20 @@ class Gateway:
     def _publishers_wait(self) -> bool:
         """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
         them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
-        return self._outs_full() or (self.replication.quorate and self._held_full())
+        return self._outs_full() or (self.replication.quorate and self._uncommitted_full())
 
     def _outs_full(self) -> bool:
         return any(out.full for out in self.outs)
 
-    def _held_full(self) -> bool:
+    def _uncommitted_full(self) -> bool:
         """A leader holds `max_out_queue` batches of a stream not multicast yet: its in-sync followers have not
         copied them, or multicast has not taken them."""
-        return any(len(lane.held) >= self.config.max_out_queue for lane in self.lanes.values())
+        return any(len(lane.uncommitted) >= self.config.max_out_queue for lane in self.lanes.values())
 
     def _refusing(self) -> bool:
-        """A leader with its held batches full and too few in-sync followers to commit (below --min-insync):
+        """A leader with its uncommitted batches full and too few in-sync followers to commit (below --min-insync):
         waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
-        return not self.replication.quorate and self._held_full()
+        return not self.replication.quorate and self._uncommitted_full()
 
     @property
     def _uncommitted_reason(self) -> str:
@@ -339,12 +339,12 @@ class Gateway:
 
     def _release(self) -> None:
         """Multicast what is committed now (a node that leads: what its in-sync followers hold), as far as
-        multicast takes it (the rest stays held, so that one pass of the loop queues a bounded amount, and
+        multicast takes it (the rest waits, so that one pass of the loop queues a bounded amount, and
         publishers wait once it is full)."""
         for lane in self.lanes.values():
             committed = self.replication.committed(lane)
-            while lane.held and lane.held[0].last <= committed and not self._outs_full():
-                self._fan_out(lane, lane.held.popleft())
+            while lane.uncommitted and lane.uncommitted[0].last <= committed and not self._outs_full():
+                self._fan_out(lane, lane.uncommitted.popleft())
 
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
@@ -548,12 +548,12 @@ class Gateway:
         series.journaled.inc(batch.count)
         series.journaled_bytes.inc(len(sealed))
         series.batch_records.observe(batch.count)
-        held = Held(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
+        journaled = Journaled(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
         self.replication.journaled(lane.stream, sealed)
-        if lane.held or self.replication.committed(lane) < held.last:
-            lane.held.append(held)  # a node's waits for its followers; `_release` lets it out, bounded per pass
+        if lane.uncommitted or self.replication.committed(lane) < journaled.last:
+            lane.uncommitted.append(journaled)  # a node's waits for its followers (`_release`)
         else:
-            self._fan_out(lane, held)  # committed once journaled (a single gateway's): out at once
+            self._fan_out(lane, journaled)  # committed once journaled (a single gateway's): out at once
         return sealed
 
     def _writable(self, lane: Lane, count: int) -> bool:
@@ -596,9 +596,9 @@ class Gateway:
             first += owed.records
         lane.unsequenced.clear()
 
-    def _fan_out(self, lane: Lane, held: Held) -> None:
+    def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
         """Queue a committed batch on every multicast output (cut to size for datagram ones)."""
-        batch, sealed, last, ts = held
+        batch, sealed, last, ts = journaled
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size

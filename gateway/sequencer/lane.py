@@ -38,9 +38,9 @@ class Confirm(NamedTuple):
         return self.first + self.records - 1
 
 
-class Held(NamedTuple):
-    """A batch journaled but not committed, so not multicast yet: as parsed, as sealed, its last sequence and
-    journal time."""
+class Journaled(NamedTuple):
+    """A batch just journaled (uncommitted until the gateway's replication says, then multicast): as parsed, as
+    sealed, its last sequence and journal time."""
 
     batch: B.Batch
     sealed: bytes
@@ -64,7 +64,7 @@ class Lane:
         self.full_since: float | None = None
         self.retry_at = 0.0
         self.full_reason = ""
-        self.held: deque[Held] = deque()  # journaled, not committed yet (a node of a group), in sequence order
+        self.uncommitted: deque[Journaled] = deque()  # not committed yet (a node of a group), in order
 
     @property
     def head(self) -> int:
@@ -85,8 +85,8 @@ class Lane:
             owed.append(Owed(identity, n, confirm))
 
     def forget(self) -> None:
-        """A node that stopped leading: nothing pending, owed, confirmed or held any more."""
+        """A node that stopped leading: nothing pending, owed, confirmed or uncommitted any more."""
         self.pending, self.pending_bytes = [], 0
         self.unsequenced.clear()
         self.confirms.clear()
-        self.held.clear()
+        self.uncommitted.clear()
