@@ -26,6 +26,7 @@ from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber
 from gateway.errors import (
     AuthError,
     BadRecord,
+    BadRecordType,
     BatchError,
     BufferFull,
     ConfigError,
@@ -59,6 +60,7 @@ __all__ = [
     "AsyncSubscriber",
     "AuthError",
     "BadRecord",
+    "BadRecordType",
     "BatchError",
     "BufferFull",
     "Checkpoint",

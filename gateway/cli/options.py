@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
+from gateway.client.endpoints import transport_missing
+
 Check = Callable[[argparse.Namespace], str | None]  # a rule over several options: the error, or None
 
 # --- types -------------------------------------------------------------------------------------------------
@@ -137,8 +139,8 @@ def host_port(text: str) -> str:
 
 def tcp_endpoint(text: str) -> str:
     """A ZeroMQ TCP endpoint, tcp://HOST:PORT (port * or 0 where a server binds to any free port)."""
-    if "://" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r} has no transport: write tcp://{text}")
+    if why := transport_missing(text):
+        raise argparse.ArgumentTypeError(why)
     scheme, _, rest = text.partition("://")
     if scheme != "tcp":
         raise argparse.ArgumentTypeError(f"{text!r}: only tcp:// is served here (e.g. tcp://127.0.0.1:5570)")

@@ -35,6 +35,9 @@ class Endpoints:
         listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if any(not isinstance(e, str) or not e for e in listed):
             raise ConfigError(f"endpoints {endpoints!r} must be non-empty strings, e.g. tcp://10.0.0.1:5570")
+        for endpoint in listed:
+            if why := transport_missing(endpoint):
+                raise ConfigError(why)
         self.all = list(dict.fromkeys(listed))  # listed order, each once
         self.at = 0
         self.backoff = Backoff(first, cap)
@@ -95,6 +98,12 @@ class Endpoints:
     def refused_text(self) -> str:
         """Every refusal, one clause per endpoint (named, unless the refusal does)."""
         return "; ".join(why if e in why else f"{e}: {why}" for e, why in self.refusals.items())
+
+
+def transport_missing(endpoint: str) -> str | None:
+    """What is wrong with an endpoint written without its transport (HOST:PORT), in the words the command line
+    uses too; None if it has one."""
+    return None if "://" in endpoint else f"{endpoint!r} has no transport: write tcp://{endpoint}"
 
 
 def _names(text: str, endpoint: str) -> bool:
