@@ -194,8 +194,8 @@ class Publisher:
     def publish_many(self, keys: Sequence[str], bodies: Sequence[bytes], *, timeout: float | None = None) -> None:
         """Queue len(keys) records, keys[i] with bodies[i], all or none, without Python work per record when the
         keys are str and the bodies bytes (checked, encoded and queued by loops in C); otherwise each is checked
-        as publish() would. Raises as publish() does (naming the first bad record), and BadRecord if they
-        together exceed `buffer_bytes`."""
+        as publish() would. Raises as publish() does (naming the first bad record), and BufferFull at once if
+        they together exceed `buffer_bytes`."""
         kbs, data, payload = self._acc.records(keys, bodies)
         if not kbs:
             return
