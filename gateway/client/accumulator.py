@@ -75,37 +75,32 @@ class Accumulator:
     def over_budget(self, nbytes: int) -> bool:
         return self.queued_bytes + nbytes - self.released_bytes > self.buffer_bytes
 
-    def add(self, kb: bytes, data: bytes, ttl_ms: int) -> bool:
-        """Queue one checked record; whether the IO thread must be woken for it."""
+    def add(self, kb: bytes, data: bytes, ttl_ms: int) -> bool | None:
+        """Queue one checked record: whether the IO thread must be woken for it; None (nothing queued) if the
+        budget has no room for it."""
+        queued = self.queued_bytes + len(kb) + len(data)
+        if queued - self.released_bytes > self.buffer_bytes:
+            return None
         queue = self.queue
         queue.append((time.time_ns(), kb, data, ttl_ms))
-        return self._queued(len(kb) + len(data), len(queue) == 1)
-
-    def extend(self, keys: list[bytes], bodies: Sequence[bytes], payload: int) -> bool:
-        """Queue checked records, all stamped now; whether the IO thread must be woken."""
-        queue = self.queue
-        was_empty = not queue
-        queue.extend(zip(repeat(time.time_ns()), keys, bodies, repeat(0)))  # one loop in C, no Python per record
-        return self._queued(payload, was_empty)
-
-    def _queued(self, nbytes: int, was_empty: bool) -> bool:
-        self.queued_bytes += nbytes
-        if was_empty or self.queued_bytes >= self._wake_at:  # the IO thread may be idle, or a batch's worth more
-            self._wake_at = self.queued_bytes + self.batch_bytes
+        self.queued_bytes = queued
+        if queued >= self._wake_at or len(queue) == 1:  # a batch's worth more, or the IO thread may be idle
+            self._wake_at = queued + self.batch_bytes
             return True
         return False
 
+    def extend(self, keys: list[bytes], bodies: Sequence[bytes], payload: int) -> bool:
+        """Queue checked records (the budget checked by the caller), all stamped now; whether the IO thread
+        must be woken."""
+        queue = self.queue
+        queue.extend(zip(repeat(time.time_ns()), keys, bodies, repeat(0)))  # one loop in C, no Python per record
+        self.queued_bytes += payload
+        self._wake_at = self.queued_bytes + self.batch_bytes
+        return True
+
     def record(self, key: str, body: Body, ttl: float | None) -> tuple[bytes, bytes, int]:
-        """The record as the batch format takes it, or BadRecord naming the value and the fix."""
-        if (
-            type(key) is str
-            and type(body) is bytes
-            and ttl is None
-            and key.isascii()
-            and len(key) <= B.MAX_KEY
-            and len(key) + len(body) <= self.max_message_bytes
-        ):
-            return key.encode(), body, 0  # the common case, checked at the cost of one expression
+        """The record as the batch format takes it, or BadRecord naming the value and the fix. (publish() checks
+        the common case, a short ASCII str key and a bytes body, inline.)"""
         if not isinstance(key, str):
             raise BadRecordType(f"key {key!r} is a {type(key).__name__}: pass a str (it is sent as UTF-8)")
         kb = key.encode(errors="strict") if key.isascii() else _utf8(key)

@@ -186,9 +186,25 @@ class Publisher:
         An empty body deletes the key from snapshots; `ttl` (seconds) drops the record from snapshots once it
         is that old (docs/snapshots.md).
         """
-        kb, data, ttl_ms = self._acc.record(key, body, ttl)
-        self._admit(len(kb) + len(data), timeout)
-        if self._acc.add(kb, data, ttl_ms):
+        acc = self._acc
+        if (
+            type(key) is str
+            and type(body) is bytes
+            and ttl is None
+            and key.isascii()
+            and len(key) <= B.MAX_KEY
+            and len(key) + len(body) <= acc.max_message_bytes
+        ):
+            kb, data, ttl_ms = key.encode(), body, 0  # the common case, checked at the cost of one expression
+        else:
+            kb, data, ttl_ms = acc.record(key, body, ttl)
+        if self._session.error is not None or self._io.closed_error is not None:
+            raise self._io.error  # type: ignore[misc]
+        wake = acc.add(kb, data, ttl_ms)
+        if wake is None:  # the buffer is full: wait for room, then it fits (one application thread adds)
+            self._wait_for_room(len(kb) + len(data), self.timeout if timeout is None else timeout)
+            wake = acc.add(kb, data, ttl_ms)
+        if wake and self._io.idle:
             self._io.wake()
 
     def publish_many(self, keys: Sequence[str], bodies: Sequence[bytes], *, timeout: float | None = None) -> None:
@@ -204,16 +220,13 @@ class Publisher:
                 f"publish_many of {payload} bytes can never fit the buffer of {self._acc.buffer_bytes} bytes: "
                 "split the call, or raise buffer_bytes"
             )
-        self._admit(payload, timeout)
-        if self._acc.extend(kbs, data, payload):
-            self._io.wake()
-
-    def _admit(self, nbytes: int, timeout: float | None) -> None:
-        """Raise if the Publisher has failed or is closed; wait (up to `timeout`) until `nbytes` fit the buffer."""
         if (error := self._io.error) is not None:
             raise error
-        if self._acc.over_budget(nbytes):
-            self._wait_for_room(nbytes, self.timeout if timeout is None else timeout)
+        if self._acc.over_budget(payload):
+            self._wait_for_room(payload, self.timeout if timeout is None else timeout)
+        self._acc.extend(kbs, data, payload)
+        if self._io.idle:
+            self._io.wake()
 
     def _wait_for_room(self, nbytes: int, timeout: float) -> None:
         """Wait up to `timeout` until the buffer has room for `nbytes` more (BufferFull, nothing queued, if not)."""

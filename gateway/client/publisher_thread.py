@@ -1,7 +1,11 @@
 """The Publisher's IO thread: it moves bytes between the accumulator, the ingest session and one ZeroMQ socket.
 
-It decides nothing. Each turn it feeds the session what happened (a command received, a drop its socket monitor
-saw, a refusal the CURVE handshake monitor explains, the directory's new listing, or only time) and executes the
+It decides nothing. Smart batching falls out of its loop: each turn it takes everything queued, sends it, and
+waits in poll (zero seconds when more is queued), which hands the GIL to the application; what the application
+queued meanwhile is the next turn's batch. The application wakes it (an eventfd) only when it is about to wait
+(`idle`): a thread that is busy looks at the queue before it waits again. Each turn it feeds the session what
+happened (a command received, a drop its socket monitor saw, a refusal the CURVE handshake monitor explains, the
+directory's new listing, or only time) and executes the
 actions that come back (connect, send, disconnect, release budget); while the session is READY it hands it what
 the accumulator has due. It never re-enters the session while executing its actions, and never blocks past the
 session's or the accumulator's next deadline.
@@ -52,7 +56,6 @@ log = logging.getLogger(__name__)
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
 IDLE_S = 1.0  # the longest poll when nothing is due
-ROUNDS = 4  # takes in a row before the socket is looked at again (confirms, drops)
 _ids = itertools.count()  # monitor addresses
 
 
@@ -83,6 +86,7 @@ class PublisherThread:
         self._monitor: zmq.Socket | None = None
         self._handshake: Handshake | None = None
         self._several = False
+        self.idle = False  # about to wait in poll: only then does a record queued need a wake-up
         self._unusable: Rejected | None = None  # a connect that failed, for the session once its actions have run
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name=f"zeps-publisher-{session.stream}", daemon=True)
@@ -99,9 +103,9 @@ class PublisherThread:
         return self._thread.is_alive()
 
     def wake(self) -> None:
-        with self.cond:  # the thread closes the descriptor when it ends: never write to a number reused by then
-            if self._wake_fd >= 0:
-                os.eventfd_write(self._wake_fd, 1)
+        """No lock: the descriptor is closed only by stop() (the application's thread), once the thread ended."""
+        if self._wake_fd >= 0:
+            os.eventfd_write(self._wake_fd, 1)
 
     def stop(self, *, detach: bool, join_s: float | None) -> None:
         """Ask the thread to stop (after DETACH once everything is delivered, if `detach`); wait up to `join_s`
@@ -114,6 +118,9 @@ class PublisherThread:
         self.wake()
         if join_s is not None:
             self._thread.join(join_s)
+            if not self._thread.is_alive() and self._wake_fd >= 0:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
 
     # --- the thread ---------------------------------------------------------------------------------
 
@@ -137,7 +144,11 @@ class PublisherThread:
                         if new is not None:
                             poller.register(new, zmq.POLLIN)
                     watched = (sock, monitor)
+                self.idle = True  # then look at the queue once more: a record queued since needs no wake-up
+                if self.session.state is State.READY and (due := self.acc.due(time.monotonic())) is not None:
+                    wait = min(wait, due)
                 events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
+                self.idle = False
                 if self._wake_fd in events:
                     os.eventfd_read(self._wake_fd)
                 if directory is not None and directory in events:
@@ -159,8 +170,6 @@ class PublisherThread:
             if self._directory is not None and self._own_directory:
                 self._directory.close()
             with self.cond:
-                os.close(self._wake_fd)
-                self._wake_fd = -1
                 self.cond.notify_all()
 
     def _finished(self) -> bool:
@@ -183,19 +192,17 @@ class PublisherThread:
                 self._feed(Dropped("nothing listens there"))
         if self._directory is not None and self.session.state is State.DOWN:
             self._feed(self._listing())  # entries expire without a word: attach where it lists now
-        self._feed(Tick())
-        for _ in range(ROUNDS):
-            with self.cond:
-                hurry = self.flush_wanted or self.stopping is not None
-            batches = self.acc.take(now, hurry) if self.session.state is State.READY else []
-            if not batches:
-                break
-            for records, payload, ttl in batches:
-                self._feed(Publish(records, payload, ttl))
-            now = time.monotonic()  # smart batching: what came while these were sent goes next, at once
+        due = self.session.wait(now)
+        if due is not None and due <= 0:
+            self._feed(Tick())
+        if self.session.state is State.READY:
+            hurry = self.flush_wanted or self.stopping is not None  # flags: a stale read costs one turn at most
+            for records, payload, ttl in self.acc.take(now, hurry):
+                self._feed(Publish(records, payload, ttl), notify=False)
         with self.cond:
             if not self.acc.queue:
                 self.flush_wanted = False
+            self.cond.notify_all()
         waits = [w for w in (self.session.wait(now), self._accumulated(now), IDLE_S) if w is not None]
         if self.session.state is State.OPENING and self._handshake is not None:
             waits.append(Handshake.SLICE_S)  # its monitor explains a silent gateway
@@ -204,13 +211,14 @@ class PublisherThread:
     def _accumulated(self, now: float) -> float | None:
         return self.acc.due(now) if self.session.state is State.READY else None
 
-    def _feed(self, event: Event) -> None:
+    def _feed(self, event: Event, *, notify: bool = True) -> None:
         self._do(self.session.handle(event, time.monotonic()))
         while self._unusable is not None:  # fed after the actions ran, never from inside them
             event, self._unusable = self._unusable, None
             self._do(self.session.handle(event, time.monotonic()))
-        with self.cond:
-            self.cond.notify_all()
+        if notify:
+            with self.cond:
+                self.cond.notify_all()
 
     def _do(self, actions: list) -> None:
         for action in actions:
