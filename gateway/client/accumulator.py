@@ -114,7 +114,12 @@ class Accumulator:
             raise BadRecordType(
                 f"body {body!r:.40} is a {type(body).__name__}: pass bytes (e.g. text.encode()); nothing was queued"
             )
-        self._check_size(len(kb) + len(data))
+        if len(kb) + len(data) > self.max_message_bytes:
+            raise BadRecord(
+                f"key and body of {len(kb) + len(data)} bytes are over the gateway's limit of "
+                f"{self.max_message_bytes} (max_message_bytes, the gateway's --max-message-bytes): split the body, "
+                "or raise both"
+            )
         return kb, data, _ttl_ms(ttl)
 
     def records(self, keys: Sequence[str], bodies: Sequence[bytes]) -> tuple[list[bytes], Sequence[bytes], int]:
@@ -143,13 +148,6 @@ class Accumulator:
             data.append(value)
             payload += len(kb) + len(value)
         return kbs, data, payload
-
-    def _check_size(self, nbytes: int) -> None:
-        if nbytes > self.max_message_bytes:
-            raise BadRecord(
-                f"key and body of {nbytes} bytes are over the gateway's limit of {self.max_message_bytes} "
-                "(max_message_bytes, the gateway's --max-message-bytes): split the body, or raise both"
-            )
 
     # --- the IO thread's side -----------------------------------------------------------------------
 

@@ -98,10 +98,6 @@ class PublisherThread:
     def error(self) -> PublishError | None:
         return self.session.error or self.closed_error
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def wake(self) -> None:
         """No lock: the descriptor is closed only by stop() (the application's thread), once the thread ended."""
         if self._wake_fd >= 0:
