@@ -11,8 +11,8 @@ Checks (`record`, `records`): a record is checked before it is queued, so a bad 
 wrong type, ValueError for a wrong value, both `BadRecord`) and never harms what is queued.
 
 Threading contract: the application thread alone calls `add`, `extend` and `over_budget` (and only it appends to
-the queue, whose appends and pops are atomic: no lock per record); the IO thread alone calls `take`, `due` and
-`release`, under `cond` where it writes what the application reads (`taken`, `released_bytes`).
+the queue, whose appends and pops are atomic: no lock per record); the IO thread alone calls `take`, `put_back`,
+`due` and `release`, under `cond` where it writes what the application reads (`taken`, `released_bytes`).
 """
 
 from __future__ import annotations
@@ -168,6 +168,16 @@ class Accumulator:
                 self._due = None
                 batches.append((records, payload, ttl))
         return batches
+
+    def put_back(self, batches: list[Taken]) -> None:
+        """Return batches taken but not handed over (the session left READY while they waited) to the front of
+        the queue, in their order: they leave first after the next attach."""
+        with self.cond:
+            for records, payload, _ in reversed(batches):
+                self.queue.extendleft(reversed(records))
+                self.taken -= len(records)
+                self.taken_bytes -= payload
+            self._due = None
 
     def due(self, now: float) -> float | None:
         """Seconds until take() has something to give (None: the queue is empty)."""

@@ -193,7 +193,11 @@ class PublisherThread:
             self._feed(Tick())
         if self.session.state is State.READY:
             hurry = self.flush_wanted or self.stopping is not None  # flags: a stale read costs one turn at most
-            for records, payload, ttl in self.acc.take(now, hurry):
+            batches = self.acc.take(now, hurry)
+            for i, (records, payload, ttl) in enumerate(batches):
+                if self.session.state is not State.READY:  # a batch's timers found the gateway stalled, say
+                    self.acc.put_back(batches[i:])
+                    break
                 self._feed(Publish(records, payload, ttl), notify=False)
         with self.cond:
             if not self.acc.queue:

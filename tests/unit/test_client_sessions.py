@@ -210,6 +210,16 @@ def test_smart_batching_a_lone_record_leaves_at_once_a_backlog_in_full_batches()
     assert [len(records) for records, _, _ in acc.take(0.0, hurry=False)] == [4, 4, 2]  # capped, never waiting
 
 
+def test_batches_put_back_leave_first_in_their_order() -> None:
+    acc = accumulator()
+    for i in range(10):
+        acc.add(b"k", b"%d" % i, 0)
+    batches = acc.take(0.0, hurry=False)
+    acc.put_back(batches[1:])  # the session left READY after the first one
+    acc.add(b"k", b"10", 0)
+    assert acc.taken == 4 and [r[2] for r in acc.queue] == [b"%d" % i for i in range(4, 11)]
+
+
 def test_linger_is_an_upper_bound_for_a_partial_batch() -> None:
     acc = accumulator(linger_s=0.05)
     acc.add(b"k", b"v", 0)
