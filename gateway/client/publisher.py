@@ -30,6 +30,7 @@ least once); without "confirm" it cannot know what arrived and re-sends nothing 
 from __future__ import annotations
 
 import atexit
+import os
 import secrets
 import sys
 import threading
@@ -52,6 +53,7 @@ from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
 
 _open: set[PublisherThread] = set()  # IO threads of Publishers not closed: flushed at exit
+os.register_at_fork(after_in_child=_open.clear)  # a forked child has none of its parent's IO threads
 
 
 class Publisher:
