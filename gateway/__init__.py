@@ -27,6 +27,7 @@ from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber
 from gateway.errors import (
     AuthError,
     BadRecord,
+    BadRecordType,
     BatchError,
     BufferFull,
     Closed,
@@ -61,6 +62,7 @@ __all__ = [
     "AsyncSubscriber",
     "AuthError",
     "BadRecord",
+    "BadRecordType",
     "BatchError",
     "BufferFull",
     "Checkpoint",
