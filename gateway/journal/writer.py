@@ -641,7 +641,7 @@ class JournalWriter:
             keep = self._trusted(entries, keep - 1, size)
         if fault:
             self._cut_tail(path, offset, search_from, fault, expected - 1)
-        if keep < len(entries) or fresh:
+        if keep < len(entries) or fresh or os.fstat(self._idx_fd).st_size != keep * INDEX_ENTRY.size:  # torn entry
             os.ftruncate(self._idx_fd, keep * INDEX_ENTRY.size)
             os.write(self._idx_fd, fresh)
             log.info("journal %s: index of %s brought in line with the segment", self.stream, path.name)
@@ -649,9 +649,15 @@ class JournalWriter:
         return expected, last_ts
 
     def _trusted(self, entries: list[tuple[int, int, int]], below: int, size: int) -> int:
-        """How many index entries to keep: up to the last of the first `below` that points at a matching batch
-        header inside the segment (0: none does, scan from the start)."""
-        return next((i + 1 for i in reversed(range(below)) if self._trust(entries[i], size)), 0)
+        """How many index entries to keep: the longest run of the first `below` that starts at byte 0 and rises,
+        each pointing at a matching batch header inside the segment (0: scan from the start). A power loss can
+        zero an earlier entry of the unsynced index and keep later ones: those must not be kept behind it."""
+        prev = -1
+        for i, entry in enumerate(entries[:below]):
+            if entry[2] <= prev or (i == 0 and entry[2] != 0) or not self._trust(entry, size):
+                return i
+            prev = entry[2]
+        return below
 
     def _trust(self, entry: tuple[int, int, int], size: int) -> bool:
         return entry[2] < size and index_entry_ok(self._fd, entry)

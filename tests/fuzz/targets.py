@@ -189,7 +189,7 @@ def apdu(data: bytes) -> None:
             assert py.junk == c.junk
     frames = list(pieces(data))
     if frames:
-        mss = 3 + data[0]
+        mss = 32 + 8 * data[0]  # 32..2072: tiny APDUs would spend the run on one message's thousands of pieces
         for r in (Reassembler(), _pgm_loop.Reassembler()):
             out: list[list[bytes]] = []
             for a in packetise(frames, mss):

@@ -11,7 +11,9 @@ them, one of three ways:
 
 - "drop": every unsynced byte gone (LazyFS's clear-cache);
 - "torn": part of the unsynced tail kept, cut at a random byte (a write torn by the loss);
-- "zeros": the file keeps its length, the unsynced bytes read as zeros (its size reached the disk, its data not).
+- "zeros": the file keeps its length, the unsynced bytes read as zeros (its size reached the disk, its data not);
+- "reorder": the first unsynced write of each file lost (zeros), the later ones kept: the disk wrote back a
+  later page and lost an earlier one (LazyFS's torn-seq).
 
 The model covers data, which is what fsync modes promise: a file's name and its existence are taken to survive
 (the journal fsyncs its directory when it adds a segment). The log is complete up to the kill, for what
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-Loss = Literal["drop", "torn", "zeros"]
+Loss = Literal["drop", "torn", "zeros", "reorder"]
 TRACED = "openat,write,ftruncate,fsync,fdatasync,rename,renameat,renameat2,unlink,unlinkat"
 # pid syscall(fd</path>, ...) = result; or the resumed half of a syscall another thread interrupted in the log.
 _LINE = re.compile(r"^\d+ +(?:<\.\.\. )?(\w+)(?: resumed>)?\(?(.*?)\) += (-?\d+)")
@@ -53,6 +55,7 @@ def kill_traced(strace_pid: int) -> None:
 class File:
     size: int = 0  # as the process left it
     synced: int = 0  # how much of it the last sync covered
+    first_unsynced: int = 0  # bytes of the first write after the last sync
 
 
 @dataclass
@@ -91,7 +94,10 @@ class Ledger:
             elif created:
                 self._file(created.group(1))
         elif name == "write" and path:
-            self._file(path).size += result
+            f = self._file(path)
+            if f.size == f.synced:
+                f.first_unsynced = result
+            f.size += result
         elif name == "ftruncate" and path:
             f = self._file(path)
             f.size = int(args.rsplit(",", 1)[1])
@@ -129,10 +135,12 @@ class Ledger:
             synced = self.files[str(original)].synced
             path = original if at is None else at / original.relative_to(self.root)
             size = path.stat().st_size
-            if how == "zeros":
+            if how in ("zeros", "reorder"):
+                lose = size - synced if how == "zeros" else min(n, self.files[str(original)].first_unsynced)
                 with open(path, "r+b") as f:
                     f.seek(synced)
-                    f.write(bytes(size - synced))
+                    f.write(bytes(lose))
+                n = lose
             else:
                 keep = synced + (rng.randrange(size - synced) if how == "torn" else 0)
                 os.truncate(path, keep)

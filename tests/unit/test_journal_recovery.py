@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.journal import Durability, JournalReader, JournalWriter
-from gateway.journal.layout import HEAD_NAME, idx_path, read_index, seg_path
+from gateway.journal import Durability, JournalReader, JournalWriter, verify_root
+from gateway.journal.layout import HEAD_NAME, INDEX_ENTRY, idx_path, read_index, seg_path
 from gateway.wire.batch import Batch, encode
 
 S = "s"
@@ -53,3 +53,38 @@ def test_a_torn_last_batch_alone_keeps_everything_before_it(tmp_path: Path) -> N
         assert w.last_seq == 4
         assert w.recovery is not None and w.recovery.offset == offsets[2]
     assert read(tmp_path) == [(1, 1), (2, 4)]
+
+
+def test_a_torn_index_entry_is_cut_so_later_entries_stay_aligned(tmp_path: Path) -> None:
+    """The active segment's index is synced only when the segment is sealed: a power loss can leave part of its
+    last entry, which recovery kept, and every entry appended after it was misaligned (tests/process/
+    test_power_loss.py, "torn")."""
+    write(tmp_path, (1, 3, 2))
+    idx, seg = idx_path(tmp_path / S, 1), seg_path(tmp_path / S, 1)
+    idx.write_bytes(idx.read_bytes()[:-5])  # the last batch's entry torn
+    seg.write_bytes(seg.read_bytes()[:-5])  # and the batch too
+    with JournalWriter.open(tmp_path, S, durability=Durability("never"), index_interval=1) as w:
+        assert w.last_seq == 4
+        w.append(Batch.parse(encode(0, [(0, b"k", b"v")])))
+    assert verify_root(tmp_path).clean
+    assert [seq for seq, _, _ in read_index(idx)] == [1, 2, 5]
+
+
+def test_a_zeroed_early_index_entry_is_not_kept_behind_good_ones(tmp_path: Path) -> None:
+    """A power loss that wrote back later index entries and lost an earlier one: recovery kept the zeroed entry
+    because the last one checked out (tests/process/test_power_loss.py, "reorder")."""
+    write(tmp_path, (1, 3, 2))
+    idx = idx_path(tmp_path / S, 1)
+    idx.write_bytes(bytes(24) + idx.read_bytes()[24:])
+    JournalWriter.open(tmp_path, S, durability=Durability("never"), index_interval=1).close()
+    assert verify_root(tmp_path).clean
+    assert [seq for seq, _, _ in read_index(idx)] == [1, 2, 5]
+
+
+def test_an_index_entry_at_the_largest_offset_is_ignored(tmp_path: Path) -> None:
+    """An entry whose offset plus a header passes off_t made pread fail with EINVAL: an OSError out of a reader
+    (found by tests/fuzz/targets.py `journal`)."""
+    write(tmp_path, (1, 3, 2))
+    idx = idx_path(tmp_path / S, 1)
+    idx.write_bytes(INDEX_ENTRY.pack(1, 0, 2**63 - 1) + idx.read_bytes()[INDEX_ENTRY.size :])
+    assert read(tmp_path) == [(1, 1), (2, 4), (5, 6)]
