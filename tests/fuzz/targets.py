@@ -223,17 +223,7 @@ def peer_link(data: bytes) -> None:
 
 # --- the disk --------------------------------------------------------------------------------------------
 
-_ROOT: Path | None = None
-
-
-def _fresh_root() -> Path:
-    """An empty journal root on tmpfs when there is one (a run writes files at every input)."""
-    global _ROOT
-    if _ROOT is None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        _ROOT = Path(tempfile.mkdtemp(prefix="zeps-fuzz-", dir=base))
-    shutil.rmtree(_ROOT / STREAM, ignore_errors=True)
-    return _ROOT
+_TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs when there is one: files at every execution
 
 
 def journal(data: bytes) -> None:
@@ -247,7 +237,14 @@ def journal(data: bytes) -> None:
     next append continues the sequence. (Recovery checks the tail from the last index entry it trusts, not
     the whole segment: damage before it is verify's to find, and a reader's to refuse.)
     """
-    root = _fresh_root()
+    root = Path(tempfile.mkdtemp(prefix="zeps-fuzz-", dir=_TMP))
+    try:
+        _journal(root, data)
+    finally:  # here, not at exit: libFuzzer ends the process without running Python's exit handlers
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _journal(root: Path, data: bytes) -> None:
     directory = root / STREAM
     directory.mkdir()
     n = int.from_bytes(data[:2], "big")
