@@ -201,7 +201,7 @@ class ReplayServer:
                                        errors=self.metrics.send_errors)  # fmt: skip
         discovery = config.announce or Discovery()
         self.registrar = node_registrar(config.etcd, discovery, discovery.interfaces, A.SIDECAR, sidecar=self.endpoint,
-                                        key=config.stream_key)  # fmt: skip
+                                        key=config.stream_key, errors=self.metrics.send_errors)  # fmt: skip
         self.fill_port = self._open_fill_port()
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
         # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.

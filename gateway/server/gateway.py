@@ -276,7 +276,8 @@ class Gateway:
                                            errors=self.metrics.send_errors)  # fmt: skip
         interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
         self.registrar = node_registrar(config.etcd, config.discovery, interfaces, A.GATEWAY, ingest=config.ingest,
-                                        sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
+                                        sidecar=config.replay_endpoint, key=config.stream_key,
+                                        errors=self.metrics.send_errors)  # fmt: skip
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
