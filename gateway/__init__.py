@@ -28,6 +28,7 @@ from gateway.errors import (
     BadRecord,
     BatchError,
     BufferFull,
+    Closed,
     ConfigError,
     DataLoss,
     DiscoveryError,
@@ -52,7 +53,7 @@ from gateway.transport.curve import CurveClientKeys, CurveServerKeys
 from gateway.transport.pgm import PgmSettings
 from gateway.wire.streamkey import StreamKey
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md: what changed, and the wire and journal formats' compatibility
 
 __all__ = [
     "AsyncPublisher",
@@ -62,6 +63,7 @@ __all__ = [
     "BatchError",
     "BufferFull",
     "Checkpoint",
+    "Closed",
     "ConfigError",
     "CurveClientKeys",
     "CurveServerKeys",
