@@ -11,8 +11,9 @@ exactly-once stream. This module is the public API: what is imported from here i
     with Subscriber("px", replay="tcp://127.0.0.1:5571", start="earliest") as sub:
         rec = sub.next(timeout=1.0)
 
-The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.server`,
-`gateway.client`) are importable too, for tools and tests; docs/architecture.md draws them.
+The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.sequencer`,
+`gateway.replication`, `gateway.sidecar`, `gateway.client`, ...) are importable too, for tools and tests;
+docs/architecture.md draws them.
 """
 
 from gateway.client.async_publisher import AsyncPublisher

@@ -166,7 +166,7 @@ def mcast_endpoint(text: str) -> str:
 
 
 def mcast_channel(text: str) -> str:
-    """`[STREAM=]ENDPOINT`: a multicast endpoint carrying every stream, or one stream only (gateway.server.channels)."""
+    """`[STREAM=]ENDPOINT`: a multicast endpoint carrying every stream, or one stream (gateway.sequencer.channels)."""
     head, sep, _ = text.partition("://")
     stream, eq, _transport = head.rpartition("=")
     if sep and eq:

@@ -163,41 +163,41 @@ def _reconciler_start(point: StartPoint) -> tuple[R.Start | None, int | None, in
 class Subscriber:
     """Iterate to receive a stream's records gap-free and in order; see the module docstring.
 
-    Arguments (all but `stream` by keyword):
+        Arguments (all but `stream` by keyword):
 
-    - `stream`: the stream's name.
-    - `multicast`: multicast endpoints of the stream (epgm://IF;GROUP:PORT, norm://..., udp://...), one per
-      feed (A/B). `replay`: a sidecar's tcp://HOST:PORT, or several serving the stream, tried in turn. With
-      neither, the stream is found by name on `interface` or in `directory` (below).
-    - `start`: where to begin when `checkpoint` holds nothing. "latest" (default: from now on), "earliest"
-      (the first record the journal retains), "snapshot" (the last record of every key, then what follows;
-      docs/snapshots.md), a sequence number (int, or its digits: from it on), -N (the last N records), or a
-      time (an aware datetime, or ISO-8601 text with a zone, e.g. "2026-05-01T09:30:00Z": the first record
-      journaled at or after it). Anything else raises ConfigError naming these forms.
-    - `topics`: key prefixes to deliver: one prefix as a str ("eu."), or several as a list (default: all).
-    - `checkpoint`: a file path. The last sequence handed out and finished with is saved there (atomically,
-      at most every 0.5 s and on close); when the file exists, the stream resumes after it and `start` is
-      ignored.
-    - `max_lag` and `lag_policy`: when the application is more than `max_lag` records behind the live feed,
-      "replay" (default) reads on from the journal instead of holding live records (nothing is lost, the
-      application catches up at its pace); "raise" raises SlowConsumer from next().
-    - `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
-    - `replay_timeout`: the deadline of each replay handshake. `on_replay_state(state, error)`: told
-      "connecting", "ready", "retrying" and "failed" (module docstring).
-    - `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
-      `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
-    - `interface`, `directory`, `discovery_timeout`: with neither `multicast` nor `replay`, the stream is
-      found by name (gateway.client.directory): on the announcements heard on `interface` (or in
-      `directory`) within `discovery_timeout` seconds; replay then goes where the directory says, and a
-      sidecar that moves or dies is left for the one announced instead.
-    - `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
-      replay endpoint's port when a feed is udp://, else off; 0: off.
-    - `stream_key`: accept only multicast signed with this key (two while one is rotated). `curve`: keys for
-      CURVE replay connections.
-- `tuning`: multicast socket settings (gateway.mcast.Tuning: rate, recovery interval, buffers) for the
-  feeds; None: the defaults. `progress_timeout`: seconds without progress (no live record, no replay answer)
-  before the reconciler falls back to replay or asks again. `ctx`: the ZeroMQ context to make sockets in
-  (default: one of its own).
+        - `stream`: the stream's name.
+        - `multicast`: multicast endpoints of the stream (epgm://IF;GROUP:PORT, norm://..., udp://...), one per
+          feed (A/B). `replay`: a sidecar's tcp://HOST:PORT, or several serving the stream, tried in turn. With
+          neither, the stream is found by name on `interface` or in `directory` (below).
+        - `start`: where to begin when `checkpoint` holds nothing. "latest" (default: from now on), "earliest"
+          (the first record the journal retains), "snapshot" (the last record of every key, then what follows;
+          docs/snapshots.md), a sequence number (int, or its digits: from it on), -N (the last N records), or a
+          time (an aware datetime, or ISO-8601 text with a zone, e.g. "2026-05-01T09:30:00Z": the first record
+          journaled at or after it). Anything else raises ConfigError naming these forms.
+        - `topics`: key prefixes to deliver: one prefix as a str ("eu."), or several as a list (default: all).
+        - `checkpoint`: a file path. The last sequence handed out and finished with is saved there (atomically,
+          at most every 0.5 s and on close); when the file exists, the stream resumes after it and `start` is
+          ignored.
+        - `max_lag` and `lag_policy`: when the application is more than `max_lag` records behind the live feed,
+          "replay" (default) reads on from the journal instead of holding live records (nothing is lost, the
+          application catches up at its pace); "raise" raises SlowConsumer from next().
+        - `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+        - `replay_timeout`: the deadline of each replay handshake. `on_replay_state(state, error)`: told
+          "connecting", "ready", "retrying" and "failed" (module docstring).
+        - `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
+          `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
+        - `interface`, `directory`, `discovery_timeout`: with neither `multicast` nor `replay`, the stream is
+          found by name (gateway.client.directory): on the announcements heard on `interface` (or in
+          `directory`) within `discovery_timeout` seconds; replay then goes where the directory says, and a
+          sidecar that moves or dies is left for the one announced instead.
+        - `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
+          replay endpoint's port when a feed is udp://, else off; 0: off.
+        - `stream_key`: accept only multicast signed with this key (two while one is rotated). `curve`: keys for
+          CURVE replay connections.
+    - `tuning`: multicast socket settings (gateway.mcast.Tuning: rate, recovery interval, buffers) for the
+      feeds; None: the defaults. `progress_timeout`: seconds without progress (no live record, no replay answer)
+      before the reconciler falls back to replay or asks again. `ctx`: the ZeroMQ context to make sockets in
+      (default: one of its own).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """The directory beyond one subnet: a gateway or replay sidecar keeps its announcements in etcd, on a thread.
 
-Multicast announcements (gateway.server.announcer) reach one LAN. With `--etcd`, a node also writes, for each
+Multicast announcements (gateway.discovery.announcer) reach one LAN. With `--etcd`, a node also writes, for each
 stream it serves, the announcement of that one stream (the same bytes a LAN listener hears, signed with the
 stream key when there is one) at `/zeps/directory/STREAM/ROLE.NODEID` (gateway.wire.announce.etcd_key), bound
 to a lease of `ttl_s` seconds that the thread keeps alive. When the node dies its lease ends and its entries go
@@ -29,9 +29,9 @@ import threading
 import time
 from collections.abc import Sequence
 
+from gateway.discovery.announcer import Discovery, advertised
 from gateway.errors import CoordinatorError, McastError
 from gateway.mcast import address_of
-from gateway.server.announcer import Discovery, advertised
 from gateway.transport.etcd import Etcd
 from gateway.transport.send_errors import SendErrors
 from gateway.wire import announce as A

@@ -3,19 +3,23 @@
 Publishers reach the gateway in two ways: ZEPS over a ROUTER socket (ATTACH, PUBLISH, PUBLISH-BATCH, PING,
 DETACH; publish confirms on request) and plain ZeroMQ PUB sockets (frames: key, body) through an XSUB socket,
 to which the gateway sends the subscribe-all itself. Records are gathered per stream into batches bounded by
-count, bytes and a linger time (like Kafka's linger.ms); each batch is sequenced and written to the journal
+count and bytes; a batch leaves as soon as the ingest has nothing more queued (smart batching), and the linger
+time only bounds it while publishes keep coming. Each batch is sequenced and written to the journal
 *before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
 
 Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
 that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), or a
 leader's in-sync followers do (it holds `max_out_queue` batches they have not copied), the gateway stops reading
 publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them. A leader's followers
-are heard on a link of their own (gateway.server.ha), so they are read on every pass whatever the publishers do;
+are heard on a link of their own (gateway.replication.peer_server), read on every pass whatever the publishers do;
 and one drain of the ingest ends after DRAIN_S, so that no flood of publishes delays the loop's timers.
 
 Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
 `Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
 never the records behind it. The loop polls the syncer's pipe and confirms once a sync has finished.
+
+Size: over 600 lines, because the ingest's rules (`_on_command`, `_attach`, `_publish_batch`) still live beside
+the loop that executes them; they are the next to leave, for a sans-IO ingest core (issue #31).
 """
 
 from __future__ import annotations
@@ -27,116 +31,47 @@ import math
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import zmq
 
-from gateway.errors import ConfigError, JournalTrimmed
-from gateway.journal import Durability, JournalReader, JournalWriter, Retention
+from gateway.discovery.announcer import gateway_announcer, gateway_streams
+from gateway.discovery.registrar import node_registrar
+from gateway.errors import ConfigError
+from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
-from gateway.journal.layout import list_segments, seg_path
 from gateway.journal.syncer import Syncer
-from gateway.mcast import Endpoint, McastSender, Tuning, open_pub
-from gateway.server.announcer import Discovery, gateway_announcer, gateway_streams
-from gateway.server.channels import plan
-from gateway.server.follower import ReplayFactory
-from gateway.server.ha import HaNode
-from gateway.server.ingest_ready import ingest_ready
-from gateway.server.metrics import GatewayMetrics, OutputSeries
-from gateway.server.producers import ProducerTable
-from gateway.server.registrar import node_registrar
-from gateway.transport.curve import CurveServerKeys, TcpGuard
-from gateway.transport.link import tcp_address
-from gateway.transport.norm import NormSender
-from gateway.transport.pgm import PgmSender
+from gateway.mcast import McastSender, open_pub
+from gateway.replication.follower import ReplayFactory
+from gateway.replication.group import GroupConfig, GroupNode, NodeHost
+from gateway.replication.strategy import Replication, Solo
+from gateway.sequencer.channels import plan
+from gateway.sequencer.config import GatewayConfig
+from gateway.sequencer.ingest_ready import ingest_ready
+from gateway.sequencer.lane import Confirm, Journaled, Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.output import REFUSED_MULTICAST, McastOutput
+from gateway.sequencer.producers import ProducerTable
+from gateway.sequencer.recovery import recover
+from gateway.transport.curve import TcpGuard
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
+from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
-from gateway.wire.streamkey import AUTH, StreamKey, message
+from gateway.wire.streamkey import AUTH, message
 
 log = logging.getLogger(__name__)
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
-FRAME_SLACK = 1 << 20  # room for record headers and keys above --max-message-bytes in one ingest frame
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
-REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
-
-
-@dataclass
-class GatewayConfig:
-    """Everything `zeps gateway` can be told; the CLI and the TOML config file fill the same fields."""
-
-    streams: list[str]
-    journal: Path
-    ingest: str
-    ingest_pub: str | None = None
-    multicast: list[str] = field(default_factory=list)  # ENDPOINT (every stream) or STREAM=ENDPOINT (server.channels)
-    replay_endpoint: str = ""
-    tuning: Tuning = field(default_factory=Tuning)
-    heartbeat_ms: int = 100
-    linger_ms: int = 2  # an upper bound only: a batch leaves once the ingest has nothing more queued
-    batch_records: int = 1024
-    batch_bytes: int = 60_000
-    max_message_bytes: int = 1024 * 1024
-    max_clients: int = 1024
-    client_timeout: float = 60.0  # at the client limit, sessions silent this long make room for new ones
-    journal_retry_ms: int = 1000  # while the journal's disk is full: refuse publishes this long between tries
-    producer_expiry_s: float = 3600.0  # a producer silent this long is forgotten (its next batch is taken as new)
-    max_producers: int = 100_000  # per stream; beyond it the least recently seen producer is forgotten
-    producer_scan_bytes: int = 1 << 30  # on start, producer state is rebuilt from at most this much journal tail
-    max_out_queue: int = 256
-    durability: Durability = field(default_factory=Durability)
-    retention: Retention = field(default_factory=Retention)
-    segment_bytes: int = 64 * 1024 * 1024
-    metrics: str | None = None
-    stream_key: StreamKey | None = None  # signs every multicast message (gateway.transport.curve)
-    curve: CurveServerKeys | None = None  # CURVE on the ingest sockets; None: plain TCP
-    discovery: Discovery = field(default_factory=Discovery)  # announcements (server.announcer)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: the directory beyond one subnet (server.registrar); with node, HA
-    node: str = ""  # with etcd: this gateway is this node of a replicated group (docs/ha.md); "": a single gateway
-    min_insync: int = 0  # in-sync followers a batch needs before it is multicast and confirmed
-    ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
-    ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
-    peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
-
-    def __post_init__(self) -> None:
-        if not self.streams:
-            raise ConfigError("name at least one stream (--stream NAME)")
-        for name in self.streams:
-            P.validate_stream_name(name)
-        if self.node and not self.etcd:
-            raise ConfigError(f"node {self.node!r} of a replicated group needs --etcd URL: its coordinator")
-        if self.node and not self.replay_endpoint:
-            raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
-        if self.ingest_pub and len(self.streams) != 1:
-            raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
-        if self.peer_endpoint:
-            tcp_address(self.peer_endpoint)  # ConfigError naming it, before anything is bound
-        if (
-            min(self.max_message_bytes, self.max_clients, self.journal_retry_ms, self.max_producers) < 1
-            or min(self.client_timeout, self.producer_expiry_s) <= 0
-        ):
-            raise ConfigError(
-                "--max-message-bytes, --max-clients, --journal-retry-ms, --client-timeout, --producer-expiry-s and "
-                "--max-producers must be > 0"
-            )
-
-    @property
-    def max_frame_bytes(self) -> int:
-        """The ingest's ZMQ_MAXMSGSIZE: ZeroMQ closes a connection that sends a larger frame without reading it
-        (so no peer can make the gateway buffer unbounded frames). Smaller frames over the record limit are
-        read and answered with INVALID naming the limit."""
-        return self.max_message_bytes + FRAME_SLACK
 
 
 @dataclass
@@ -144,90 +79,12 @@ class _Session:
     """A ZEPS publisher connection, known by its ROUTER identity."""
 
     stream: str
-    features: frozenset[str] = frozenset()
-    last_seen: float = 0.0
-
-
-class _Lane:
-    """One stream: records waiting to be batched, the journal writer, and confirms waiting for fsync."""
-
-    def __init__(self, stream: str, writer: JournalWriter, producers: ProducerTable) -> None:
-        self.stream = stream
-        self.writer = writer
-        self.producers = producers  # exactly-once publishing: what each producer has journaled
-        self.pending: list[tuple[int, bytes, bytes]] = []
-        self.pending_bytes = 0
-        self.pending_since = 0.0
-        # (identity, records, confirm) in publish order: the ZEPS publishers of the records not yet sequenced,
-        # owed a PUBLISH-OK (if confirm) once journaled, or an INVALID if the journal refuses them.
-        self.unsequenced: list[tuple[bytes, int, bool]] = []
-        # (identity, first_seq, count) owed once the journal has synced through first_seq + count - 1.
-        self.confirms: deque[tuple[bytes, int, int]] = deque()
-        # Disk full: since when (None: writable), and the time before which no write is tried again.
-        self.full_since: float | None = None
-        self.retry_at = 0.0
-        self.full_reason = ""
-        # A node of a group: (batch, sealed, last_seq, ts_ns) journaled but not committed, so not multicast yet.
-        self.held: deque[tuple[B.Batch, bytes, int, int]] = deque()
-
-
-class _Out:
-    """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
-
-    Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
-    zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
-    (`run`). A datagram output queues each batch as parts that fit a datagram.
-    """
-
-    RETRY_S = 0.001  # how soon a full transport is tried again
-    PUMP_S = 0.005  # one pump ends after this long (checked every PUMP_CHECK sends): the loop's pass stays short
-    PUMP_CHECK = 64
-
-    def __init__(
-        self,
-        sock: zmq.Socket | NormSender | UdpSender | PgmSender,
-        endpoint: Endpoint,
-        heads: dict[str, int],
-        rooms: dict[str, int],
-        series: OutputSeries,
-        max_queue: int,
-    ) -> None:
-        self.sock = sock
-        self.max_queue = max_queue  # a queue this long stops the gateway reading publishers
-        self.endpoint = endpoint
-        self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
-        self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
-        self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
-        self.series = series  # its metrics
-        series.queued.set_function(self.queue.__len__)
-
-    def pump(self) -> float | None:
-        """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
-        at once, more is queued), None when idle."""
-        until, sent = time.monotonic() + self.PUMP_S, 0
-        while self.queue:
-            frames, last = self.queue[0]
-            try:
-                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
-            except zmq.Again:
-                return self.RETRY_S
-            except OSError as exc:  # refused by the network: dropped like a lost packet (replay has it)
-                self.series.send_errors.refused("multicast", self.series.endpoint, exc, REFUSED_MULTICAST)
-            else:
-                self.series.send_errors.sent("multicast", self.series.endpoint)
-            self.queue.popleft()
-            self.sent_head[frames[0].decode()] = last
-            sent += 1
-            if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
-                return 0.0
-        # NORM takes part of a message that does not fit and the rest only when asked again.
-        if isinstance(self.sock, NormSender) and not self.sock.drain():
-            return self.RETRY_S
-        return None
+    last_seen: float
+    handshake: H.Handshake = field(default_factory=lambda: H.Handshake(GRANTABLE.intersection))
 
     @property
-    def full(self) -> bool:
-        return len(self.queue) >= self.max_queue
+    def features(self) -> frozenset[str]:
+        return self.handshake.features
 
 
 class Gateway:
@@ -243,7 +100,7 @@ class Gateway:
         self.metrics = GatewayMetrics(config.streams)
         self.marks = self._committed_marks()
         self.syncer = Syncer()  # group commits off the loop: a slow fdatasync holds back confirms, not records
-        self.lanes = {name: _Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
+        self.lanes = {name: Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
@@ -266,12 +123,14 @@ class Gateway:
             self.guard.secure(self.xsub, f"ingest-pub {config.ingest_pub}")
             self.xsub.bind(config.ingest_pub)
             self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
-        self.outs: list[_Out] = []
+        self.outs: list[McastOutput] = []
         for channel in plan(config.multicast, config.streams):  # an output sends (and heartbeats) its streams only
             heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
             sock = open_pub(self.ctx, channel.endpoint, config.tuning)
             series = self.metrics.add_output(str(channel.endpoint), heads)
-            self.outs.append(_Out(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue))
+            self.outs.append(
+                McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
+            )
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key,
                                            errors=self.metrics.send_errors)  # fmt: skip
@@ -285,11 +144,11 @@ class Gateway:
         self._standing = (0, False)  # (epoch, leads) as last announced: a group's node's place in it
         self._stopping = False
         self._poller = zmq.Poller()
-        self.ha: HaNode | None = None
+        self.replication: Replication = Solo()
         if config.node:
             if replay is None:
                 raise ConfigError("a node of a group needs a replay client to follow its leader with")
-            self.ha = HaNode(self, replay).start()
+            self.replication = GroupNode(self._group_config(), self._node_host(), replay).start()
         log.info(
             "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
             self.id,
@@ -300,6 +159,16 @@ class Gateway:
             config.stream_key,
             config.curve,
         )
+
+    def _group_config(self) -> GroupConfig:
+        c = self.config
+        return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal)  # fmt: skip
+
+    def _node_host(self) -> NodeHost:
+        copied = {name: series.copied for name, series in self.metrics.streams.items()}
+        return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
+                        self.reopen, self.step_down, self.metrics.send_errors)  # fmt: skip
 
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
@@ -348,58 +217,22 @@ class Gateway:
     def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
         self._poller.unregister(sock)
 
-    def _visible(self, lane: _Lane) -> int:
-        """The last sequence that may be multicast, confirmed and announced: a node's commit point."""
-        return self.ha.committed(lane.stream) if self.ha is not None else lane.writer.last_seq
-
     def step_down(self, reason: str) -> None:
         """This node stopped leading: refuse what was not journaled, multicast nothing more that was, owe no
         confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
         for lane in self.lanes.values():
-            lane.pending, lane.pending_bytes = [], 0
-            lane.unsequenced.clear()  # their sessions end below, with the reason
-            lane.confirms.clear()
-            lane.held.clear()
+            lane.forget()  # their sessions end below, with the reason
         for identity in list(self.sessions):
             self._send_to(identity, P.invalid(reason))
             self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
 
-    def _recover_producers(self, lane: _Lane) -> None:
-        """Rebuild the producer table from the journal's tail: the batches of the last `producer_expiry_s`,
-        and of at most `producer_scan_bytes` (older producers are taken as new, as if expired)."""
+    def _recover_producers(self, lane: Lane) -> None:
+        """Rebuild the producer table from the journal's tail (gateway.sequencer.producers.recover)."""
         if lane.writer.last_seq == 0:
             return
-        started = time.monotonic()
-        reader = JournalReader(self.config.journal, lane.stream)
-        since = reader.seq_for_time(time.time_ns() - int(self.config.producer_expiry_s * 1e9))
-        segments, budget = list_segments(reader.directory), self.config.producer_scan_bytes
-        for first in reversed(segments):  # the oldest segment still within the byte budget, from the end
-            with contextlib.suppress(FileNotFoundError):
-                budget -= seg_path(reader.directory, first).stat().st_size
-            if budget < 0:
-                since = max(since, first)
-                break
-        if since > lane.writer.last_seq:
-            return
-        with reader.cursor(max(since, reader.first_seq)) as cursor:
-            while True:
-                try:
-                    batch = cursor.next_batch()
-                except JournalTrimmed:  # a gap (a cut tail, segments removed): the cursor goes on after it
-                    continue
-                if batch is None:
-                    break
-                lane.producers.journaled(batch)
-            scanned = cursor.bytes_read
-        lane.producers.expire(time.time_ns())
+        c = self.config
+        recover(lane.producers, JournalReader(c.journal, lane.stream), c.producer_expiry_s, c.producer_scan_bytes)
         self.metrics.streams[lane.stream].producers.set(len(lane.producers))
-        log.info(
-            "stream %s: %d producers recovered from %d bytes of journal tail in %.3f s",
-            lane.stream,
-            len(lane.producers),
-            scanned,
-            time.monotonic() - started,
-        )
 
     def _rooms(self, sock: McastSender) -> dict[str, int]:
         """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
@@ -421,7 +254,7 @@ class Gateway:
                 waiting = self._publishers_wait()
                 poller.register(self.router, 0 if waiting else zmq.POLLIN)
                 if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
-                    poller.register(self.xsub, 0 if waiting or self._held_full() else zmq.POLLIN)
+                    poller.register(self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
                 events = dict(poller.poll(math.ceil(wait * 1000)))
                 if self.syncer.fileno() in events:
                     self.syncer.drain()
@@ -441,11 +274,9 @@ class Gateway:
     def _on_timers(self, now: float) -> float:
         """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
         linger = self.config.linger_ms / 1000
-        deadline = now + 0.05
-        if self.ha is not None:
-            self.ha.tick(now)
-            self._release()
-            deadline = now + 0.01  # acks, pings, commits
+        deadline = now + self.replication.poll_s
+        self.replication.tick(now)
+        self._release()
         for lane in self.lanes.values():
             if lane.pending:
                 due = lane.pending_since + linger
@@ -457,9 +288,8 @@ class Gateway:
             wait = out.pump()
             if wait is not None:
                 deadline = min(deadline, now + wait)
-        if self.ha is not None:
-            self.ha.after_release(now)
-            deadline = min(deadline, self.ha.due)
+        self.replication.after_release(now)
+        deadline = min(deadline, self.replication.due)
         for lane in self.lanes.values():
             if lane.writer.maybe_sync():
                 self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)
@@ -471,7 +301,7 @@ class Gateway:
             self._heartbeat(now)
             self._expire_producers()
         deadline = min(deadline, self._next_heartbeat)
-        standing = self.ha.standing() if self.ha is not None else (0, False)
+        standing = self.replication.standing()
         moved = standing != self._standing  # a group's node took or lost the lead: clients learn it at once
         self._standing = standing
         epoch, leader = standing
@@ -492,20 +322,20 @@ class Gateway:
     def _publishers_wait(self) -> bool:
         """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
         them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
-        return self._outs_full() or (self.ha is not None and self.ha.quorate and self._held_full())
+        return self._outs_full() or (self.replication.quorate and self._uncommitted_full())
 
     def _outs_full(self) -> bool:
         return any(out.full for out in self.outs)
 
-    def _held_full(self) -> bool:
+    def _uncommitted_full(self) -> bool:
         """A leader holds `max_out_queue` batches of a stream not multicast yet: its in-sync followers have not
         copied them, or multicast has not taken them."""
-        return any(len(lane.held) >= self.config.max_out_queue for lane in self.lanes.values())
+        return any(len(lane.uncommitted) >= self.config.max_out_queue for lane in self.lanes.values())
 
     def _refusing(self) -> bool:
-        """A leader with its held batches full and too few in-sync followers to commit (below --min-insync):
+        """A leader with its uncommitted batches full and too few in-sync followers to commit (below --min-insync):
         waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
-        return self.ha is not None and not self.ha.quorate and self._held_full()
+        return not self.replication.quorate and self._uncommitted_full()
 
     @property
     def _uncommitted_reason(self) -> str:
@@ -515,13 +345,13 @@ class Gateway:
         )
 
     def _release(self) -> None:
-        """A node that leads: multicast what its in-sync followers now hold, as far as multicast takes it (the rest
-        stays held, so that one pass of the loop queues a bounded amount, and publishers wait once it is full)."""
+        """Multicast what is committed now (a node that leads: what its in-sync followers hold), as far as
+        multicast takes it (the rest waits, so that one pass of the loop queues a bounded amount, and
+        publishers wait once it is full)."""
         for lane in self.lanes.values():
-            visible = self._visible(lane)
-            while lane.held and lane.held[0][2] <= visible and not self._outs_full():
-                batch, sealed, last, ts = lane.held.popleft()
-                self._fan_out(lane, batch, sealed, last, ts)
+            committed = self.replication.committed(lane)
+            while lane.uncommitted and lane.uncommitted[0].last <= committed and not self._outs_full():
+                self._fan_out(lane, lane.uncommitted.popleft())
 
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
@@ -532,13 +362,12 @@ class Gateway:
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
         ts = time.time_ns()
-        if self.ha is not None and not self.ha.leading:
+        if not self.replication.leading:
             return  # a follower is silent on the multicast
         for out in self.outs:
             for stream, head in out.sent_head.items():
-                head = min(head, self._visible(self.lanes[stream]))
-                epoch = self.ha.epoch if self.ha is not None else 0
-                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, epoch).encode()
+                head = min(head, self.replication.committed(self.lanes[stream]))
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, self.replication.epoch).encode()
                 try:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes
@@ -580,27 +409,22 @@ class Gateway:
         if session is not None:
             session.last_seen = time.monotonic()
         match cmd:
-            case P.Attach() | P.Publish() | P.PublishBatch() if self.ha is not None and not self.ha.leading:
-                self._reject(identity, self.ha.refusal(), kind="not-leader")
+            case P.Attach() | P.Publish() | P.PublishBatch() if (refusal := self.replication.refusal()) is not None:
+                self._reject(identity, refusal, kind="not-leader")
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream)
+            case _ if session is None:
+                self._answer(identity, H.detached(cmd))
+            case _ if (answer := session.handshake.on(cmd)) is not None:
+                self._answer(identity, answer)
             case P.Ping():
                 self.reply(identity, P.PingOk())
-            case P.Publish() | P.PublishBatch() if session is not None and self._refusing():
+            case P.Publish() | P.PublishBatch() if self._refusing():
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
-            case _ if session is None:
-                self._reject(
-                    identity,
-                    f"{cmd.NAME} before ATTACH: attach to a stream first (a session ends when the gateway restarts "
-                    "or closes the connection, e.g. for a frame over its size limit)",
-                )
             case P.Publish(key=key, body=body):
                 self._publish(identity, session, key.encode(), bytes(body))
             case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
                 self._publish_batch(identity, session, raw)
-            case P.Extend(features=wanted):
-                session.features = GRANTABLE.intersection(wanted)
-                self.reply(identity, P.ExtendOk(tuple(sorted(session.features))))
             case P.Detach():
                 del self.sessions[identity]
                 self.metrics.streams[session.stream].publishers.dec()
@@ -614,9 +438,16 @@ class Gateway:
             case _:
                 self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
 
+    def _answer(self, identity: bytes, answer: H.Answer) -> None:
+        """Send the handshake's answer (gateway.wire.handshake)."""
+        if isinstance(answer.reply, P.Invalid):
+            self._reject(identity, answer.reply.reason)
+        else:
+            self.reply(identity, answer.reply)
+
     def _attach(self, identity: bytes, version: int, stream: str) -> None:
-        if version != P.VERSION:
-            self._reject(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}")
+        if (refusal := H.attach_refusal(version)) is not None:
+            self._reject(identity, refusal)
             return
         if stream not in self.lanes:
             served = ", ".join(sorted(self.lanes))
@@ -653,7 +484,7 @@ class Gateway:
         lane.pending.append((time.time_ns(), key, body))
         lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
         if identity is not None and session is not None:
-            _owe(lane.unsequenced, identity, 1, P.FEATURE_CONFIRM in session.features)
+            lane.owe(identity, 1, P.FEATURE_CONFIRM in session.features)
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
 
@@ -691,11 +522,11 @@ class Gateway:
             known = lane.producers.get(producer[0])  # type: ignore[index]
             assert known is not None
             if confirm:
-                lane.confirms.append((identity, known.last_seq - dups + 1, dups))
+                lane.confirms.append(Confirm(identity, known.last_seq - dups + 1, dups))
             return
         if dups:  # partial overlap: journal the records after the producer's last, confirm them all
             batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
-        _owe(lane.unsequenced, identity, batch.count, confirm)
+        lane.owe(identity, batch.count, confirm)
         sealed = self._journal(lane, batch, dups)
         if sealed is not None and producer is not None:
             last = lane.writer.last_seq  # `sealed` is `batch` resequenced: a view of it needs no walk
@@ -705,7 +536,7 @@ class Gateway:
             lane.producers.journaled(view)
             series.producers.set(len(lane.producers))
 
-    def _flush(self, lane: _Lane) -> None:
+    def _flush(self, lane: Lane) -> None:
         if not lane.pending:
             return
         raw = B.encode(0, lane.pending)
@@ -714,7 +545,7 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: _Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
         """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
 
         `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
@@ -728,22 +559,22 @@ class Gateway:
         series.journaled.inc(batch.count)
         series.journaled_bytes.inc(len(sealed))
         series.batch_records.observe(batch.count)
-        last, ts = lane.writer.last_seq, lane.writer.last_ts_ns
-        if self.ha is not None:
-            lane.held.append((batch, sealed, last, ts))
-            self.ha.push(lane.stream, sealed)
+        journaled = Journaled(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
+        self.replication.journaled(lane.stream, sealed)
+        if lane.uncommitted or self.replication.committed(lane) < journaled.last:
+            lane.uncommitted.append(journaled)  # a node's waits for its followers (`_release`)
         else:
-            self._fan_out(lane, batch, sealed, last, ts)
+            self._fan_out(lane, journaled)  # committed once journaled (a single gateway's): out at once
         return sealed
 
-    def _writable(self, lane: _Lane, count: int) -> bool:
+    def _writable(self, lane: Lane, count: int) -> bool:
         """The disk-full gate: while the journal's disk is full, refuse without trying until `retry_at`."""
         if lane.full_since is not None and time.monotonic() < lane.retry_at:
             self._refuse_unjournaled(lane, count, lane.full_reason, "journal-full")
             return False
         return True
 
-    def _append(self, lane: _Lane, batch: B.Batch) -> bytes | None:
+    def _append(self, lane: Lane, batch: B.Batch) -> bytes | None:
         """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
         try:
             sealed = lane.writer.append(batch)
@@ -765,20 +596,20 @@ class Gateway:
             self.metrics.streams[lane.stream].journal_full.set(0)
         return sealed
 
-    def _owe_confirms(self, lane: _Lane, count: int, dups: int) -> None:
+    def _owe_confirms(self, lane: Lane, count: int, dups: int) -> None:
         """The journaled batch's publishers are owed PUBLISH-OK once it is synced; a producer batch (alone in
         `unsequenced`) is confirmed with its `dups` re-sent records, ending at its last sequence."""
         last = lane.writer.last_seq
         first = last - count + 1
-        for identity, n, confirm in lane.unsequenced:
-            if confirm:
-                lane.confirms.append((identity, first - dups, n + dups))
-            first += n
+        for owed in lane.unsequenced:
+            if owed.confirm:
+                lane.confirms.append(Confirm(owed.identity, first - dups, owed.records + dups))
+            first += owed.records
         lane.unsequenced.clear()
 
-    def _fan_out(self, lane: _Lane, batch: B.Batch, sealed: bytes, last: int, ts: int) -> None:
-        """Queue the sealed batch (sequences ..last, journal time ts) on every multicast output (cut to size for
-        datagram ones)."""
+    def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
+        """Queue a committed batch on every multicast output (cut to size for datagram ones)."""
+        batch, sealed, last, ts = journaled
         key, name = self.config.stream_key, lane.stream.encode()
         frames = message(key, name, sealed)  # signed once, for every output that sends it whole
         cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
@@ -798,7 +629,7 @@ class Gateway:
             out.queue.extend(cut[room])
             out.series.messages[lane.stream].inc(len(cut[room]))
 
-    def _disk_full(self, lane: _Lane, exc: OSError) -> str:
+    def _disk_full(self, lane: Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
 
         The writer has cut the failed batch back, so the journal holds whole batches only and nothing accepted
@@ -825,20 +656,18 @@ class Gateway:
             self.metrics.streams[lane.stream].journal_full.set(1)
         return lane.full_reason
 
-    def _refuse_unjournaled(self, lane: _Lane, count: int, reason: str, kind: str) -> None:
+    def _refuse_unjournaled(self, lane: Lane, count: int, reason: str, kind: str) -> None:
         """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
         self.metrics.streams[lane.stream].refused[kind].inc(count)
-        for identity in dict.fromkeys(identity for identity, _, _ in lane.unsequenced):
+        for identity in dict.fromkeys(owed.identity for owed in lane.unsequenced):
             self._send_to(identity, P.invalid(reason))
         lane.unsequenced.clear()
 
-    def _send_confirms(self, lane: _Lane) -> None:
+    def _send_confirms(self, lane: Lane) -> None:
         """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written), here and
         (a group's leader) on every in-sync follower."""
-        synced = lane.writer.durable_seq
-        if self.ha is not None:
-            synced = min(synced, self.ha.durable(lane.stream))
-        while lane.confirms and lane.confirms[0][1] + lane.confirms[0][2] - 1 <= synced:
+        durable = self.replication.durable(lane)
+        while lane.confirms and lane.confirms[0].last <= durable:
             identity, first, n = lane.confirms.popleft()
             self.reply(identity, P.PublishOk(first, n))
 
@@ -863,7 +692,7 @@ class Gateway:
             if len(body) > self.config.max_message_bytes:
                 self.metrics.rejected.labels("oversize").inc()
                 continue
-            if self.ha is not None and not self.ha.leading:
+            if not self.replication.leading:
                 self.metrics.rejected.labels("not-leader").inc()
                 continue
             self._publish(None, None, key, body)
@@ -893,9 +722,7 @@ class Gateway:
 
     def close(self) -> None:
         """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
-        if self.ha is not None:
-            self.ha.close()  # resigns first: a node that does not lead refuses, holds and confirms nothing
-            self.step_down(f"gateway node {self.config.node} is shutting down: publish to another node; retry later")
+        self.replication.close()  # a node resigns first, and steps down: it refuses, holds and confirms nothing
         for lane in self.lanes.values():
             self._flush(lane)
         deadline = time.monotonic() + 2.0
@@ -918,11 +745,3 @@ class Gateway:
         if self.registrar is not None:
             self.registrar.close()
         self.metrics.close()
-
-
-def _owe(owed: list[tuple[bytes, int, bool]], identity: bytes, n: int, confirm: bool) -> None:
-    """Add n records to what `identity` is owed, merging with its last entry when it is the same publisher."""
-    if owed and owed[-1][0] == identity and owed[-1][2] == confirm:
-        owed[-1] = (identity, owed[-1][1] + n, confirm)
-    else:
-        owed.append((identity, n, confirm))

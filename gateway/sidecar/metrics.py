@@ -12,8 +12,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge
 
-from gateway.server.fills import DROP_REASONS as FILL_DROP_REASONS
-from gateway.server.session import Session
+from gateway.sidecar.fills import DROP_REASONS as FILL_DROP_REASONS
+from gateway.sidecar.session import Session
 from gateway.transport.metrics import Metrics, precreate
 from gateway.transport.send_errors import SendErrors
 

@@ -5,7 +5,7 @@ timeout, `ttl / 4`) and is the only writer of `Leadership`. Other threads read `
 each one value, replaced whole, so a reader never sees an epoch from one grant with the deadline of another.
 The gateway's loop calls `may_act(now)` before it multicasts or confirms; it never waits on etcd.
 
-The owner's other etcd work (the in-sync set, the node's status: gateway.server.ha) runs on the same thread
+The owner's other etcd work (the in-sync set, the node's status: gateway.replication.insync_keeper) runs on its thread
 as *jobs*: `post(name, job)` (any thread, never waits) leaves `job(etcd)` for the thread, a later job of the
 same name replacing one not yet started (the newest intent wins). The thread runs posted jobs after each
 renewal or poll that was due and stops a pass when the next one falls due, so a job delays a renewal by its
@@ -18,7 +18,7 @@ A follower that finds the key held polls it every `poll_s`, or every renewal int
 hears the leader on the leader's own link (`leader_heard`; a leader that stops answering is `suspect`ed
 anyway); as soon as the key is gone (the leader's lease expired or was revoked), the follower campaigns. A
 leader whose renewal fails keeps its authority only until `authority_until`: if etcd is unreachable for
-longer, it steps down without being told (rule 2 of gateway.server.leadership), and campaigns again when etcd
+longer, it steps down without being told (rule 2 of gateway.replication.leadership), and campaigns again when etcd
 answers.
 
 Two hooks serve replication (docs/ha.md). `eligible(etcd)` is asked before every campaign (only an in-sync
@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.errors import CoordinatorError
-from gateway.server.leadership import RENEWALS_PER_TTL, Leadership, Role
+from gateway.replication.leadership import RENEWALS_PER_TTL, Leadership, Role
 from gateway.transport.etcd import Etcd, Holder
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.send_errors import SendErrors
@@ -255,7 +255,7 @@ class Elector(PolledByFd):
             return
         lead.granted(sent_at, epoch, self.ttl_s)
         self._holder = Holder(self.value, epoch, self._lease)
-        # not the value: a group's holds its ack key (gateway.server.ha), which no log should carry
+        # not the value: a group's holds its ack key (gateway.replication.group), which no log should carry
         log.info("leadership: this process leads %s in epoch %d (lease %x)", self.key, epoch, self._lease)
 
     def _publish(self) -> None:

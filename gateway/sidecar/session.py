@@ -2,7 +2,7 @@
 
 The socket loop (gateway.replay) owns the ROUTER socket; a Session owns everything else about one client:
 its granted extensions, its credit, its subscription and its outstanding FETCHes, each a _Feed holding a
-journal cursor and a sequence position, and a snapshot in progress (gateway.server.snapshots.SnapshotFeed).
+journal cursor and a sequence position, and a snapshot in progress (gateway.sidecar.snapshots.SnapshotFeed).
 Frames are produced lazily, one step (at most one journal batch) at a time, only while the client has
 credit, so a client that stops granting credit costs a cursor and a position, never a growing buffer: at most
 one step's frames wait in `out` for credit or for the socket.
@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
 from gateway.errors import JournalTrimmed
-from gateway.server.snapshots import Frozen, SnapshotFeed
+from gateway.sidecar.snapshots import Frozen, SnapshotFeed
 from gateway.wire import batch as B
+from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME, P.FEATURE_UNCOMMITTED})
@@ -143,7 +144,7 @@ class Session:
         self.journal = journal
         self.max_fetches = max_fetches
         self.snapshots = snapshots
-        self.features: frozenset[str] = frozenset()
+        self.handshake = H.Handshake(self._grants)  # ATTACH-OK is sent: EXTEND may come (gateway.wire.handshake)
         self.credit = 0
         self.last_heard = now
         self.pinged_at = 0.0  # when the server last PINGed this client, 0.0 after the client spoke
@@ -152,7 +153,6 @@ class Session:
         self.snap: SnapshotFeed | None = None
         self.replies: deque[bytes] = deque([P.encode(P.AttachOk())])
         self.out: deque[_Out] = deque()
-        self._may_extend = True
         self._reads_left = 0
 
     def __repr__(self) -> str:
@@ -165,7 +165,12 @@ class Session:
     def handle(self, cmd: P.Command, now: float) -> bool:
         """Apply one command from the client; False if it was answered with INVALID."""
         self.last_heard, self.pinged_at = now, 0.0
-        may_extend, self._may_extend = self._may_extend, False
+        answer = self.handshake.on(cmd)
+        if answer is not None:
+            if answer.accepted and P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the mark
+                self.journal = self.journal.unbounded()
+            self.replies.append(P.encode(answer.reply))
+            return answer.accepted
         if cmd.SENDER == "server":
             return self._invalid(f"{cmd.NAME} is sent by servers, not clients")
         if isinstance(cmd, P.Publish | P.PublishBatch):
@@ -191,18 +196,20 @@ class Session:
                 pass
             case P.Snapshot(prefixes=prefixes):
                 self._snapshot(prefixes)
-            case P.Extend(features=wanted) if may_extend:
-                self.features = GRANTABLE.intersection(wanted)
-                if P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the committed mark
-                    self.journal = self.journal.unbounded()
-                if self.snapshots is not None and P.FEATURE_BATCH in self.features:  # snapshots come in batches
-                    self.features |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
-                self.replies.append(P.encode(P.ExtendOk(tuple(sorted(self.features)))))
-            case P.Extend():
-                return self._invalid("EXTEND is allowed once, as the first command after ATTACH-OK")
             case _:
                 return self._invalid(f"{cmd.NAME} is not expected here")
         return True
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.handshake.features
+
+    def _grants(self, wanted: frozenset[str]) -> frozenset[str]:
+        """What this sidecar grants: snapshots only with batches (they come in batches) and a snapshot source."""
+        granted = GRANTABLE.intersection(wanted)
+        if self.snapshots is not None and P.FEATURE_BATCH in granted:
+            granted |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
+        return granted
 
     def _invalid(self, reason: str) -> bool:
         self.replies.append(P.invalid(reason))
