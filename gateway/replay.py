@@ -198,10 +198,11 @@ class ReplayServer:
         self._indexes_current = True
         self.announcer: Announcer | None = None
         if config.announce is not None and config.announce.interval_ms:
-            self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
+            self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key,
+                                       errors=self.metrics.send_errors)  # fmt: skip
         discovery = config.announce or Discovery()
         self.registrar = node_registrar(config.etcd, discovery, discovery.interfaces, A.SIDECAR, sidecar=self.endpoint,
-                                        key=config.stream_key)  # fmt: skip
+                                        key=config.stream_key, errors=self.metrics.send_errors)  # fmt: skip
         self.fill_port = self._open_fill_port()
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
         # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.
@@ -219,7 +220,8 @@ class ReplayServer:
         host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
         try:
             fill = FillPort(host, int(port) if config.fill_udp is None else config.fill_udp,
-                            FillAnswerer(config.journal, config.fill_limits, config.stream_key))  # fmt: skip
+                            FillAnswerer(config.journal, config.fill_limits, config.stream_key),
+                            errors=self.metrics.send_errors)  # fmt: skip
         except (OSError, ValueError) as exc:
             if config.fill_udp is not None:
                 raise OSError(f"fill port udp:{host}:{config.fill_udp}: {exc}; choose another --fill-udp") from exc

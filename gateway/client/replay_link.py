@@ -44,6 +44,7 @@ from gateway.client.replay_client import Event as Answer  # what a sidecar sends
 from gateway.client.subscriber_stats import SubscriberStats
 from gateway.errors import ReplayError, ReplayRefused, ZepsError
 from gateway.transport.curve import CurveClientKeys
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import batch as B
 from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
 from gateway.wire.protocol import Deliver as ZepsDeliver
@@ -92,6 +93,7 @@ class ReplayLink:
         self._ctx = ctx
         self._directory = directory
         self._fill_udp = fill_udp
+        self.send_errors = SendErrors("subscriber", ["fill-request"])  # fill requests the network refuses
         self._keys = {key.id: key for key in keys}  # the fill port's answers are signed like multicast
         self._stats = stats
         self._emit = emit
@@ -321,7 +323,7 @@ class ReplayLink:
             old.close()
             self._datagrams = None
         if self._datagrams is None:
-            self._datagrams = DatagramFills(address, self._stream, keys=self._keys)
+            self._datagrams = DatagramFills(address, self._stream, keys=self._keys, errors=self.send_errors)
             if self._fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
                 self._fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
             now = time.monotonic()

@@ -272,6 +272,7 @@ class Subscriber:
             emit=self._feed,
             on_sidecar=self._link.learn,
         )
+        self.send_errors = self._link.send_errors  # sends the network refused (SubscriberMetrics counts them)
         self._poller = zmq.Poller()
         for receiver in self._intake.feeds:
             self._poller.register(receiver, zmq.POLLIN)

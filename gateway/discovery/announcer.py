@@ -24,6 +24,7 @@ from pathlib import Path
 
 from gateway.errors import ConfigError, McastError, ProtocolError
 from gateway.mcast import Endpoint, address_of
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import announce as A
 from gateway.wire.protocol import validate_stream_name
 from gateway.wire.streamkey import StreamKey
@@ -70,7 +71,9 @@ class Announcer:
         ingest: str = "",
         sidecar: str = "",
         key: StreamKey | None = None,
+        errors: SendErrors | None = None,
     ) -> None:
+        """`errors`: where announcements the network refuses are reported (else they are logged only)."""
         if not discovery.interfaces:
             raise ConfigError("announcing needs an interface: give --announce-interface NAME")
         self.discovery = discovery
@@ -79,6 +82,7 @@ class Announcer:
         self.ingest, self.sidecar, self.key = ingest, sidecar, key
         self.sent = 0  # datagrams
         self.failed = 0
+        self.errors = errors or SendErrors(A.ROLES[role], ["announce"])
         self._socks: list[tuple[socket.socket, str]] = []
         try:
             for name in dict.fromkeys(discovery.interfaces):
@@ -112,14 +116,20 @@ class Announcer:
                 epoch,
                 leader,
             )
+            where = f"{self.discovery.group}:{self.discovery.port} via {address}"
             try:
                 for datagram in ann.encode_all(self.key):
                     sock.sendto(datagram, (self.discovery.group, self.discovery.port))
                     self.sent += 1
-            except (OSError, McastError) as exc:
+            except OSError as exc:
+                self.failed += 1
+                self.errors.refused("announce", where, exc, "sent again next interval")
+            except McastError as exc:
                 self.failed += 1
                 level = logging.WARNING if self.failed == 1 else logging.DEBUG
                 log.log(level, "announcement via %s not sent (%s); trying again next interval", address, exc)
+            else:
+                self.errors.sent("announce", where)
 
     def close(self) -> None:
         for sock, _ in self._socks:
@@ -167,11 +177,18 @@ def _is_stream(name: str) -> bool:
 
 
 def gateway_announcer(
-    discovery: Discovery, outputs: list[Endpoint], *, ingest: str, sidecar: str, key: StreamKey | None
+    discovery: Discovery,
+    outputs: list[Endpoint],
+    *,
+    ingest: str,
+    sidecar: str,
+    key: StreamKey | None,
+    errors: SendErrors | None = None,
 ) -> Announcer | None:
     """The gateway's announcer: on the interfaces given, else on its channels' interfaces; None when it has
     neither (a journal-only gateway stays quiet unless told where to announce) or announcing is off."""
     interfaces = discovery.interfaces or tuple(endpoint.interface for endpoint in outputs)
     if not interfaces or not discovery.interval_ms:
         return None
-    return Announcer(replace(discovery, interfaces=interfaces), A.GATEWAY, ingest=ingest, sidecar=sidecar, key=key)
+    return Announcer(replace(discovery, interfaces=interfaces), A.GATEWAY, ingest=ingest, sidecar=sidecar, key=key,
+                     errors=errors)  # fmt: skip

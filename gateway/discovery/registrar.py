@@ -33,6 +33,7 @@ from gateway.discovery.announcer import Discovery, advertised
 from gateway.errors import CoordinatorError, McastError
 from gateway.mcast import address_of
 from gateway.transport.etcd import Etcd
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import announce as A
 from gateway.wire.streamkey import StreamKey
 
@@ -56,11 +57,13 @@ class Registrar:
         key: StreamKey | None = None,
         ttl_s: int = DEFAULT_TTL_S,
         interval_ms: int = A.DISCOVERY_INTERVAL_MS,
+        errors: SendErrors | None = None,
     ) -> None:
+        """`errors`: where etcd requests the network refuses are reported."""
         self.role, self.node, self.ingest, self.sidecar, self.key = role, node, ingest, sidecar, key
         self.node_id = random.getrandbits(32)
         self.ttl_s, self.interval_ms = ttl_s, interval_ms
-        self._etcd = Etcd(urls, timeout_s=ttl_s / 3)
+        self._etcd = Etcd(urls, timeout_s=ttl_s / 3, errors=errors)
         self.due = 0.0  # monotonic time the owner calls register() next
         self._made: dict[str, tuple[object, float, bytes]] = {}  # etcd key -> (what it says, when made, value)
         # --- shared with the thread, under _cond ---
@@ -166,6 +169,7 @@ def node_registrar(
     ingest: str = "",
     sidecar: str = "",
     key: StreamKey | None = None,
+    errors: SendErrors | None = None,
 ) -> Registrar | None:
     """The registrar of a gateway or sidecar given `--etcd` (None without). A wildcard host in an endpoint
     (tcp://*:5570) is registered as the address of the first of `interfaces` (where the node announces or
@@ -174,4 +178,4 @@ def node_registrar(
         return None
     host = address_of(interfaces[0]) if interfaces else socket.gethostname()
     return Registrar(urls, role, discovery.node, ingest=advertised(ingest, host), sidecar=advertised(sidecar, host),
-                     key=key, interval_ms=discovery.interval_ms or A.DISCOVERY_INTERVAL_MS)  # fmt: skip
+                     key=key, interval_ms=discovery.interval_ms or A.DISCOVERY_INTERVAL_MS, errors=errors)  # fmt: skip

@@ -46,6 +46,7 @@ from gateway.errors import CoordinatorError
 from gateway.replication.leadership import RENEWALS_PER_TTL, Leadership, Role
 from gateway.transport.etcd import Etcd, Holder
 from gateway.transport.pollable import PolledByFd
+from gateway.transport.send_errors import SendErrors
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,14 @@ class Elector(PolledByFd):
         clock: Callable[[], float] = time.monotonic,
         poll_s: float | None = None,
         eligible: Callable[[Etcd], tuple[str, int] | None] | None = None,
+        errors: SendErrors | None = None,
     ) -> None:
         self.key, self.value, self.ttl_s = key, value, ttl_s
         self.poll_s = ttl_s / RENEWALS_PER_TTL if poll_s is None else poll_s  # a follower looks at the key this often
         self.heard_poll_s = max(self.poll_s, ttl_s / RENEWALS_PER_TTL)  # ... and this often while it hears the leader
         self._heard = False
         self._eligible = eligible
-        self._etcd = Etcd(etcd_url, timeout_s=ttl_s / RENEWALS_PER_TTL)
+        self._etcd = Etcd(etcd_url, timeout_s=ttl_s / RENEWALS_PER_TTL, errors=errors)
         self._leadership = Leadership(margin_s)
         self._clock = clock
         self._lease = 0

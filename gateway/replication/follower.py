@@ -53,6 +53,7 @@ import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
 from gateway.transport.link import Link, LinkSet
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -163,8 +164,11 @@ class Follower:
         unwatch: Callable[[Link], None],
         max_frame: int,
         timeout_s: float = 0.5,
+        errors: SendErrors | None = None,
     ) -> None:
-        """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take."""
+        """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take;
+        `errors`: where the peer link's refused sends and connects are reported."""
+        self._errors = errors
         self.node, self.leader, self.epoch = node, leader, epoch
         self._ack_key = bytes.fromhex(leader.ack_key)
         self._replay = replay
@@ -296,7 +300,8 @@ class Follower:
 
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)
-        return self._links.add(Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE))
+        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors)
+        return self._links.add(link)
 
     def _committed(self, frame: bytes) -> None:
         """A REPLICA-COMMIT: taken for a stream being copied only."""

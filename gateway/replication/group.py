@@ -48,6 +48,7 @@ from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
 from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
+from gateway.transport.send_errors import SendErrors
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class NodeHost:
     unwatch: Unwatch
     reopen: Callable[[str], None]  # open a stream's journal again after a cut
     step_down: Callable[[str], None]  # stop leading: refuse what was not journaled, naming why
+    send_errors: SendErrors | None = None  # where sends the network refuses are reported (peer link, etcd)
 
 
 class GroupNode:
@@ -110,13 +112,20 @@ class GroupNode:
         # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         ack_key = secrets.token_bytes(32)
         self.peers = PeerServer(
-            cfg.peer_endpoint or peer_default(cfg.ingest), ack_key, host.lanes, host.rejected, host.watch, host.unwatch
+            cfg.peer_endpoint or peer_default(cfg.ingest),
+            ack_key,
+            host.lanes,
+            host.rejected,
+            host.watch,
+            host.unwatch,
+            errors=host.send_errors,
         )
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.sidecar, self.peers.endpoint, ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it
         self.keeper = InSyncKeeper(cfg.node, keys, self._post)
         try:
-            self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self.keeper.eligible)
+            self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self.keeper.eligible,
+                                   errors=host.send_errors)  # fmt: skip
         except BaseException:
             self.peers.listener.close()
             raise
@@ -292,7 +301,8 @@ class GroupNode:
                 return
             f = self.follower = Follower(self.host.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.cfg.suspect_s, watch=self.host.watch, unwatch=self.host.unwatch,
-                                         max_frame=self.cfg.max_frame + PEER_FRAME_MAX)  # fmt: skip
+                                         max_frame=self.cfg.max_frame + PEER_FRAME_MAX,
+                                         errors=self.host.send_errors)  # fmt: skip
         suspected = f.tick(now)
         if suspected:
             log.warning("ha: leader %s (epoch %d) %s; campaigning", f.leader.node, f.epoch, suspected)

@@ -30,6 +30,7 @@ from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.link import Link, LinkSet, Listener
 from gateway.transport.pollable import PolledByFd
+from gateway.transport.send_errors import SendErrors
 from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,13 @@ class PeerServer:
         rejected: Counter,
         watch: Watch,
         unwatch: Unwatch,
+        *,
+        errors: SendErrors | None = None,
     ) -> None:
         """`endpoint`: where to listen (tcp://HOST:PORT, PORT may be *); `ack_key`: what acks' macs are keyed
-        with; `lanes`: whose heads commit points carry; `rejected`: counts what is refused, by reason."""
-        self.listener = Listener(endpoint)
+        with; `lanes`: whose heads commit points carry; `rejected`: counts what is refused, by reason;
+        `errors`: where connections and sends the network refuses are reported."""
+        self.listener = Listener(endpoint, errors=errors)
         self._ack_key, self._lanes, self._rejected = ack_key, lanes, rejected
         self._watch, self._unwatch = watch, unwatch
         self._links = LinkSet(watch, unwatch)  # the followers' (and anyone's) connections to it

@@ -51,7 +51,7 @@ from gateway.sequencer.config import GatewayConfig
 from gateway.sequencer.ingest_ready import ingest_ready
 from gateway.sequencer.lane import Confirm, Journaled, Lane
 from gateway.sequencer.metrics import GatewayMetrics
-from gateway.sequencer.output import McastOutput
+from gateway.sequencer.output import REFUSED_MULTICAST, McastOutput
 from gateway.sequencer.producers import ProducerTable
 from gateway.sequencer.recovery import recover
 from gateway.transport.curve import TcpGuard
@@ -132,10 +132,12 @@ class Gateway:
                 McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
             )
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
-                                           sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
+                                           sidecar=config.replay_endpoint, key=config.stream_key,
+                                           errors=self.metrics.send_errors)  # fmt: skip
         interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
         self.registrar = node_registrar(config.etcd, config.discovery, interfaces, A.GATEWAY, ingest=config.ingest,
-                                        sidecar=config.replay_endpoint, key=config.stream_key)  # fmt: skip
+                                        sidecar=config.replay_endpoint, key=config.stream_key,
+                                        errors=self.metrics.send_errors)  # fmt: skip
         if config.metrics:
             self.metrics.serve(config.metrics)
         self._next_heartbeat = 0.0
@@ -166,7 +168,7 @@ class Gateway:
     def _node_host(self) -> NodeHost:
         copied = {name: series.copied for name, series in self.metrics.streams.items()}
         return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
-                        self.reopen, self.step_down)  # fmt: skip
+                        self.reopen, self.step_down, self.metrics.send_errors)  # fmt: skip
 
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
@@ -370,6 +372,10 @@ class Gateway:
                     out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
                 except zmq.Again:  # a full transport skips a beat; the next one comes
                     continue
+                except OSError as exc:  # refused by the network: so is the beat; the next one comes
+                    out.series.send_errors.refused("heartbeat", out.series.endpoint, exc, REFUSED_MULTICAST)
+                    continue
+                out.series.send_errors.sent("heartbeat", out.series.endpoint)
                 out.series.heartbeats[stream].inc()
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------

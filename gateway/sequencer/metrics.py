@@ -13,6 +13,7 @@ from typing import Protocol
 from prometheus_client import Counter, Gauge, Histogram
 
 from gateway.transport.metrics import Metrics, precreate
+from gateway.transport.send_errors import SendErrors
 
 # Messages refused at the ingest, by kind: auth (a connection refused by CURVE), no-signature (not ZEPS),
 # invalid (a malformed or misplaced command, answered with INVALID), clients (ATTACH over --max-clients),
@@ -40,6 +41,9 @@ DROPPED_REASONS = ("gone", "unread")
 # Where a follower node's copies came from: push (the leader's peer link, once level with it), sidecar (the
 # leader's replay sidecar, while behind).
 COPY_SOURCES = ("push", "sidecar")
+# What the gateway sends that the network may refuse (gateway.transport.send_errors): multicast batches and
+# heartbeats, discovery announcements, the peer link of a group, etcd requests.
+SEND_OPS = ("multicast", "heartbeat", "announce", "peer-link", "etcd")
 
 
 class HasHead(Protocol):
@@ -73,6 +77,8 @@ class OutputSeries:
         self.bytes = {s: m.multicast_bytes.labels(endpoint, s) for s in streams}
         self.heartbeats = {s: m.heartbeats.labels(endpoint, s) for s in streams}
         self.queued = m.multicast_queue.labels(endpoint)  # the owner reads its queue depth into it
+        self.endpoint = endpoint
+        self.send_errors = m.send_errors  # the sends to this endpoint that the network refuses
 
 
 class GatewayMetrics(Metrics):
@@ -173,6 +179,7 @@ class GatewayMetrics(Metrics):
             ["reason"],
             registry=r,
         )
+        self.send_errors = SendErrors("gateway", SEND_OPS, r)
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.replies_dropped, *((k,) for k in DROPPED_REASONS))
         self.streams = {name: StreamSeries(self, name) for name in streams}

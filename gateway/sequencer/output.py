@@ -13,6 +13,8 @@ from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.udp import UdpSender
 
+REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
+
 
 class McastOutput:
     """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
@@ -54,6 +56,10 @@ class McastOutput:
                 self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
             except zmq.Again:
                 return self.RETRY_S
+            except OSError as exc:  # refused by the network: dropped like a lost packet (replay has it)
+                self.series.send_errors.refused("multicast", self.series.endpoint, exc, REFUSED_MULTICAST)
+            else:
+                self.series.send_errors.sent("multicast", self.series.endpoint)
             self.queue.popleft()
             self.sent_head[frames[0].decode()] = last
             sent += 1

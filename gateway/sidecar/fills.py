@@ -35,6 +35,7 @@ from prometheus_client import Counter
 
 from gateway.errors import FillError, JournalError, JournalTrimmed, NotAJournal, ProtocolError
 from gateway.journal import JournalReader
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM
 from gateway.wire import batch as B
 from gateway.wire import fill as F
@@ -214,8 +215,11 @@ class FillAnswerer:
 class FillPort:
     """The fill port's socket: non-blocking, answered from the replay loop (one thread, like the ROUTER)."""
 
-    def __init__(self, host: str, port: int, answerer: FillAnswerer, *, rcvbuf: int = 1 << 20) -> None:
-        self.answerer = answerer
+    def __init__(
+        self, host: str, port: int, answerer: FillAnswerer, *, rcvbuf: int = 1 << 20, errors: SendErrors | None = None
+    ) -> None:
+        """`errors`: where answers the network refuses are reported (they are dropped and counted either way)."""
+        self.answerer, self.errors = answerer, errors
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.bind((host, port))
@@ -238,9 +242,14 @@ class FillPort:
             for datagram in self.answerer.answer(data, source[0], now):
                 try:
                     self.sock.sendto(datagram, source)
-                except OSError:  # buffer full, or the source unreachable: the subscriber asks again
+                except OSError as exc:  # buffer full, or the source unreachable: the subscriber asks again
                     stats.drop("send")
+                    if self.errors:
+                        self.errors.refused("fill-answer", source[0], exc, "the rest of that answer is dropped; "
+                                            "the subscriber asks again")  # fmt: skip
                     break
+                if self.errors:
+                    self.errors.sent("fill-answer", source[0])
 
     def close(self) -> None:
         self.sock.close()

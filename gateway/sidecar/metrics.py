@@ -15,6 +15,7 @@ from prometheus_client import Counter, Gauge
 from gateway.sidecar.fills import DROP_REASONS as FILL_DROP_REASONS
 from gateway.sidecar.session import Session
 from gateway.transport.metrics import Metrics, precreate
+from gateway.transport.send_errors import SendErrors
 
 # Commands and connections refused, by kind: auth (a connection refused by CURVE), no-signature (not ZEPS),
 # frames (not one command per message), decode (a malformed command), state (a command before ATTACH),
@@ -84,6 +85,9 @@ class ReplayMetrics(Metrics):
         self.fill_dropped = Counter(
             "zeps_replay_fill_dropped", "Fill requests dropped unanswered, by reason", ["reason"], registry=r
         )
+        # What the sidecar sends that the network may refuse: fill answers, announcements, etcd requests (its TCP
+        # sessions are ZeroMQ's: libzmq drops and reconnects them itself)
+        self.send_errors = SendErrors("replay", ("fill-answer", "announce", "etcd"), r)
         precreate(self.fill_dropped, *((k,) for k in FILL_DROP_REASONS))
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.ended, *((k,) for k in ENDED_REASONS))

@@ -20,6 +20,7 @@ Threading contract: a Link and a Listener belong to the thread that polls them.
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 from collections import deque
@@ -31,9 +32,11 @@ import zmq
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
+from gateway.transport.send_errors import SendErrors
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
+RECONNECTED = "the link closes; the follower connects again, and what it missed comes again"
 
 
 def tcp_address(endpoint: str) -> tuple[str, int]:
@@ -54,8 +57,19 @@ def _endpoint(host: str, port: int) -> str:
 class Link(PolledByFd):
     """One framed connection; frames in of at most `max_frame` bytes, at most `max_queued` frames waiting out."""
 
-    def __init__(self, sock: socket.socket, *, max_frame: int, max_queued: int, connecting: bool = False) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        max_frame: int,
+        max_queued: int,
+        connecting: bool = False,
+        peer: str = "",
+        errors: SendErrors | None = None,
+    ) -> None:
+        """`peer`: where the link goes, for the log; `errors`: where sends and connects it fails are reported."""
         sock.setblocking(False)
+        self.peer, self.errors = peer, errors
         self._sock, self._fd = sock, sock.fileno()  # the fd is kept: a poller finds us by it, also once closed
         self._connecting = connecting
         self._in = Deframer(max_frame)
@@ -70,7 +84,7 @@ class Link(PolledByFd):
             self._nodelay()
 
     @classmethod
-    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int) -> Link:
+    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int, errors: SendErrors | None = None) -> Link:
         """A link to `endpoint` (tcp://HOST:PORT), connecting in the background: frames sent meanwhile wait in
         its queue. One that cannot even start (no such host) comes back closed, with the reason."""
         try:
@@ -78,15 +92,14 @@ class Link(PolledByFd):
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         except (ConfigError, OSError) as exc:
             sock = socket.socket()
-            link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True)
+            link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors)
             link._fail(f"cannot connect to {endpoint}: {exc}")
             return link
         sock = socket.socket(family, kind, proto)
-        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True)
+        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
-            link.refused = code == errno.ECONNREFUSED
-            link._fail(f"cannot connect to {endpoint}: {errno.errorcode.get(code, code)}")
+            link._connect_failed(code, f"cannot connect to {endpoint}")
         return link
 
     def fileno(self) -> int:
@@ -113,8 +126,10 @@ class Link(PolledByFd):
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._fail(f"send failed: {exc.strerror or exc}")
+            self._send_failed(exc)
             return "gone"
+        if self.errors:
+            self.errors.sent("peer-link", self.peer)
         if sent < HEADER_SIZE + size:
             self._out.append(memoryview(header(size) + frame)[sent:])
         return "sent"
@@ -130,7 +145,7 @@ class Link(PolledByFd):
             except BlockingIOError:
                 return
             except OSError as exc:
-                self._fail(f"send failed: {exc.strerror or exc}")
+                self._send_failed(exc)
                 return
             if sent < len(out[0]):
                 out[0] = out[0][sent:]
@@ -175,8 +190,7 @@ class Link(PolledByFd):
             return False
         code = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
-            self.refused = code == errno.ECONNREFUSED
-            self._fail(f"connect failed: {errno.errorcode.get(code, code)}")
+            self._connect_failed(code, "connect failed")
             return False
         self._connecting = False
         self._nodelay()
@@ -184,6 +198,17 @@ class Link(PolledByFd):
 
     def _nodelay(self) -> None:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame leaves at once, not with the next
+
+    def _connect_failed(self, code: int, why: str) -> None:
+        self.refused = code == errno.ECONNREFUSED
+        self._fail(f"{why}: {errno.errorcode.get(code, code)}")
+        if self.errors:
+            self.errors.refused("peer-link", self.peer, OSError(code, os.strerror(code)), RECONNECTED)
+
+    def _send_failed(self, exc: OSError) -> None:
+        self._fail(f"send failed: {exc.strerror or exc}")
+        if self.errors and exc.errno not in (errno.EPIPE, errno.ECONNRESET):  # those: the peer hung up, not the network
+            self.errors.refused("peer-link", self.peer, exc, RECONNECTED)
 
     def _fail(self, why: str) -> None:
         """Closed for good; the descriptor stays open until `close`, so that no poller holds a stale one."""
@@ -199,7 +224,8 @@ class Link(PolledByFd):
 class Listener(PolledByFd):
     """A listening socket for links (`tcp://HOST:PORT`, PORT `*` for a free one); `endpoint` is where it is."""
 
-    def __init__(self, endpoint: str, *, backlog: int = 64) -> None:
+    def __init__(self, endpoint: str, *, backlog: int = 64, errors: SendErrors | None = None) -> None:
+        self.errors = errors  # where connections the network refused are reported
         host, port = tcp_address(endpoint)
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -228,16 +254,19 @@ class Listener(PolledByFd):
         links: list[Link] = []
         while True:
             try:
-                sock, _ = self._sock.accept()
+                sock, address = self._sock.accept()
             except BlockingIOError:
                 return links
             except ConnectionAbortedError:
                 continue  # that one gave up before we took it
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return links  # out of descriptors: the connection waits in the backlog
-                raise
-            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued))
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self.errors:
+                    # accept(2) passes on an error of the new connection (EPERM from a firewall, ENETUNREACH, ...):
+                    # that one is gone, and its node connects again
+                    self.errors.refused("peer-link", self.endpoint, exc, "that connection is dropped; it comes again")
+                return links  # out of descriptors: the connection waits in the backlog; others: try at the next poll
+            peer = f"tcp://{address[0]}"  # its port is new each time: one episode per host
+            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, peer=peer, errors=self.errors))
 
     def close(self) -> None:
         self._sock.close()
