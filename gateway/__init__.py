@@ -11,8 +11,9 @@ exactly-once stream. This module is the public API: what is imported from here i
     with Subscriber("px", replay="tcp://127.0.0.1:5571", start="earliest") as sub:
         rec = sub.next(timeout=1.0)
 
-The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.server`,
-`gateway.client`) are importable too, for tools and tests; docs/architecture.md draws them.
+The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.sequencer`,
+`gateway.replication`, `gateway.sidecar`, `gateway.client`, ...) are importable too, for tools and tests;
+docs/architecture.md draws them.
 """
 
 from gateway.client.async_publisher import AsyncPublisher
@@ -26,8 +27,10 @@ from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber
 from gateway.errors import (
     AuthError,
     BadRecord,
+    BadRecordType,
     BatchError,
     BufferFull,
+    Closed,
     ConfigError,
     DataLoss,
     DiscoveryError,
@@ -52,16 +55,18 @@ from gateway.transport.curve import CurveClientKeys, CurveServerKeys
 from gateway.transport.pgm import PgmSettings
 from gateway.wire.streamkey import StreamKey
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md: what changed, and the wire and journal formats' compatibility
 
 __all__ = [
     "AsyncPublisher",
     "AsyncSubscriber",
     "AuthError",
     "BadRecord",
+    "BadRecordType",
     "BatchError",
     "BufferFull",
     "Checkpoint",
+    "Closed",
     "ConfigError",
     "CurveClientKeys",
     "CurveServerKeys",

@@ -63,7 +63,8 @@ CATCHING_UP (``Start.at_seq``/``after_seq``, and every fall-back)
     held (while the lag is at most ``max_lag / 2``, when one is set; holding further behind is futile),
     and when they overflow the buffer the held ones are dropped and holding starts afresh. Heartbeats
     (``HeadSeen``) and live batches raise the live edge. As soon as N passes the live edge (replay met live) while
-    live is not silent, the request is cancelled: MERGED.
+    live is not silent, the request is cancelled: MERGED. After a fall-back, the first live batch beyond N makes
+    the burst before it a known gap: counted (gaps detected, then filled when N passes it), never requested.
 MERGED
     Live batches are delivered directly. A live batch starting beyond the frontier (the highest
     sequence delivered, held or requested) or, after ``tail_grace``, a heartbeat head beyond it (tail
@@ -175,10 +176,11 @@ StateChanged(old=RECOVERING, new=MERGED)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
+from gateway.merge import machine
 from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
 from gateway.merge.requests import Fetch, RequestScheduler, RetryPolicy, SilenceWatch
@@ -254,7 +256,10 @@ _MAX_HOPS = len(State)  # guards firing in a row within one round; more is a cyc
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Where the stream starts for this subscriber; build with the class methods."""
+    """Where the stream starts for this subscriber; build with the class methods.
+
+    kind: earliest, latest, at_seq or snapshot; seq: the first sequence for at_seq (0 otherwise).
+    """
 
     kind: Literal["earliest", "latest", "at_seq", "snapshot"]
     seq: int = 0
@@ -416,6 +421,7 @@ class Reconciler:
         self._pos = Position(max_lag, lag_policy)
         self._stream = _Stream(self._pos, self._held, self._requests, self._stats)
         self._closing = False
+        self._fell_back = False  # since the last fall-back, no live batch has shown where live is
         self._silence = SilenceWatch(self._policy)
         self._now = 0.0
         self._epoch = 0  # the newest epoch a heartbeat carried
@@ -552,8 +558,15 @@ class Reconciler:
             self._pos.saw_live(ev.head, self._now)
 
     def _take_or_hold_live(self, ev: Live) -> None:
-        """Live while replay leads: taken if it continues the stream at N, else held."""
+        """Live while replay leads: taken if it continues the stream at N, else held. The first live batch
+        after a fall-back that starts beyond N shows the burst that replay is catching up: a known gap, counted
+        (detected now, filled when N passes it) but not requested, as the open-ended request covers it."""
         n = self._pos.next
+        if self._fell_back and n:
+            self._fell_back = False
+            if ev.batch.first_seq > n:
+                self._requests.add_gap(n, ev.batch.first_seq - 1, self._now)
+                self._requests.abandon_gaps()
         if n and ev.batch.first_seq <= n:
             self._pos.saw_live(ev.batch.last_seq, self._now)
             self._stream.take(ev.batch, f"live:{ev.feed}")
@@ -715,6 +728,7 @@ class Reconciler:
     def _fall_back(self) -> None:
         """Low gear: forget held data and gaps, stream everything from N over replay."""
         self._shut()
+        self._fell_back = True
         self._stream.overflowed = False
         self._pos.live_edge = None
         self._requests.open(self._pos.next)
@@ -742,26 +756,8 @@ def _check_coverage(batch: Covering) -> None:
 # --- the transition table -------------------------------------------------------------------------------
 
 Handler = Callable[[Reconciler, Any], None]
-
-
-class Go(NamedTuple):
-    """A transition: when ``guard`` holds, go to ``target``, running ``action`` on the way."""
-
-    guard: Callable[[Reconciler], bool]
-    target: State
-    action: Callable[[Reconciler], None] | None = None
-
-
-class Row(NamedTuple):
-    """Everything one state does."""
-
-    #: event kind -> handler (None: the event means nothing here beyond running the timers)
-    on: Mapping[type, Handler | None]
-    #: the transitions, first whose guard holds wins; evaluated after the handler and after the timers
-    go: tuple[Go, ...]
-    #: run after every event, in order
-    timers: tuple[Callable[[Reconciler], None], ...]
-
+Go = machine.Go[Reconciler, State]
+Row = machine.Row[Reconciler, State]
 
 R = Reconciler
 _CLOSE = Go(R._close_requested, CLOSED, R._shut)
@@ -868,30 +864,4 @@ del R
 
 def describe_transitions() -> str:
     """TRANSITIONS as Markdown tables (docs/reconciler.md embeds this text; a test keeps them equal)."""
-
-    def name(method: Callable[..., Any] | None) -> str:
-        return "—" if method is None else f"`{method.__name__.lstrip('_')}`"
-
-    kinds = [k.__name__ for k in EVENT_KINDS]
-    lines = [
-        "| state | " + " | ".join(kinds) + " |",
-        "|---" * (len(kinds) + 1) + "|",
-    ]
-    for state, row in TRANSITIONS.items():
-        cells = [name(row.on.get(kind)) if row.on else "ignored" for kind in EVENT_KINDS]
-        lines.append(f"| {state.name} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| state | guard (in priority order) | next state | on the way | timers |",
-        "|---|---|---|---|---|",
-    ]
-    for state, row in TRANSITIONS.items():
-        timers = ", ".join(name(t) for t in row.timers) or "—"
-        for i, (guard, target, action) in enumerate(row.go):
-            lines.append(
-                f"| {state.name if i == 0 else ''} | {name(guard)} | {target.name} | {name(action)} | "
-                f"{timers if i == 0 else ''} |"
-            )
-        if not row.go:
-            lines.append(f"| {state.name} | — | — | — | {timers} |")
-    return "\n".join(lines) + "\n"
+    return machine.describe(TRANSITIONS, EVENT_KINDS)

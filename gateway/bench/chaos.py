@@ -31,10 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.bench import nemesis
+from gateway.bench import BenchError, nemesis
 from gateway.bench.failover import keep_logs
 from gateway.bench.runner import Progress, Result, Settings, Table, Target, stop
-from gateway.errors import BenchError
 from gateway.journal.crosscheck import check_group
 from gateway.tools import hagroup
 from gateway.tools.hagroup import MCAST_PORT, WAIT_S, Node, journal_records, outage

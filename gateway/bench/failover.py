@@ -16,7 +16,7 @@ leader's ingest first, the subscriber the group and the leader's sidecar first).
 publisher, unpaced and confirming (a leader below --min-insync refuses what it cannot hold, and only a
 confirming publisher re-sends it), records/s from the first publish to the last confirmation (the target's
 figure) and from the subscriber's first delivery to its last, zero missing. Latency: the latency scenario's
-publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered. A leader change
+publish -> delivery at 10,000 records/s (publisher defaults: smart batching), every record delivered. A leader change
 during these runs (no node is killed) is counted: a spurious failover. Every sidecar runs with
 --no-snapshots (SIDECAR_OPTIONS), so both groups' sidecars do the same work.
 """
@@ -34,9 +34,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.bench import latency, pipeline
+from gateway.bench import BenchError, latency, pipeline
 from gateway.bench.runner import BODY, KEYS, STREAM, Progress, Result, Settings, Stat, Table, Target, repeat, stop
-from gateway.errors import BenchError
 from gateway.tools import hagroup
 from gateway.tools.hagroup import MCAST_PORT, NODE_OPTIONS, WAIT_S, Node
 from netlab import MP, Lab

@@ -37,7 +37,7 @@ KINDS = ("kill-leader", "kill-follower", "pause-leader", "partition-leader", "le
          "partition-in-election", "kill-rejoining", "kill-sidecar-catchup")  # fmt: skip
 ETCD_KINDS = frozenset({"kill-etcd", "partition-etcd"})
 OVERLAP_P = 0.35  # the share of steps with a second fault starting inside the first
-LEASE_S = 1.0  # the gateway's etcd lease (gateway.server.elector.DEFAULT_TTL_S)
+LEASE_S = 1.0  # the gateway's etcd lease (gateway.replication.elector.DEFAULT_TTL_S)
 
 
 @dataclass(frozen=True)

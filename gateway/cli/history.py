@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from gateway.cli import keyopts
-from gateway.cli.options import Parser, Position, duration, position, positive, say, since
+from gateway.cli.options import Parser, duration, position, positive, say
 from gateway.cli.output import add_format, write_records
+from gateway.client.start_point import StartPoint, ago
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -50,10 +51,27 @@ def _range_in_order(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.errors import NotGranted
+    from gateway.wire.protocol import FEATURE_RANGE
+
+    try:
+        return _print_history(args)
+    except NotGranted as exc:
+        if f"'{FEATURE_RANGE}'" not in str(exc):
+            raise
+        # Only a replay sidecar serves ranges: this is the gateway's ingest (or another ZEPS server), as with
+        # `zeps subscribe`, which the ingest itself tells so.
+        raise NotGranted(
+            f"{args.replay} serves no history (it grants no '{FEATURE_RANGE}' extension: it is not a replay "
+            "sidecar, e.g. the gateway's ingest port): give --replay the endpoint `zeps replay` serves (its --bind)"
+        ) from None
+
+
+def _print_history(args: argparse.Namespace) -> int:
     from gateway.client.replay_client import history
     from gateway.wire.batch import MAX_SEQ
 
-    start: Position = since(args.since) if args.since is not None else (args.start or Position(seq=0))
+    start: StartPoint = ago(args.since) if args.since is not None else (args.start or StartPoint(seq=0))
     first = start.seq or 0
     if start.back is not None:
         first = max(1, head(args, args.timeout) - start.back + 1)

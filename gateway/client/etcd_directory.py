@@ -1,7 +1,7 @@
 """The directory kept in etcd: streams resolved by name where multicast announcements do not reach.
 
 Gateways and sidecars run with `--etcd` keep, under /zeps/directory/STREAM/ROLE.NODEID, the announcement of
-each stream they serve, bound to their lease (gateway.server.registrar). An `EtcdDirectory` reads that prefix
+each stream they serve, bound to their lease (gateway.discovery.registrar). An `EtcdDirectory` reads that prefix
 and merges what it finds by the LAN's rules (gateway.client.directory.merged): channels, ingest and head from
 gateways, sidecars announcing themselves first, newest node (highest create revision) first. With stream keys
 an entry must be signed by one of them and name the stream of its key; the rest (a forged or unsigned entry
@@ -34,7 +34,11 @@ DEFAULT_POLL_S = 0.5
 
 
 class EtcdDirectory(PolledByFd):
-    """The directory in etcd at `urls` (members of one cluster); see the module docstring."""
+    """The directory in etcd at `urls` (members of one cluster); see the module docstring.
+
+    keys: the stream keys whose signatures are accepted (an announcement signed with another is dropped);
+    poll_s: how often etcd is read.
+    """
 
     def __init__(self, urls: Sequence[str], *, keys: Iterable[StreamKey] = (), poll_s: float = DEFAULT_POLL_S) -> None:
         self._etcd = Etcd(urls, timeout_s=min(1.0, max(0.2, poll_s)))  # bad URLs raise here, in the caller's thread

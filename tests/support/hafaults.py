@@ -36,7 +36,7 @@ from netlab.procs import MP
 
 LOSS_PCT = 1.5  # of everything reaching the subscriber's host (multicast and its sidecar connections)
 OUTAGE_WINDOW_S = 10.0  # a fault's outage is looked for this long after it (its hold included)
-LEASE_S = 1.0  # the gateway's etcd lease (gateway.server.elector.DEFAULT_TTL_S)
+LEASE_S = 1.0  # the gateway's etcd lease (gateway.replication.elector.DEFAULT_TTL_S)
 
 
 class FaultNode(Node):
