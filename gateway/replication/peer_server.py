@@ -111,13 +111,16 @@ class PeerServer:
                                     "(%s): run one version of zeps on every node of a group; further ones are only "
                                     "counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
                         self._unframed_logged = True
-                self._drop_link(link)
+                self._drop_link(link, insync)
         self._links.refresh()
 
-    def _drop_link(self, link: Link) -> None:
+    def _drop_link(self, link: Link, insync: InSync | None = None) -> None:
+        """Forget a closed link; a follower whose link it was has hung up (it leaves the in-sync set at once)."""
         self._links.drop(link)
         for node in [n for n, k in self._peers.items() if k is link]:
             del self._peers[node]
+            if insync is not None:
+                insync.hung_up(node)
 
     def _ack(self, insync: InSync | None, link: Link, ack: P.ReplicaAck, now: float) -> None:
         """Count a follower's ack if its mac proves a node of the group made it; drop and count a forged one.
