@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.cli import tls_opts
 from gateway.cli.options import Parser, stream_name
 
 
@@ -23,6 +24,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     status.add_argument("--etcd", required=True, metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379")
     status.add_argument("--stream", action="append", required=True, type=stream_name, help="a stream of the group")
+    tls_opts.add_etcd_options(status)
     status.set_defaults(handler=_status)
     check = actions.add_parser(
         "check",
@@ -46,9 +48,9 @@ def _status(args: argparse.Namespace) -> int:
     from gateway.server.follower import LeaderInfo
     from gateway.server.ha import group_key
     from gateway.server.replicas import parse_record
-    from gateway.transport.etcd import Etcd
+    from gateway.transport.etcd import Cluster, Etcd
 
-    etcd, prefix = Etcd(args.etcd, timeout_s=2.0), group_key(args.stream)
+    etcd, prefix = Etcd(Cluster([args.etcd], tls_opts.etcd_tls(args)), timeout_s=2.0), group_key(args.stream)
     holder = etcd.holder(f"{prefix}/leader")
     _, insync = parse_record(etcd.get(f"{prefix}/insync"))
     nodes = {}

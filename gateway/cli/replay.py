@@ -7,7 +7,7 @@ import dataclasses
 import signal
 from pathlib import Path
 
-from gateway.cli import config, discovery_opts, keyopts
+from gateway.cli import config, discovery_opts, keyopts, tls_opts
 from gateway.cli.options import Parser, byte_size, duration, host_port, integer, number, positive, tcp_endpoint
 
 
@@ -45,6 +45,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--stream-key", metavar="FILE", help="sign the announcements and fill datagrams with this key (zeps keygen)"
     )
     p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
+    tls_opts.add_etcd_options(p)
     p.add_argument(
         "--fill-udp",
         metavar="PORT",
@@ -57,6 +58,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gateway.errors import ConfigError
     from gateway.replay import ReplayConfig, ReplayServer
+    from gateway.transport.etcd import Cluster
     from gateway.wire.streamkey import StreamKey
 
     if args.config is not None:
@@ -75,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
             curve=keyopts.server_curve(args),
             announce=announce,
             stream_key=stream_key,
-            etcd=discovery_opts.etcd_urls(args.etcd),
+            etcd=Cluster(discovery_opts.etcd_urls(args.etcd), tls_opts.etcd_tls(args)),
         )
     )
     signal.signal(signal.SIGTERM, lambda *_: server.stop())

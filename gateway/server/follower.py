@@ -53,6 +53,7 @@ import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
 from gateway.transport.link import Link, LinkSet
+from gateway.transport.tls import PeerTls
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -163,6 +164,7 @@ class Follower:
         unwatch: Callable[[Link], None],
         max_frame: int,
         timeout_s: float = 0.5,
+        tls: PeerTls | None = None,
     ) -> None:
         """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take."""
         self.node, self.leader, self.epoch = node, leader, epoch
@@ -175,6 +177,8 @@ class Follower:
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)
         self._max_frame = max_frame
+        self._tls = tls  # the group's TLS on the peer link, if it has one
+        self._untrusted_logged = False
         self.link = self._connect()
         self._reconnect_at = 0.0
         self._answered_on: Link | None = None  # the link the leader last answered on
@@ -278,6 +282,12 @@ class Follower:
                     self._hung_up = True
                 elif link.refused and self._hung_up:
                     self._exited = True
+            if link.untrusted:  # its process answered, if only to refuse our TLS: not a reason to suspect it
+                self._unanswered_since = None
+                if not self._untrusted_logged:
+                    log.warning("ha: the peer link of leader %s: %s; check this node's --peer-tls-cert, "
+                                "--peer-tls-key and --peer-tls-ca", self.leader.node, link.error)  # fmt: skip
+                    self._untrusted_logged = True
             if now >= self._reconnect_at:
                 self.link, self._reconnect_at = self._connect(), now + RECONNECT_S
         if now >= self._next_ack:
@@ -296,7 +306,8 @@ class Follower:
 
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)
-        return self._links.add(Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE))
+        tls = self._tls.client if self._tls is not None else None
+        return self._links.add(Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, tls=tls))
 
     def _committed(self, frame: bytes) -> None:
         """A REPLICA-COMMIT: taken for a stream being copied only."""

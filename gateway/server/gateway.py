@@ -53,6 +53,7 @@ from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import route
+from gateway.transport.tls import PeerTls
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
@@ -106,6 +107,7 @@ class GatewayConfig:
     ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
     ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
     peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
+    peer_tls: PeerTls | None = None  # a node's TLS on the peer link (gateway.transport.tls); None: plain TCP
 
     def __post_init__(self) -> None:
         if not self.streams:

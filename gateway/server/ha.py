@@ -132,6 +132,7 @@ class HaNode:
         self._value = self.info.encode()  # the leader key's value while we hold it
         self._forged_logged = False
         self._unframed_logged = False
+        self._untrusted_logged = False
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._refused_by = 0  # the epoch whose leader's sidecar refused us for good, once said
         self._campaigned_on: str | None = None  # (elector thread) the in-sync record of the last campaign
@@ -229,7 +230,8 @@ class HaNode:
 
     def _serve_peers(self, now: float, limit: int = 1024) -> None:
         """Take new connections, answer the followers' pings and count their acks (never waits)."""
-        for link in self.peer.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM):
+        tls = self.gw.config.peer_tls
+        for link in self.peer.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM, tls=tls.server if tls else None):
             self._links.add(link)
             if len(self._links) > MAX_LINKS:  # someone opens connections and sends nothing: the oldest idle goes
                 idle = next((k for k in self._links if k not in self._peers.values()), link)
@@ -256,6 +258,13 @@ class HaNode:
                                     "(%s): run one version of zeps on every node of a group; further ones are only "
                                     "counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
                         self._unframed_logged = True
+                elif link.untrusted:  # TLS refused it: not a node of the group (or one without its certificate)
+                    self.gw.metrics.rejected.labels("auth").inc()
+                    if not self._untrusted_logged:  # once: anyone who reaches the port can try
+                        log.warning("ha: refused a connection to the peer link (%s): every node needs a certificate "
+                                    "of the group's CA (--peer-tls-cert, --peer-tls-key, --peer-tls-ca); further ones "
+                                    "are only counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
+                        self._untrusted_logged = True
                 self._drop_link(link)
         self._links.refresh()
 
@@ -447,7 +456,8 @@ class HaNode:
                 return
             f = self.follower = Follower(self.gw.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.gw.config.ha_suspect_s, watch=self.gw.watch, unwatch=self.gw.unwatch,
-                                         max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX)  # fmt: skip
+                                         max_frame=self.gw.config.max_frame_bytes + PEER_FRAME_MAX,
+                                         tls=self.gw.config.peer_tls)  # fmt: skip
         suspected = f.tick(now)
         if suspected:
             log.warning("ha: leader %s (epoch %d) %s; campaigning", f.leader.node, f.epoch, suspected)

@@ -14,6 +14,9 @@ that fails (refused, reset, closed, a frame over the limit) stays `closed`, with
 drops it from its `LinkSet` (which unregisters it from the poller before closing its descriptor), or connects
 again.
 
+With `tls` (gateway.transport.tls), a link runs TLS over the same socket once it is connected: its handshake
+is stepped by `frames` and `flush`, within a deadline, and frames wait in the queue meanwhile.
+
 Threading contract: a Link and a Listener belong to the thread that polls them.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
@@ -31,6 +35,7 @@ import zmq
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
+from gateway.transport.tls import Handshake, failure
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
@@ -54,7 +59,15 @@ def _endpoint(host: str, port: int) -> str:
 class Link(PolledByFd):
     """One framed connection; frames in of at most `max_frame` bytes, at most `max_queued` frames waiting out."""
 
-    def __init__(self, sock: socket.socket, *, max_frame: int, max_queued: int, connecting: bool = False) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        *,
+        max_frame: int,
+        max_queued: int,
+        connecting: bool = False,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         sock.setblocking(False)
         self._sock, self._fd = sock, sock.fileno()  # the fd is kept: a poller finds us by it, also once closed
         self._connecting = connecting
@@ -66,11 +79,15 @@ class Link(PolledByFd):
         self.hung_up = False  # the peer closed or reset the connection (its process exited, most likely)
         self.refused = False  # the connect was refused: nothing listens there
         self.unframed = False  # the peer sent what is not our framing (a length over the limit)
+        self.untrusted = False  # TLS failed: the peer is not TLS, or its certificate is not of the group's CA
+        self._tls = tls
+        self._handshake: Handshake | None = None  # TLS: the handshake under way, from connected until done
         if not connecting:
             self._nodelay()
+            self._secure(server_side=True)
 
     @classmethod
-    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int) -> Link:
+    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int, tls: ssl.SSLContext | None = None) -> Link:
         """A link to `endpoint` (tcp://HOST:PORT), connecting in the background: frames sent meanwhile wait in
         its queue. One that cannot even start (no such host) comes back closed, with the reason."""
         try:
@@ -82,7 +99,7 @@ class Link(PolledByFd):
             link._fail(f"cannot connect to {endpoint}: {exc}")
             return link
         sock = socket.socket(family, kind, proto)
-        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True)
+        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, tls=tls)
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
             link.refused = code == errno.ECONNREFUSED
@@ -95,13 +112,16 @@ class Link(PolledByFd):
     @property
     def wants_write(self) -> bool:
         """Whether the owner should poll for POLLOUT: connecting, or frames wait for the kernel."""
-        return not self.closed and (self._connecting or bool(self._out))
+        handshake = self._handshake
+        return not self.closed and (
+            self._connecting or bool(self._out) or (handshake is not None and handshake.wants_write)
+        )
 
     def send(self, frame: bytes) -> Outcome:
         """Hand `frame` to the kernel, or queue it: "sent"; "unread" (the queue is full: not sent); "gone"."""
         if self.closed:
             return "gone"
-        if self._out or self._connecting:
+        if self._out or self._connecting or self._tls is not None:  # (an SSLSocket has no sendmsg)
             if len(self._out) >= self.max_queued:
                 return "unread"
             self._out.append(memoryview(header(len(frame)) + frame))
@@ -121,13 +141,13 @@ class Link(PolledByFd):
 
     def flush(self) -> None:
         """Send what waits, as far as the kernel takes it (call when the socket polls writable)."""
-        if self.closed or (self._connecting and not self._connected()):
+        if not self._ready():
             return
         out = self._out
         while out:
             try:
-                sent = self._sock.send(out[0])
-            except BlockingIOError:
+                sent = self._sock.send(out[0])  # TLS: all of it or nothing (then the same again)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as exc:
                 self._fail(f"send failed: {exc.strerror or exc}")
@@ -149,11 +169,15 @@ class Link(PolledByFd):
                 self._fail(str(exc))
                 return
             if frame is None:
-                if self.closed or (self._connecting and not self._connected()):
+                if not self._ready():
                     return
                 try:
                     data = self._sock.recv(RECV_BYTES)
-                except BlockingIOError:
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return
+                except ssl.SSLError as exc:  # TLS 1.3: a peer that refuses our certificate says so after its handshake
+                    self.untrusted = True
+                    self._fail(f"receive failed: {failure(exc)}")
                     return
                 except OSError as exc:
                     self.hung_up = exc.errno == errno.ECONNRESET
@@ -168,6 +192,29 @@ class Link(PolledByFd):
             given += 1
             yield frame
 
+    def _ready(self) -> bool:
+        """Whether the link carries frames now: connected, and its TLS handshake (if any) done."""
+        if self.closed or (self._connecting and not self._connected()):
+            return False
+        handshake = self._handshake
+        if handshake is None:
+            return True
+        try:
+            done = handshake.step()
+        except (OSError, TimeoutError) as exc:
+            self.untrusted = not isinstance(exc, TimeoutError)
+            self._fail(f"TLS handshake failed: {failure(exc)}")
+            return False
+        if done:
+            self._handshake = None
+        return done
+
+    def _secure(self, *, server_side: bool) -> None:
+        """Start TLS on the connected socket, if the link has it (same descriptor, now wrapped)."""
+        if self._tls is not None:
+            self._handshake = Handshake(self._sock, self._tls, server_side=server_side)
+            self._sock = self._handshake.sock
+
     def _connected(self) -> bool:
         """Whether a background connect has finished (and how: a failure closes the link)."""
         _, writable, _ = select.select([], [self._fd], [], 0)
@@ -180,6 +227,7 @@ class Link(PolledByFd):
             return False
         self._connecting = False
         self._nodelay()
+        self._secure(server_side=False)
         return True
 
     def _nodelay(self) -> None:
@@ -223,7 +271,7 @@ class Listener(PolledByFd):
     def fileno(self) -> int:
         return self._fd
 
-    def accept(self, *, max_frame: int, max_queued: int) -> list[Link]:
+    def accept(self, *, max_frame: int, max_queued: int, tls: ssl.SSLContext | None = None) -> list[Link]:
         """The connections waiting, as links (never waits)."""
         links: list[Link] = []
         while True:
@@ -237,7 +285,7 @@ class Listener(PolledByFd):
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     return links  # out of descriptors: the connection waits in the backlog
                 raise
-            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued))
+            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, tls=tls))
 
     def close(self) -> None:
         self._sock.close()
