@@ -39,8 +39,9 @@ def _readable(option: str, path: str | Path) -> Path:
     return file
 
 
-def _context(purpose: ssl.Purpose, what: str, ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
-    """A context that presents `cert` (with `key`) and requires a peer certificate signed by `ca`."""
+def _context(purpose: ssl.Purpose, options: tuple[str, str, str], ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
+    """A context that presents `cert` (with `key`) and requires a peer certificate signed by `ca`; `options`:
+    the options that named the three files, for the errors."""
     ctx = ssl.create_default_context(purpose)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False  # the CA admits; see the module's docstring
@@ -49,12 +50,13 @@ def _context(purpose: ssl.Purpose, what: str, ca: Path, cert: Path, key: Path) -
         ctx.load_cert_chain(cert, key)
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(
-            f"{what} {cert} with key {key}: not a PEM certificate and its private key ({exc.strerror or exc})"
+            f"{options[1]} {cert} with {options[2]} {key}: not a PEM certificate and its private key "
+            f"({exc.strerror or exc})"
         ) from None
     try:
         ctx.load_verify_locations(cafile=ca)
     except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"{what} CA {ca}: not a PEM certificate ({exc.strerror or exc})") from None
+        raise ConfigError(f"{options[0]} {ca}: not a PEM certificate ({exc.strerror or exc})") from None
     return ctx
 
 
@@ -69,14 +71,11 @@ class PeerTls:
     @classmethod
     def load(cls, cert: str | Path, key: str | Path, ca: str | Path) -> PeerTls:
         """From PEM files (--peer-tls-cert, --peer-tls-key, --peer-tls-ca); ConfigError naming a bad one."""
-        files = (
-            _readable("--peer-tls-ca", ca),
-            _readable("--peer-tls-cert", cert),
-            _readable("--peer-tls-key", key),
-        )
-        server = _context(ssl.Purpose.CLIENT_AUTH, "--peer-tls-cert", *files)
+        options = ("--peer-tls-ca", "--peer-tls-cert", "--peer-tls-key")
+        files = tuple(_readable(option, path) for option, path in zip(options, (ca, cert, key), strict=True))
+        server = _context(ssl.Purpose.CLIENT_AUTH, options, *files)
         server.num_tickets = 0  # nodes do not resume sessions: no tickets to send
-        return cls(server, _context(ssl.Purpose.SERVER_AUTH, "--peer-tls-cert", *files))
+        return cls(server, _context(ssl.Purpose.SERVER_AUTH, options, *files))
 
 
 @dataclass(frozen=True)
@@ -90,8 +89,9 @@ class EtcdTls:
 
     @classmethod
     def load(cls, ca: str | Path, cert: str | Path, key: str | Path) -> EtcdTls:
-        files = _readable("--etcd-ca", ca), _readable("--etcd-cert", cert), _readable("--etcd-key", key)
-        _context(ssl.Purpose.SERVER_AUTH, "--etcd-cert", *files)
+        options = ("--etcd-ca", "--etcd-cert", "--etcd-key")
+        files = tuple(_readable(option, path) for option, path in zip(options, (ca, cert, key), strict=True))
+        _context(ssl.Purpose.SERVER_AUTH, options, *files)
         return cls(*(str(f) for f in files))
 
 

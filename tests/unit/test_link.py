@@ -282,9 +282,11 @@ def test_a_tls_handshake_that_does_not_finish_closes_the_link_at_its_deadline(ce
 def test_bad_tls_files_are_one_clear_error(certs: Certs, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--peer-tls-cert .*/nope.crt: no such file: make one with `zeps keygen"):
         PeerTls.load(tmp_path / "nope.crt", certs.key("a"), certs.ca)
-    with pytest.raises(ConfigError, match=r"--peer-tls-cert .*a.crt with key .*b.key: not a PEM certificate and"):
+    with pytest.raises(
+        ConfigError, match=r"--peer-tls-cert .*a.crt with --peer-tls-key .*b.key: not a PEM certificate and"
+    ):
         PeerTls.load(certs.cert("a"), certs.key("b"), certs.ca)
-    with pytest.raises(ConfigError, match=r"--peer-tls-cert CA .*a.key: not a PEM certificate"):
+    with pytest.raises(ConfigError, match=r"--peer-tls-ca .*a.key: not a PEM certificate"):
         PeerTls.load(certs.cert("a"), certs.key("a"), certs.key("a"))
     with pytest.raises(ConfigError, match=r"a.crt exists: certificates are never overwritten"):
         make_node(certs.dir / "a", (certs.ca, certs.dir / "ca.key"), [])
