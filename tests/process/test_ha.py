@@ -40,6 +40,7 @@ from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 pytestmark = pytest.mark.timeout(300)
+ZEPS = [sys.executable, "-m", "gateway.cli"]
 
 STREAM = "ha"
 LEADER_KEY = f"{group_key([STREAM])}/leader"
@@ -828,7 +829,8 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
     peer link is mutual TLS. Every confirm (--min-insync 1) crossed the TLS peer link; etcd's leader member
     killed -9 mid-run: the group keeps a leader and confirms on, nothing lost. A client without a certificate
     of the CA is refused by etcd with one line; a node whose peer certificate another CA signed is refused by
-    the leader's peer link, and neither follows nor deposes it."""
+    the leader's peer link, and neither follows nor deposes it. The leader killed -9: a follower over TLS takes
+    over, and confirms resume once the restarted node is in sync again."""
     certs = make_certs(tmp_path / "certs", ["m0", "m1", "m2", "n0", "n1", "n2"])
     cluster = EtcdCluster(tmp_path, certs).start()
     urls = ",".join(cluster.urls)
@@ -860,13 +862,17 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
         wait_synced(nodes)
         check(nodes, confirmed)
 
-        # a client of etcd without a certificate of the CA: one line, exit 1
+        # a client finds the group in etcd with its certificate ...
+        argv = [*ZEPS, "streams", "--etcd", urls, "--json", "--wait", "1", *certs.etcd_args("n0")]
+        found = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert found.returncode == 0 and f'"{STREAM}"' in found.stdout, found.stderr
+        # ... and one without a certificate of the CA is refused: one line, exit 1
         other_ca = make_ca(tmp_path / "other")
         make_node(tmp_path / "rogue", other_ca, [])
         rogue = ["--etcd-ca", str(certs.ca), "--etcd-cert", str(tmp_path / "rogue.crt"),
                  "--etcd-key", str(tmp_path / "rogue.key")]  # fmt: skip
         for options in ([], rogue):
-            argv = [sys.executable, "-m", "gateway.cli", "ha", "status", "--etcd", urls, "--stream", STREAM, *options]
+            argv = [*ZEPS, "ha", "status", "--etcd", urls, "--stream", STREAM, *options]
             done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
             assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
             assert "TLS refused" in done.stderr and "--etcd-cert" in done.stderr, done.stderr
@@ -881,6 +887,17 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
         assert leader(client, nodes) == (now_leads, now_epoch)
         assert "refused a connection to the peer link" in now_leads.log.read_text()
         assert "check this node's --peer-tls-cert" in intruder.log.read_text()
+
+        # the group's leader killed -9 and restarted: its successor leads, and confirms resume once the restarted
+        # node caught up over the TLS peer link and is in sync again
+        now_leads.kill9()
+        killed = time.monotonic()
+        now_leads.start()
+        for n in range(421, 441):
+            confirmed[n] = pub.send(n)
+        print(f"group leader killed -9 and restarted: confirms resumed after {time.monotonic() - killed:.2f} s")
+        assert leader(client, nodes)[1] > now_epoch
+        wait_synced(nodes)
         check(nodes, confirmed)
     finally:
         pub.close()
