@@ -52,7 +52,7 @@ from gateway.transport.curve import CurveClientKeys, CurveServerKeys
 from gateway.transport.pgm import PgmSettings
 from gateway.wire.streamkey import StreamKey
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # CHANGELOG.md: what changed, and the wire and journal formats' compatibility
 
 __all__ = [
     "AsyncPublisher",

@@ -4,20 +4,14 @@ Each message names the cause and the fix, so a command line can print it as one 
 derive from the builtin that their callers caught before this family existed (ValueError for bad input,
 RuntimeError for a failure at run time), so existing `except ValueError` code keeps working.
 
-This module sits below every layer (it imports nothing of ours), so any layer may raise these.
+This module sits below every layer (it imports nothing of ours), so any layer may raise these. The upper
+layers' own errors live with them and derive from ZepsError too: gateway.bench.BenchError,
+gateway.spark.SparkUnavailable.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-MAX_REASON = 255  # a ZEPS string: reasons travel back to peers verbatim in INVALID
-
-
-def printable(text: str) -> str:
-    """Escape everything outside printable ASCII and cut to MAX_REASON bytes, so the text fits a ZEPS string."""
-    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
 class ZepsError(Exception):
@@ -40,14 +34,15 @@ class BatchError(ZepsError, ValueError):
 
 
 class ProtocolError(ZepsError, ValueError):
-    """A frame (or a value to encode) breaks the ZEPS grammar.
+    """A frame (or a value to encode) breaks the ZEPS grammar; `reason` says which rule and where.
 
-    reason is printable ASCII of at most 255 bytes, so a server can send it back verbatim in INVALID.
+    gateway.wire.protocol shows a peer's values escaped and cut (its `printable`), so the reason is printable
+    ASCII that a server can send back in INVALID.
     """
 
     def __init__(self, reason: str) -> None:
-        self.reason = printable(reason)
-        super().__init__(self.reason)
+        super().__init__(reason)
+        self.reason = reason
 
 
 class AuthError(ZepsError, ValueError):
@@ -59,7 +54,8 @@ class McastError(ZepsError, ValueError):
 
 
 class Unauthenticated(McastError):
-    """A multicast message that failed the stream key check; `kind` says how (for counting and logs)."""
+    """A multicast message that failed the stream key check; `kind` says how (for counting and logs), `reason`
+    says it in words."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
@@ -119,7 +115,9 @@ class NotGranted(ReplayRefused):
 
 
 class DataLoss(ZepsError, RuntimeError):
-    """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on."""
+    """Sequences lo..hi are gone for good (the journal no longer holds them); iterate again to go on.
+
+    reason: why (retention, a trimmed range, a corrupt journal at the server)."""
 
     def __init__(self, lo: int, hi: int, reason: str) -> None:
         super().__init__(f"records {lo}..{hi} are lost ({reason}): the journal no longer retains them")
@@ -134,27 +132,22 @@ class SlowConsumer(ZepsError, RuntimeError):
     """The application fell further behind the live feed than `max_lag` allows (lag_policy="raise")."""
 
 
-class SparkUnavailable(ZepsError, RuntimeError):
-    """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
-
-
 class CoordinatorError(ZepsError, RuntimeError):
     """The coordinator (etcd) refused a request or did not answer in time; the message names it and the fix."""
-
-
-class BenchError(ZepsError, RuntimeError):
-    """A benchmark could not run or did not check out; the message says why and what to do."""
 
 
 # --- the journal -------------------------------------------------------------------------------------------
 
 
-class JournalError(ZepsError):
+class JournalError(ZepsError, RuntimeError):
     """Anything the journal refuses to do; the message names the cause and the fix."""
 
 
 class JournalCorrupt(JournalError):
-    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows."""
+    """Bytes in a segment that are not a valid batch, or a broken sequence, where data follows.
+
+    path: the segment file; offset: the byte where the damage starts; reason: what is wrong there; fix: what to
+    do (the message ends with it)."""
 
     def __init__(self, path: Path, offset: int, reason: str, fix: str) -> None:
         super().__init__(f"journal corrupt: {path} at byte {offset}: {reason}. {fix}")
@@ -164,7 +157,8 @@ class JournalCorrupt(JournalError):
 
 
 class JournalLocked(JournalError):
-    """Another process is the writer of this stream."""
+    """Another process is the writer of this stream: `message` says which stream and how to find the process,
+    `pid` is that process (None when the lock does not say)."""
 
     def __init__(self, message: str, pid: int | None) -> None:
         super().__init__(message)
@@ -178,7 +172,8 @@ class NotAJournal(JournalError):
 class JournalTrimmed(JournalError):
     """Sequences a reader asked for are no longer in the journal (retention, or removal by hand).
 
-    `seq` is the first sequence that could not be delivered; `first_retained` the first one that can.
+    `stream` is the stream's name; `seq` the first sequence that could not be delivered; `first_retained` the
+    first one that can.
     A cursor that raises this has moved on to `first_retained` when that exists, so calling it again
     continues from there: skipping the loss is the caller's decision, never the journal's.
     """

@@ -47,7 +47,11 @@ TRANSPORTS = ("epgm", "pgm", "norm", "udp")
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """A multicast endpoint `TRANSPORT://INTERFACE;GROUP:PORT` with the interface as a name or an address."""
+    """A multicast endpoint `TRANSPORT://INTERFACE;GROUP:PORT` with the interface as a name or an address.
+
+    transport: epgm, pgm, norm or udp; interface: a name (eth1) or an IPv4 address (`resolve()` turns a name
+    into its address); group: an IPv4 multicast address; port: 1..65535. Build it with `parse(text)`.
+    """
 
     transport: str
     interface: str
@@ -136,6 +140,9 @@ class Tuning:
     pgm: the OpenPGM timers for epgm:// and pgm:// (rate, recovery interval, buffers and hops come from here).
     libzmq_pgm: serve epgm:// and pgm:// with libzmq's engine (its fixed timers) rather than gateway.transport.pgm
         (default: gateway.transport.pgm's, unless the environment says ZEPS_PGM_ENGINE=libzmq).
+    sndbuf, rcvbuf: the sockets' kernel buffers in bytes (capped by net.core.wmem_max/rmem_max: `zeps doctor`).
+    sndhwm: batches libzmq may queue per endpoint before a sender sees zmq.Again.
+    linger_ms: how long a closing socket may still send what it holds.
     """
 
     rate_kbps: int = 100_000

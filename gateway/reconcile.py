@@ -63,7 +63,8 @@ CATCHING_UP (``Start.at_seq``/``after_seq``, and every fall-back)
     held (while the lag is at most ``max_lag / 2``, when one is set; holding further behind is futile),
     and when they overflow the buffer the held ones are dropped and holding starts afresh. Heartbeats
     (``HeadSeen``) and live batches raise the live edge. As soon as N passes the live edge (replay met live) while
-    live is not silent, the request is cancelled: MERGED.
+    live is not silent, the request is cancelled: MERGED. After a fall-back, the first live batch beyond N makes
+    the burst before it a known gap: counted (gaps detected, then filled when N passes it), never requested.
 MERGED
     Live batches are delivered directly. A live batch starting beyond the frontier (the highest
     sequence delivered, held or requested) or, after ``tail_grace``, a heartbeat head beyond it (tail
@@ -254,7 +255,10 @@ _MAX_HOPS = len(State)  # guards firing in a row within one round; more is a cyc
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Where the stream starts for this subscriber; build with the class methods."""
+    """Where the stream starts for this subscriber; build with the class methods.
+
+    kind: earliest, latest, at_seq or snapshot; seq: the first sequence for at_seq (0 otherwise).
+    """
 
     kind: Literal["earliest", "latest", "at_seq", "snapshot"]
     seq: int = 0
@@ -416,6 +420,7 @@ class Reconciler:
         self._pos = Position(max_lag, lag_policy)
         self._stream = _Stream(self._pos, self._held, self._requests, self._stats)
         self._closing = False
+        self._fell_back = False  # since the last fall-back, no live batch has shown where live is
         self._silence = SilenceWatch(self._policy)
         self._now = 0.0
         self._epoch = 0  # the newest epoch a heartbeat carried
@@ -552,8 +557,15 @@ class Reconciler:
             self._pos.saw_live(ev.head, self._now)
 
     def _take_or_hold_live(self, ev: Live) -> None:
-        """Live while replay leads: taken if it continues the stream at N, else held."""
+        """Live while replay leads: taken if it continues the stream at N, else held. The first live batch
+        after a fall-back that starts beyond N shows the burst that replay is catching up: a known gap, counted
+        (detected now, filled when N passes it) but not requested, as the open-ended request covers it."""
         n = self._pos.next
+        if self._fell_back and n:
+            self._fell_back = False
+            if ev.batch.first_seq > n:
+                self._requests.add_gap(n, ev.batch.first_seq - 1, self._now)
+                self._requests.abandon_gaps()
         if n and ev.batch.first_seq <= n:
             self._pos.saw_live(ev.batch.last_seq, self._now)
             self._stream.take(ev.batch, f"live:{ev.feed}")
@@ -715,6 +727,7 @@ class Reconciler:
     def _fall_back(self) -> None:
         """Low gear: forget held data and gaps, stream everything from N over replay."""
         self._shut()
+        self._fell_back = True
         self._stream.overflowed = False
         self._pos.live_edge = None
         self._requests.open(self._pos.next)

@@ -361,3 +361,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LabError, ValueError) as exc:
         print(f"netlab: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `netlab status | head`: the reader has gone; quiet, as a shell tool is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

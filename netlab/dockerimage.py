@@ -37,11 +37,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING
 
 from netlab.lab import LabError
+
+if TYPE_CHECKING:  # the Docker SDK is optional (the lab extra); only netlab.dockerlab.client() makes clients
+    import docker
 
 log = logging.getLogger("netlab")
 
@@ -82,6 +83,8 @@ def _digest(*parts: bytes) -> str:
 
 
 def _has_image(client: docker.DockerClient, tag: str) -> bool:
+    import docker.errors
+
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
@@ -304,6 +307,8 @@ def _build(client: docker.DockerClient, tag: str, context: io.BytesIO) -> None:
 
 def _prune(client: docker.DockerClient, keep: str, source: str) -> None:
     """Remove older project images built from this checkout (only those no container uses)."""
+    import docker.errors
+
     for image in client.images.list(name=IMAGE, filters={"label": f"{LABEL_SOURCE}={source}"}):
         if keep not in image.tags and image.id is not None:
             with contextlib.suppress(docker.errors.APIError):  # in use by a container: keep it

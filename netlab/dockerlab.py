@@ -28,15 +28,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
 import requests
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
 
 from netlab import dockerimage, firewall, ns, state
 from netlab import lab as lab_mod
-from netlab.lab import ROOT_MESSAGE, Host, Lab, LabError
+from netlab.lab import EXTRA_MESSAGE, ROOT_MESSAGE, Host, Lab, LabError
+
+try:
+    import docker
+    import docker.errors
+except ModuleNotFoundError:  # no lab extra: namespace labs work, and Docker ones say how to get it (client())
+    docker = None  # type: ignore[assignment]
 
 PREFIX = "zd"
 BACKEND = "docker"
@@ -54,7 +58,10 @@ _CONFLICT = 409
 
 
 def client() -> docker.DockerClient:
-    """A client of the local Docker engine; LabError saying how to start it when it does not answer."""
+    """A client of the local Docker engine; LabError saying how to start it when it does not answer, or how
+    to install the Docker SDK when it is missing."""
+    if docker is None:
+        raise LabError(EXTRA_MESSAGE.format(what="the Docker backend", module="the docker SDK"))
     try:
         engine = docker.from_env(timeout=120)
         engine.ping()

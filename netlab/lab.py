@@ -33,6 +33,8 @@ GROUP_NET = ipaddress.IPv4Network("239.192.0.0/16")
 HOST_IFNAME = "lab0"
 MAX_HOSTS = 250
 ROOT_MESSAGE = "netlab needs root (network namespaces): run as root, e.g. with sudo"
+# netlab's optional parts (Docker labs, packet capture and injection) come with the project's lab extra.
+EXTRA_MESSAGE = "{what} needs {module}, which is not installed: pip install 'zeps-gateway[lab]'"
 
 _OBJECT_RE = re.compile(r"^(zl[0-9a-f]{3})-")
 _PREFIX_RE = re.compile(r"^zl[0-9a-f]{0,3}-?$")

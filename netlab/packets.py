@@ -9,6 +9,7 @@ Captures are ordinary pcap files (Ethernet link type): ``tshark -r FILE -d udp.p
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import os
 import random
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any, cast
 
-from netlab.lab import Host, Lab
+from netlab.lab import EXTRA_MESSAGE, Host, Lab, LabError
 from netlab.procs import MP, HostProcess
 
 _MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
@@ -65,6 +66,17 @@ class Capture:
     @property
     def sources(self) -> set[str]:
         return {f.source for f in self.flows}
+
+
+def require_scapy(what: str) -> None:
+    """LabError naming the lab extra when scapy is missing: checked here, before a host process starts, as
+    scapy itself is imported only inside the host (above)."""
+    try:
+        found = importlib.util.find_spec("scapy") is not None
+    except ImportError:
+        found = False
+    if not found:
+        raise LabError(EXTRA_MESSAGE.format(what=what, module="scapy"))
 
 
 def _import_scapy() -> None:
@@ -168,6 +180,7 @@ def start_sniff(
     """
     if seconds <= 0 or count < 0:
         raise ValueError(f"need seconds > 0 and count >= 0 (got {seconds}, {count})")
+    require_scapy("capturing")
     h = lab.host(host)
     ready, stop = MP.Event(), MP.Event()
     path = os.fspath(pcap) if pcap is not None else None
@@ -259,6 +272,7 @@ def inject(
     Junk by default: ``count`` random payloads of ``size`` bytes; or exactly ``payloads``. ``src``/``sport``
     forge the source (e.g. a rogue sender posing as the real publisher); by default the host's own address.
     """
+    require_scapy("injecting packets")
     if ipaddress.IPv4Address(group) not in _MULTICAST:
         raise ValueError(f"{group} is not an IPv4 multicast group; inject sends to groups (use lab.group(n))")
     if payloads is None:
@@ -294,6 +308,7 @@ def replay(
     Frames go out as captured except for IPv4 and UDP checksums, which are recomputed: captures taken on a
     veth carry the unfinished checksums of checksum offload, and a receiving kernel would drop them.
     """
+    require_scapy("replaying a capture")
     h = lab.host(host)
     timeout = limit / pps + 30.0
     return int(lab.run(h, _replay_here, h.ifname, os.fspath(pcap), pps, limit, timeout=timeout))

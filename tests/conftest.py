@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,6 +20,35 @@ settings.register_profile("zeps", deadline=None, suppress_health_check=[HealthCh
 settings.load_profile("zeps")
 
 NEEDS_ROOT = "netlab needs root (network namespaces): run the tests as root"
+UNIT = Path(__file__).parent / "unit"
+
+
+class TierBreach(BaseException):
+    """A unit test opened a socket or started a process. BaseException: no `except Exception` swallows it."""
+
+
+@pytest.fixture(autouse=True)
+def unit_tier(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """tests/unit opens no socket and starts no process (docs/architecture.md, the test tiers): each attempt
+    raises TierBreach and fails the test, even when it happened in a thread that swallowed the error."""
+    if UNIT not in request.node.path.parents:
+        yield
+        return
+    breaches: list[str] = []
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def refused(*_: object, **__: object) -> Any:
+            breaches.append(what)
+            raise TierBreach(f"a unit test {what}: move it to tests/process (tests/unit: no sockets, no processes)")
+
+        return refused
+
+    monkeypatch.setattr(socket.socket, "__init__", refuse("opened a socket"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    monkeypatch.setattr(os, "fork", refuse("forked a process"))
+    yield
+    if breaches:
+        pytest.fail(f"tests/unit {breaches[0]}: move the test to tests/process", pytrace=False)
 
 
 @pytest.fixture

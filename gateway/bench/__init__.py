@@ -10,7 +10,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from gateway.errors import ZepsError
+
 SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover")
+
+
+class BenchError(ZepsError, RuntimeError):
+    """A benchmark could not run or did not check out; the message says why and what to do."""
 
 
 def scenario(name: str) -> ModuleType:

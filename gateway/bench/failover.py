@@ -35,9 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.bench import latency, pipeline
+from gateway.bench import BenchError, latency, pipeline
 from gateway.bench.runner import BODY, KEYS, STREAM, Progress, Result, Settings, Stat, Table, Target, repeat, stop
-from gateway.errors import BenchError
 from gateway.tools import hagroup
 from gateway.tools.hagroup import MCAST_PORT, NODE_OPTIONS, WAIT_S, Node
 from netlab import MP, Lab

@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.bench import nats, pipeline
+from gateway.bench import BenchError, nats, pipeline
 from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, cpu_seconds, stop
-from gateway.errors import BenchError
 from gateway.tools.deployment import Deployment
 from gateway.transport import udp
 from netlab import MP, Lab

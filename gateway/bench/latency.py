@@ -19,9 +19,8 @@ import functools
 import time
 from array import array
 
-from gateway.bench import norm, pipeline
+from gateway.bench import BenchError, norm, pipeline, runner, versus_nats
 from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, repeat, stop
-from gateway.errors import BenchError
 from gateway.tools.deployment import Deployment
 from netlab import MP
 from netlab.impair import Impairment, clear, impair
@@ -43,12 +42,14 @@ CASES: tuple[Case, ...] = (
     (0.0, "group", 1, "norm"),
     (1.0, "group", 1, "norm"),
 )
-PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+HOP_PERCENTILES = (50.0, 99.0)
+HOPS = (("journal", "publish -> journal"), ("deliver", "journal -> delivery"))
 TARGET_P99_MS = {0.0: 5.0, 1.0: 20.0}
 
 
 def estimate(settings: Settings) -> float:
-    return 20 + len(CASES) * settings.runs * (4 if settings.quick else 14)
+    peers = len(versus_nats.SYSTEMS) * len(versus_nats.RATES) * settings.runs * (4 if settings.quick else 16)
+    return 40 + len(CASES) * settings.runs * (4 if settings.quick else 14) + peers
 
 
 def run(settings: Settings) -> Result:
@@ -69,13 +70,16 @@ def run(settings: Settings) -> Result:
                                                 lambda _: once(dep, count), failures)  # fmt: skip
                 finally:
                     clear(dep.lab, "sub")
-    columns = tuple(f"p{p:g}" for p in PERCENTILES)
+    columns = tuple(f"p{p:g}" for p in runner.PERCENTILES)
     rows = []
     for case in CASES:
         got = stats[case]
-        percentiles = (Stat.of(got.get(c), "ms", 2) for c in columns)
-        rows.append((_label(*case), *percentiles, Stat.of(got.get("max"), "ms", 1), Stat.of(got.get("from_replay"))))
-    targets = []
+        cells = (Stat.of(got.get(c), "ms", 2) for c in columns)
+        rows.append((_label(*case), *cells, Stat.of(got.get("max"), "ms", 1), Stat.of(got.get("from_replay"))))
+    hop_columns = tuple(f"{name} p{p:g}" for _, name in HOPS for p in HOP_PERCENTILES)
+    hop_keys = tuple(f"{hop}_p{p:g}" for hop, _ in HOPS for p in HOP_PERCENTILES)
+    hop_rows = [(_label(*case), *(Stat.of(stats[case].get(k), "ms", 2) for k in hop_keys)) for case in CASES]
+    peer_tables, targets = versus_nats.run(settings, progress, failures, once)
     for case in (c for c in CASES if c[1] == "group"):
         goal, p99 = TARGET_P99_MS[case[0]], Stat.of(stats[case].get("p99"), "ms", 2)
         targets.append(Target(f"p99 < {goal:g} ms: {_label(*case)}", str(p99), p99.median < goal))
@@ -88,7 +92,14 @@ def run(settings: Settings) -> Result:
                 f"publish -> delivery, {count:,} records per run, publisher linger {LINGER_MS:g} ms",
                 ("case", *columns, "max", "records from replay"),
                 rows,
-            )
+            ),
+            Table(
+                "the hops: publish -> journal (publisher batching, ingest, journal append) and journal -> delivery "
+                "(multicast send, network, receive, reconcile), from the batch's journal time",
+                ("case", *hop_columns),
+                hop_rows,
+            ),
+            *peer_tables,
         ],
         targets=targets,
         plots=[
@@ -114,8 +125,9 @@ def _label(loss: float, fsync: str, feeds: int, transport: str) -> str:
     return f"{transport}, {loss:g}% loss, --fsync {fsync}" + (", A/B feeds" if feeds == 2 else "")
 
 
-def once(dep: Deployment, count: int) -> dict[str, float]:
-    """One run of `count` records through `dep`: percentiles, max (ms) and the records replay filled."""
+def once(dep: Deployment, count: int, rate: float = RATE) -> dict[str, float]:
+    """One run of `count` records through `dep` at `rate`/s: percentiles, max (ms), the records replay filled,
+    and the hop breakdown: publish -> journal and journal -> delivery at p50 and p99 (ms)."""
     lab, ready = dep.lab, MP.Queue()
     sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
                                              latency=True))  # fmt: skip
@@ -123,14 +135,17 @@ def once(dep: Deployment, count: int) -> dict[str, float]:
         if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
             raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
         publish = functools.partial(pipeline.publish, linger_ms=LINGER_MS)
-        lab.run("pub", publish, dep.ingest, count, RATE, timeout=300)
+        lab.run("pub", publish, dep.ingest, count, rate, timeout=300)
         got = sub.result(timeout=300)
     finally:
         stop(sub)
     if got["missing"] or got["disorder"]:
         raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
-    lat = array("q")
+    lat, journaled = array("q"), array("q")
     lat.frombytes(got["latencies"])
-    ms = sorted(x / 1e6 for x in lat)
-    out = {f"p{p:g}": ms[min(len(ms) - 1, int(len(ms) * p / 100))] for p in PERCENTILES}
-    return {**out, "max": ms[-1], "from_replay": got["summary"]["from_replay"]}
+    journaled.frombytes(got["journaled"])
+    hops = {"journal": journaled, "deliver": array("q", (t - j for t, j in zip(lat, journaled, strict=True)))}
+    out = {**runner.percentiles(lat), "max": max(lat) / 1e6, "from_replay": got["summary"]["from_replay"]}
+    for hop, times in hops.items():
+        out.update({f"{hop}_{k}": v for k, v in runner.percentiles(times, HOP_PERCENTILES).items()})
+    return out

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import zmq
 
-from gateway.bench import pipeline, replay
+from gateway.bench import BenchError, pipeline, replay
 from gateway.bench.runner import STREAM, Plot, Progress, Result, Settings, Table, Target, need_disk, rss_bytes, stop
 from gateway.client.replay_client import ReplayClient
-from gateway.errors import BenchError
 from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment
 from gateway.wire import batch as B

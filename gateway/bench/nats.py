@@ -13,21 +13,24 @@ import asyncio
 import contextlib
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.bench import BenchError
 from gateway.bench.runner import BODY, KEYS, stop_process
-from gateway.errors import BenchError
 from netlab import Lab
 
 STREAM_NAME = "BENCH"
 SUBJECTS = "bench.>"
 PORT = 4222
 READY_S = 20.0
+STAMP = struct.Struct("<q")  # a latency run's body starts with its publish time, wall clock ns
 
 
 def _argv(store: Path, host: str, port: int) -> list[str]:
@@ -81,10 +84,18 @@ def create_stream(url: str) -> None:
     asyncio.run(_create_stream(url))
 
 
-def publish(url: str, count: int, rate: float, deadline_s: float = 300.0) -> dict:
+def publish(url: str, count: int, rate: float, deadline_s: float = 300.0, *, stamped: bool = False,
+            stored: bool = True) -> dict:  # fmt: skip
     """`count` messages of BODY bytes over KEYS subjects, paced at `rate`/s (0: unpaced); returns once the
-    stream holds them all, with the seconds that took and the stream's last sequence."""
-    return asyncio.run(_publish(url, count, rate, deadline_s))
+    stream holds them all (`stored`; core NATS alone: once the server has them), with the seconds that took and
+    the stream's last sequence. `stamped`: each body starts with its publish time (ns, for `latencies`)."""
+    return asyncio.run(_publish(url, count, rate, deadline_s, stamped, stored))
+
+
+def latencies(url: str, count: int, ready: Any, jetstream: bool, deadline_s: float = 300.0) -> dict:
+    """A subscriber to every subject (core NATS, or an ordered push consumer of the stream's new messages) until
+    `count` stamped messages came or the deadline passed: publish -> delivery times in ns, and how many came."""
+    return asyncio.run(_latencies(url, count, ready, jetstream, deadline_s))
 
 
 def replay(url: str, first: int, count: int, deadline_s: float = 300.0) -> dict:
@@ -111,26 +122,53 @@ async def _create_stream(url: str) -> None:
         await nc.close()
 
 
-async def _publish(url: str, count: int, rate: float, deadline_s: float) -> dict:
+async def _publish(url: str, count: int, rate: float, deadline_s: float, stamped: bool, stored: bool) -> dict:
     nc = await connect(url)
     try:
         js = nc.jetstream()
-        before = (await js.stream_info(STREAM_NAME)).state.last_seq
+        before = (await js.stream_info(STREAM_NAME)).state.last_seq if stored else 0
         names, body = subjects(), b"x" * BODY
         start, cpu = time.perf_counter(), time.process_time()
         for i in range(count):
-            await nc.publish(names[i % KEYS], body)
+            await nc.publish(names[i % KEYS], STAMP.pack(time.time_ns()) + body[STAMP.size :] if stamped else body)
             if rate and i % 10 == 9:
                 ahead = start + (i + 1) / rate - time.perf_counter()
                 if ahead > 0:
                     await asyncio.sleep(ahead)
         await nc.flush(timeout=60)
-        deadline = time.monotonic() + deadline_s
-        while (last := (await js.stream_info(STREAM_NAME)).state.last_seq) < before + count:
+        last, deadline = 0, time.monotonic() + deadline_s
+        while stored and (last := (await js.stream_info(STREAM_NAME)).state.last_seq) < before + count:
             if time.monotonic() > deadline:
                 raise BenchError(f"JetStream stored {last - before} of {count} messages within {deadline_s} s")
             await asyncio.sleep(0.05)
         return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu, "last": last}
+    finally:
+        await nc.close()
+
+
+async def _latencies(url: str, count: int, ready: Any, jetstream: bool, deadline_s: float) -> dict:
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    nc = await connect(url)
+    done, lat = asyncio.Event(), array("q")
+
+    async def on_message(msg: Any) -> None:
+        lat.append(time.time_ns() - STAMP.unpack_from(msg.data)[0])
+        if len(lat) >= count:
+            done.set()
+
+    try:
+        if jetstream:
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW)
+            await nc.jetstream().subscribe(SUBJECTS, stream=STREAM_NAME, cb=on_message, ordered_consumer=True,
+                                           config=config)  # fmt: skip
+        else:
+            await nc.subscribe(SUBJECTS, cb=on_message, pending_msgs_limit=10 * count)
+        await nc.flush(timeout=10)
+        ready.put("ready")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), deadline_s)
+        return {"records": len(lat), "latencies": lat.tobytes()}
     finally:
         await nc.close()
 

@@ -89,15 +89,17 @@ def subscribe(
     per_record: bool = False,
     latency: bool = False,
     deadline_s: float = 120.0,
+    columnar: bool = False,
 ) -> dict:
     """In a subscriber host: a reconciling Subscriber from the live position, until `count` records came.
 
-    The application walks every record: as views with `next_batch()` (the fast path), or as one `Received`
-    each with `next()` (`per_record`). Checks that the records are exactly the next `count` sequences (zero
-    missing after reconciliation) and times them from the first to the last; with `latency`, keeps
-    publish -> delivery times in ns.
+    The application walks every record: as views with `next_batch()` (the fast path), as one `Received`
+    each with `next()` (`per_record`), or as arrays with `next_batch().columns()` (`columnar`). Checks that
+    the records are exactly the next `count` sequences (zero missing after reconciliation) and times them from
+    the first to the last; with `latency`, keeps publish -> delivery times in ns, and of each the publish ->
+    journal part (the batch's journal time).
     """
-    lat = array("q")
+    lat, journaled = array("q"), array("q")
     tuning = Tuning(rate_kbps=rate_kbps)
     with Subscriber(STREAM, multicast=multicast, replay=replay, start="latest", tuning=tuning) as sub:
         ready.put(await_position(sub))
@@ -107,7 +109,7 @@ def subscribe(
         deadline, cpu = time.monotonic() + deadline_s, time.process_time()
         while got + missing < count and time.monotonic() < deadline:
             try:
-                seqs = _next_records(sub, per_record, lat if latency else None)
+                seqs = _next_records(sub, per_record, (lat, journaled) if latency else None, columnar)
             except DataLoss as exc:
                 missing += exc.hi - exc.lo + 1
                 continue
@@ -129,6 +131,7 @@ def subscribe(
             "summary": sub.summary(),
             "pgm": sub.pgm_counters(),
             "latencies": lat.tobytes(),
+            "journaled": journaled.tobytes(),
         }
 
 
@@ -140,23 +143,29 @@ def await_position(sub: Subscriber) -> str:
     return sub.state
 
 
-def _next_records(sub: Subscriber, per_record: bool, lat: array | None) -> tuple[int, int, int] | None:
-    """Take the next record(s) as the application would: (first seq, last seq, records walked) or None."""
+def _next_records(
+    sub: Subscriber, per_record: bool, lat: tuple[array, array] | None, columnar: bool = False
+) -> tuple[int, int, int] | None:
+    """Take the next record(s) as the application would: (first seq, last seq, records walked) or None; with
+    `lat`, append each record's publish -> delivery and publish -> journal times (ns) to its two arrays."""
     if per_record:
         rec = sub.next(timeout=0.5)
         if rec is None:
             return None
         if lat is not None:
-            lat.append(time.time_ns() - rec.ts_ns)
+            lat[0].append(time.time_ns() - rec.ts_ns)
         return rec.seq, rec.seq, 1
     delivery = sub.next_batch(timeout=0.5)
     if delivery is None:
         return None
     n = 0
-    if lat is not None:
-        now = time.time_ns()
+    if columnar:  # the records as arrays: sequences, times, key and body offsets, no object per record
+        n = len(delivery.columns())
+    elif lat is not None:
+        now, journal_ts = time.time_ns(), delivery.batch.ts_ns
         for _, ts, _, _ in delivery.raw():
-            lat.append(now - ts)
+            lat[0].append(now - ts)
+            lat[1].append(journal_ts - ts)
             n += 1
     else:
         for _ in delivery.raw():

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gateway.bench import nats, pipeline
+from gateway.bench import BenchError, nats, pipeline
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -44,7 +44,6 @@ from gateway.bench.runner import (
 )
 from gateway.client.replay_client import ReplayClient
 from gateway.client.subscriber import Subscriber
-from gateway.errors import BenchError
 from gateway.journal import Durability, JournalWriter
 from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment

@@ -27,13 +27,14 @@ from pathlib import Path
 
 import zmq
 
-from gateway.errors import BenchError
+from gateway.bench import BenchError
 from gateway.wire import record_loops
 from netlab import HostProcess
 
 STREAM = "bench"
 BODY = 100  # bytes per record body, every scenario
 KEYS = 100  # routing keys key000..key099
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)  # of latencies, every scenario that measures them
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -155,6 +156,12 @@ def repeat(
         for key, value in measured.items():
             gathered.setdefault(key, []).append(value)
     return gathered
+
+
+def percentiles(ns: Sequence[int], which: Sequence[float] = PERCENTILES) -> dict[str, float]:
+    """{"p50": ms, ...}: the percentiles `which` of the times `ns` (nanoseconds), in ms."""
+    ms = sorted(x / 1e6 for x in ns)
+    return {f"p{p:g}": ms[min(len(ms) - 1, int(len(ms) * p / 100))] for p in which}
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import zmq
 
+from gateway.bench import BenchError
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -35,8 +36,9 @@ from gateway.bench.runner import (
     repeat,
     stop_process,
 )
-from gateway.errors import BenchError, NotAJournal, SparkUnavailable
+from gateway.errors import NotAJournal
 from gateway.journal import JournalReader
+from gateway.spark import SparkUnavailable
 from gateway.wire import protocol as P
 
 TITLE = "Spark sink: local[2] into one gateway on loopback"

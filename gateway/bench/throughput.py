@@ -5,7 +5,8 @@ takes them; the gateway on gw journals and multicasts them; a `Subscriber` on su
 replay. The rate is records / (last - first arrival) at the subscriber, counted only when every sequence
 arrived (zero missing after reconciliation). The same pipeline runs once more with ZEPS_PURE_PYTHON=1 in
 every process: the record loops (gateway.wire.record_loops) in Python instead of compiled, to show what the
-C extension wins.
+C extension wins; and once with the subscriber taking each batch as columns (`Delivery.columns()`: arrays of
+sequences, times and key/body offsets, no object per record).
 
 Baseline, same lab, same PGM rate: a producer PUSHes one message per record to a relay on gw that does
 `PULL.recv_multipart() -> PUB.send_multipart()` over epgm, one message at a time, no journal; a plain SUB
@@ -22,7 +23,7 @@ from typing import Any
 
 import zmq
 
-from gateway.bench import pipeline
+from gateway.bench import BenchError, pipeline
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -38,7 +39,6 @@ from gateway.bench.runner import (
     repeat,
     stop,
 )
-from gateway.errors import BenchError
 from gateway.mcast import Endpoint, Tuning
 from gateway.tools.deployment import Deployment
 from netlab import MP, Lab
@@ -59,13 +59,19 @@ def run(settings: Settings) -> Result:
     failures: list[str] = []
     ours = zeps_runs(settings, progress, "epgm", count, failures)
     per_record = zeps_runs(settings, progress, "epgm", count // 4, failures, per_record=True)
+    columnar = zeps_runs(settings, progress, "epgm", count, failures, columnar=True)
     with python_record_loops():  # every process of the pipeline, gateway included
         pure = zeps_runs(settings, progress, "epgm", count, failures, label=", record loops in Python")
     with Lab(["pub", "gw", "sub"]) as lab:  # the same topology, nothing of ours running on it
         raw = repeat(settings.runs, progress, f"raw relay, {raw_count:,} messages",
                      lambda _: relay_once(lab, raw_count), failures)  # fmt: skip
     rate, raw_rate = Stat.of(ours.get("rate"), "records/s"), Stat.of(raw.get("rate"), "msg/s")
-    zeps = (("next_batch()", ours), ("next()", per_record), ("next_batch(), record loops in Python", pure))
+    zeps = (
+        ("next_batch()", ours),
+        ("next()", per_record),
+        ("next_batch().columns()", columnar),
+        ("next_batch(), record loops in Python", pure),
+    )
     ratio = rate.median / raw_rate.median
     return Result(
         "throughput",
@@ -116,7 +122,8 @@ def run(settings: Settings) -> Result:
                     "ZEPS next_batch()": ([0], [rate.median]),
                     "ZEPS next()": ([1], [Stat.of(per_record.get("rate")).median]),
                     "ZEPS next_batch(), Python loops": ([2], [Stat.of(pure.get("rate")).median]),
-                    "raw pyzmq relay": ([3], [raw_rate.median]),
+                    "ZEPS columns()": ([3], [Stat.of(columnar.get("rate")).median]),
+                    "raw pyzmq relay": ([4], [raw_rate.median]),
                 },
                 kind="bar",
             )
@@ -136,20 +143,23 @@ def zeps_runs(
     *,
     rate_kbps: int = pipeline.RATE_KBPS,
     per_record: bool = False,
+    columnar: bool = False,
     label: str = "",
 ) -> dict[str, list[float]]:
     """The ZEPS half, shared with the NORM scenario: per run, rates, missing records and CPU per record."""
     options = pipeline.gateway_options(rate_kbps)
-    api = ("next()" if per_record else "next_batch()") + label
+    api = ("next()" if per_record else "next_batch().columns()" if columnar else "next_batch()") + label
     with pipeline.deployed(["sub"], tmp=settings.tmp, transport=transport, options=options) as dep:
         return repeat(settings.runs, progress, f"ZEPS over {transport}, {count:,} records, {api}",
-                      lambda _: zeps_once(dep, count, rate_kbps, per_record), failures)  # fmt: skip
+                      lambda _: zeps_once(dep, count, rate_kbps, per_record, columnar), failures)  # fmt: skip
 
 
-def zeps_once(dep: Deployment, count: int, rate_kbps: int, per_record: bool) -> dict[str, float]:
+def zeps_once(
+    dep: Deployment, count: int, rate_kbps: int, per_record: bool, columnar: bool = False
+) -> dict[str, float]:
     lab, ready = dep.lab, MP.Queue()
-    sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
-                                             rate_kbps=rate_kbps, per_record=per_record))  # fmt: skip
+    subscribe = functools.partial(pipeline.subscribe, rate_kbps=rate_kbps, per_record=per_record, columnar=columnar)
+    sub = lab.start("sub", functools.partial(subscribe, dep.for_host("sub"), dep.replay, count, ready))
     try:
         if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
             raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")

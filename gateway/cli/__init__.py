@@ -8,6 +8,7 @@ MODULES = (
     "analyze",
     "bench",
     "demo",
+    "doctor",
     "export",
     "gateway",
     "ha",

@@ -40,9 +40,8 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gateway.bench import SCENARIOS, report, scenario
+    from gateway.bench import SCENARIOS, BenchError, report, scenario
     from gateway.bench.runner import Result, Settings, machine, time_limit
-    from gateway.errors import BenchError
 
     if os.geteuid() != 0:
         raise OSError("zeps bench builds network namespaces and needs root: run it as root, e.g. with sudo")

@@ -33,6 +33,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.cli import extras
+
+    extras.require("lab", "scapy")  # netlab's packet injection (the rogue sender)
     from gateway.tools.demo import DemoPlan, run
 
     ok = run(DemoPlan(records=args.records, rate=args.rate, loss_pct=args.loss), say=lambda s: print(s, flush=True))

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.cli.options import position, stream_name
+from gateway.cli.options import journal_root, position, stream_name
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession  # imported lazily: Spark is optional
@@ -29,7 +29,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
     """The journal, stream, range and Spark options `zeps export` and `zeps analyze` share."""
-    p.add_argument("--journal", type=Path, required=True, help="the gateway's journal root (one directory per stream)")
+    p.add_argument(
+        "--journal", type=journal_root, required=True, help="the gateway's journal root (one directory per stream)"
+    )
     p.add_argument("--stream", type=stream_name, required=True)
     p.add_argument(
         "--from", dest="start", type=position(), help="first sequence, or an ISO-8601 journal time with a zone"

@@ -14,6 +14,7 @@ from gateway.cli.options import (
     byte_size,
     duration,
     host_port,
+    journal_root,
     mcast_channel,
     nonnegative,
     positive,
@@ -40,7 +41,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
     p.add_argument("--stream", action="append", type=stream_name, help="stream to serve (repeatable)")
-    p.add_argument("--journal", type=Path, help="journal root directory")
+    p.add_argument("--journal", type=journal_root, help="journal root directory")
     p.add_argument("--ingest", type=tcp_endpoint, help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", type=tcp_endpoint, help="XSUB endpoint for plain ZeroMQ PUB publishers")
     p.add_argument(
@@ -58,7 +59,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--datagram-bytes", type=byte_size(256, 65507), help="udp:// datagram size at most (1472: one MTU)")
     add_pgm_engine(p)
     p.add_argument("--heartbeat-ms", type=positive, help="heartbeat interval in ms (default 100)")
-    p.add_argument("--linger-ms", type=nonnegative, help="longest wait to fill a batch, in ms (default 2)")
+    p.add_argument(
+        "--linger-ms", type=nonnegative, help="most a batch waits while publishes keep coming, ms (default 2)"
+    )
     p.add_argument("--batch-records", type=positive, help="records per batch at most (default 1024)")
     p.add_argument("--batch-bytes", type=byte_size(1024, _MAX_BATCH), help="bytes per batch at most (default 60000)")
     p.add_argument(

@@ -50,6 +50,23 @@ def _range_in_order(args: argparse.Namespace) -> str | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gateway.errors import NotGranted
+    from gateway.wire.protocol import FEATURE_RANGE
+
+    try:
+        return _print_history(args)
+    except NotGranted as exc:
+        if f"'{FEATURE_RANGE}'" not in str(exc):
+            raise
+        # Only a replay sidecar serves ranges: this is the gateway's ingest (or another ZEPS server), as with
+        # `zeps subscribe`, which the ingest itself tells so.
+        raise NotGranted(
+            f"{args.replay} serves no history (it grants no '{FEATURE_RANGE}' extension: it is not a replay "
+            "sidecar, e.g. the gateway's ingest port): give --replay the endpoint `zeps replay` serves (its --bind)"
+        ) from None
+
+
+def _print_history(args: argparse.Namespace) -> int:
     from gateway.client.replay_client import history
     from gateway.wire.batch import MAX_SEQ
 

@@ -89,8 +89,11 @@ def _explain(exc: Exception) -> tuple[int, str]:
     """(exit status, one line) for an error that ended a command."""
     import zmq
 
+    from gateway.cli import extras
     from gateway.errors import NotAJournal, ZepsError
 
+    if isinstance(exc, ModuleNotFoundError) and (line := extras.explain(exc)) is not None:
+        return 2, line  # an installation short of an extra: found before the command could do anything
     if isinstance(exc, zmq.ZMQError):
         return 1, _zmq_message(exc)
     if isinstance(exc, ValueError | NotAJournal):

@@ -14,12 +14,14 @@ rule and the fix, with exit status 2 (argparse's own for usage errors), before a
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 Check = Callable[[argparse.Namespace], str | None]  # a rule over several options: the error, or None
@@ -30,6 +32,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 10**6, "m
 _SIZE_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 1 << 30}
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")  # argparse's words (3.11)
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*):(\d+|\*)$")
 
 
@@ -242,6 +245,16 @@ def since(seconds: float) -> Position:
     return Position(time_ns=(delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000)
 
 
+def journal_root(text: str) -> Path:
+    """A journal root: a directory, or a path that does not exist yet (the gateway creates it); not a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a file, not a directory: give the journal root (a subdirectory per stream; made if missing)"
+        )
+    return path
+
+
 # --- the parser --------------------------------------------------------------------------------------------
 
 
@@ -282,8 +295,32 @@ class Parser(argparse.ArgumentParser):
         self.required_options: list[str] = []  # dests to name when missing (not argparse-required: env may fill)
 
     def error(self, message: str) -> NoReturn:
-        """One line (argparse prints the whole usage first): the error and where to read more."""
+        """One line (argparse prints the whole usage first): the error, the choice probably meant (a mistyped
+        subcommand or choice), and where to read more."""
+        if m := _INVALID_CHOICE.search(message):
+            choices = [c.strip(" '") for c in m.group(2).split(",")]
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]}?" if close else ""
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """argparse's, with unknown options refused by the (sub)command that was given them, with a suggestion:
+        `zeps history --strem s` says "did you mean --stream?" (argparse's own message names neither)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = getattr(parsed, "parser", self)
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}{parser.suggest(unknown)}")
+        return parsed
+
+    def suggest(self, unknown: Sequence[str]) -> str:
+        """ "; did you mean --x?" for the first unknown option close to one of this parser's, else ""."""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        for word in unknown:
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.partition("=")[0], known, n=1, cutoff=0.6)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
     def from_env(self, action: argparse.Action, var: str, *, required: bool = False) -> None:
         """Fill `action` from environment variable `var` when the option is not given."""

@@ -5,10 +5,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import signal
+import threading
+import time
 from pathlib import Path
 
 from gateway.cli import config, discovery_opts, keyopts, tls_opts
-from gateway.cli.options import Parser, byte_size, duration, host_port, integer, number, positive, tcp_endpoint
+from gateway.cli.options import (
+    Parser,
+    byte_size,
+    duration,
+    host_port,
+    integer,
+    journal_root,
+    number,
+    positive,
+    say,
+    tcp_endpoint,
+)
+
+STILL_WAITING_S = (5.0, 30.0)  # a missing journal root: said at start (the sidecar), again after 5 s, every 30 s
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -21,7 +36,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "may also come from a TOML file (--config; keys as the long options); command-line options win.",
     )
     p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
-    p.add_argument("--journal", type=Path, help="the gateway's journal root (one directory per stream)")
+    p.add_argument("--journal", type=journal_root, help="the gateway's journal root (one directory per stream)")
     p.add_argument("--bind", type=tcp_endpoint, help="ZEPS endpoint, e.g. tcp://127.0.0.1:5571 (port 0: any free one)")
     p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics at HOST:PORT")
     p.add_argument("--client-timeout", type=duration, help="drop clients silent this long (default 30s)")
@@ -82,6 +97,24 @@ def _run(args: argparse.Namespace) -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
-    print(f"zeps replay: serving {server.config.journal} at {server.endpoint}", flush=True)
-    server.run()
+    if args.verbosity >= 0:  # -q: nothing on stdout either
+        print(f"zeps replay: serving {server.config.journal} at {server.endpoint}", flush=True)
+    served = threading.Event()
+    if not server.config.journal.is_dir():
+        threading.Thread(target=_still_waiting, args=(args, server.config.journal, served), daemon=True).start()
+    try:
+        server.run()
+    finally:
+        served.set()
     return 0
+
+
+def _still_waiting(args: argparse.Namespace, root: Path, served: threading.Event) -> None:
+    """Until the journal root appears: say again what the sidecar waits for, with the time waited (a mistyped
+    --journal looks like a sidecar with nothing to serve: clients are told to retry later meanwhile)."""
+    began = time.monotonic()
+    wait = STILL_WAITING_S[0]
+    while not served.wait(wait) and not root.is_dir():
+        say(args, f"zeps replay: still no journal at {root.absolute()} after {time.monotonic() - began:.0f} s: "
+                  f"start the gateway with --journal {root}, or check the path")  # fmt: skip
+        wait = STILL_WAITING_S[1]

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.cli import extras
 from gateway.cli.options import duration, host_port
 
 if TYPE_CHECKING:
@@ -53,14 +54,9 @@ def _run(args: argparse.Namespace) -> int:
     if not chosen:
         print("zeps top: name at least one endpoint: --gateway, --replay or --subscriber HOST:PORT", file=sys.stderr)
         return 2
-    if not args.json:
-        try:
-            import rich  # noqa: F401
-        except ImportError:
-            print(
-                "zeps top: the live view needs rich: pip install 'zeps-gateway[top]' (or use --json)", file=sys.stderr
-            )
-            return 1
+    if not args.json and not extras.importable("rich"):
+        print(f"zeps top: the live view needs rich: {extras.install('top')} (or use --json)", file=sys.stderr)
+        return 1
     top = Top(chosen, timeout=min(2.0, max(0.5, args.interval)))
     try:
         if args.once:

@@ -49,7 +49,12 @@ RCVBUF = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class StreamInfo:
-    """One stream as the directory knows it, merged from every node that announces it."""
+    """One stream as the directory knows it, merged from every node that announces it.
+
+    name: the stream; channels: its multicast channels; sidecars, named: replay endpoints (announced by the
+    sidecars, named by gateways); ingests: publishing endpoints; nodes: who announces it; head: the last
+    sequence announced; rate: records/s announced; epoch: the HA term (0 without HA).
+    """
 
     name: str
     channels: tuple[A.Channel, ...] = ()
@@ -172,7 +177,11 @@ class Table:
 
 
 class LanDirectory(PolledByFd):
-    """The directory kept from the announcements on `interface`'s LAN; see the module docstring."""
+    """The directory kept from the announcements on `interface`'s LAN; see the module docstring.
+
+    group, port: where announcements are sent (the default discovery group); keys: the stream keys whose
+    signatures are accepted.
+    """
 
     def __init__(
         self,

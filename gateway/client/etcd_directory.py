@@ -34,7 +34,11 @@ DEFAULT_POLL_S = 0.5
 
 
 class EtcdDirectory(PolledByFd):
-    """The directory in etcd at `urls` (members of one cluster); see the module docstring."""
+    """The directory in etcd at `urls` (members of one cluster); see the module docstring.
+
+    keys: the stream keys whose signatures are accepted (an announcement signed with another is dropped);
+    poll_s: how often etcd is read.
+    """
 
     def __init__(self, urls: Sequence[str], *, keys: Iterable[StreamKey] = (), poll_s: float = DEFAULT_POLL_S) -> None:
         self._etcd = Etcd(urls, timeout_s=min(1.0, max(0.2, poll_s)))  # bad URLs raise here, in the caller's thread

@@ -92,6 +92,7 @@ from gateway.mcast import Endpoint, Tuning, open_sub
 from gateway.transport.curve import CurveClientKeys
 from gateway.transport.pgm import PgmReceiver
 from gateway.wire import batch as B
+from gateway.wire.columns import Columns
 from gateway.wire.heartbeat import Heartbeat, parse_payload
 from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
 from gateway.wire.protocol import Deliver as ZepsDeliver
@@ -140,6 +141,11 @@ class Delivery:
         if not self.prefixes:
             return records
         return (r for r in records if r[2].tobytes().startswith(self.prefixes))
+
+    def columns(self) -> Columns:
+        """The records as columns (gateway.wire.columns): sequences and times as int64 arrays, keys and bodies as
+        offsets into the batch, no object per record; `.to_arrow()` makes a pyarrow RecordBatch of them."""
+        return Columns(self.batch, self.lo, self.hi, self.prefixes)
 
     def records(self) -> Iterator[Received]:
         """The records as Received objects (copies; with their TTL): the convenient path."""

@@ -44,6 +44,7 @@ from gateway.server.announcer import Discovery, gateway_announcer, gateway_strea
 from gateway.server.channels import plan
 from gateway.server.follower import ReplayFactory
 from gateway.server.ha import HaNode
+from gateway.server.ingest_ready import ingest_ready
 from gateway.server.metrics import GatewayMetrics, OutputSeries
 from gateway.server.producers import ProducerTable
 from gateway.server.registrar import node_registrar
@@ -83,7 +84,7 @@ class GatewayConfig:
     replay_endpoint: str = ""
     tuning: Tuning = field(default_factory=Tuning)
     heartbeat_ms: int = 100
-    linger_ms: int = 2
+    linger_ms: int = 2  # an upper bound only: a batch leaves once the ingest has nothing more queued
     batch_records: int = 1024
     batch_bytes: int = 60_000
     max_message_bytes: int = 1024 * 1024
@@ -423,6 +424,9 @@ class Gateway:
                     self._drain_router()
                 if self.xsub is not None and self.xsub in events:
                     self._drain_xsub()
+                if not ingest_ready(self.router, self.xsub):  # smart batching: nothing more is queued, no linger wait
+                    for lane in self.lanes.values():
+                        self._flush(lane)
         finally:
             self.close()
 

@@ -24,12 +24,17 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from gateway.errors import SparkUnavailable
+from gateway.errors import ZepsError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+
+class SparkUnavailable(ZepsError, RuntimeError):
+    """Spark cannot run here: pyspark (or pyarrow, numpy) is not installed, or Java is missing."""
+
 
 INSTALL_HINT = "install the spark extra: pip install 'zeps-gateway[spark]' (and Java 17)"
 JAVA_HINT = (

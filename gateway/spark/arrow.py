@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from gateway.wire.arrow import strings, variable
 from gateway.wire.batch import RECORD_OVERHEAD, Batch
 
 # (name, Spark SQL type, Arrow type): the one definition both the Spark schema and the Arrow batches use.
@@ -123,8 +124,8 @@ def to_record_batch(
         pa.repeat(pa.scalar(stream, pa.string()), kept),
         pa.array(seq, pa.int64()),
         pa.array(heads["ts"].astype(np.int64), pa.int64()),
-        _keys(buf[byte_labels == _KEY], klen),
-        _variable(pa.binary(), buf[byte_labels == _BODY], blen),
+        strings(buf[byte_labels == _KEY], klen),
+        variable(pa.binary(), buf[byte_labels == _BODY], blen),
     ]
     if journal_time:
         times = np.repeat(np.array([b.ts_ns for b in batches], np.int64), counts)
@@ -145,22 +146,3 @@ def _record_starts(data: bytes, batches: Sequence[Batch]) -> np.ndarray:
             pos += RECORD_OVERHEAD + klen + blen
         base += batch.nbytes
     return np.frombuffer(starts, np.int64) if starts else np.empty(0, np.int64)
-
-
-def _variable(kind: pa.DataType, values: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """A string or binary array straight from its value bytes and lengths (offsets by cumsum)."""
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.Array.from_buffers(kind, len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(values)])
-
-
-def _keys(values: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """Keys as Arrow strings. Keys should be UTF-8; any that are not are decoded with replacement characters,
-    as Batch.records does, so that Spark and `zeps history` agree."""
-    keys = _variable(pa.string(), values, lengths)
-    try:
-        keys.validate(full=True)
-    except pa.ArrowInvalid:
-        binary = _variable(pa.binary(), values, lengths)
-        keys = pa.array([k.decode(errors="replace") for k in binary.to_pylist()], pa.string())
-    return keys

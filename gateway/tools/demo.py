@@ -1,14 +1,16 @@
 """`zeps demo`: the whole system on a throw-away LAN, with a verdict a newcomer can read.
 
-Four network-namespace hosts on one bridge: "gw" runs the gateway and the replay sidecar, "pub" publishes
-a paced feed, "early" subscribes from the start behind 5% inbound packet loss, and "late" joins when
-a third of the feed has gone by; later "early" is cut off the LAN for longer than PGM's own repair
-window, so only the journal can fill what it missed. Meanwhile a fifth host, "rogue", attacks the feed: a
-ZeroMQ PUB of its own on the same group and port (forged batches and heartbeats, replayed genuine ones) and
-scapy junk. The deployment is secured (docs/security.md): multicast signed with a stream key, CURVE on
-ingest and replay. Each subscriber checks every record it receives against what was published, and the demo
-prints, per subscriber, where the records came from, what it dropped, and whether the stream was complete,
-in order, and exactly once.
+Four network-namespace hosts on one bridge: "gw" runs the gateway and the replay sidecar, "pub" publishes a
+paced feed, "early" subscribes from the start behind 5% inbound packet loss, and "late" joins when a third of
+the feed has gone by; later "early" is cut off the LAN for longer than PGM's own repair window, so only the
+journal can fill what it missed. PGM's window is bytes, not seconds: its rate times its recovery interval. At
+the default 100 Mbit/s x 2 s it would hold over a minute of this feed and repair any outage, so the demo sizes
+it to the feed (`DemoPlan.tuning`: twice the feed's rate, half a second), and the verdict checks that the replay
+path delivered what the window could not hold. Meanwhile a fifth host, "rogue", attacks the feed: a ZeroMQ PUB
+of its own on the same group and port (forged batches and heartbeats, replayed genuine ones) and scapy junk. The
+deployment is secured (docs/security.md): multicast signed with a stream key, CURVE on ingest and replay. Each
+subscriber checks every record it receives against what was published, and the demo prints, per subscriber,
+where the records came from, what it dropped, and whether the stream was complete, in order, and exactly once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
-from gateway.mcast import Endpoint
+from gateway.mcast import Endpoint, Tuning
 from gateway.tools.deployment import Deployment, Keys
 from gateway.tools.load import generated
 from gateway.tools.rogue import FORGED, attack
@@ -35,6 +37,7 @@ from netlab.impair import Impairment, heal, impair, partition
 
 STREAM = "demo.ticks"
 BODY, KEYS = 100, 50
+RECORD_WIRE_BYTES = BODY + 32  # a record in a batch: body, key, length and time fields, its share of the header
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,24 @@ class DemoPlan:
     rogue_messages: int = 400  # sent by the rogue PUB when "late" joins
     junk: int = 300  # scapy datagrams of random bytes to the feed's group and port
     timeout_s: float = 120.0
+    recovery_ivl_ms: int = 500  # PGM keeps this long of data at its rate for repair
+
+    @property
+    def tuning(self) -> Tuning:
+        """PGM sized to the feed: a rate of twice the feed's (room for repairs and heartbeats), so its window
+        (rate x recovery interval) holds about a second of the feed, not a minute."""
+        feed_kbps = self.rate * RECORD_WIRE_BYTES * 8 / 1000
+        return Tuning(rate_kbps=max(1000, round(2 * feed_kbps)), recovery_ivl_ms=self.recovery_ivl_ms)
+
+    @property
+    def window_s(self) -> float:
+        """Seconds of the feed that PGM's window holds."""
+        return self.tuning.rate_kbps * 125 * self.tuning.recovery_ivl_ms / 1000 / (self.rate * RECORD_WIRE_BYTES)
+
+    @property
+    def beyond_window(self) -> int:
+        """Records of the outage that PGM cannot repair, halved for the timing's slack: the journal's share."""
+        return int(max(0.0, self.outage_s - self.window_s) * self.rate / 2)
 
 
 def publish_feed(ingest: str, count: int, rate: float, curve: CurveClientKeys | None) -> int | None:
@@ -68,6 +89,7 @@ def run_subscriber(
     ready: Any,
     key: StreamKey,
     curve: CurveClientKeys | None,
+    tuning: Tuning,
 ) -> dict[str, Any]:
     """In a subscriber host: receive from the start until record `count`, checking each against the feed."""
     logging.getLogger("gateway.transport.curve").setLevel(
@@ -75,7 +97,9 @@ def run_subscriber(
     )  # the rogue's messages are counted in the table
     want = generated(count, BODY, KEYS, 0)
     report: dict[str, Any] = {"out_of_order": 0, "wrong_content": 0, "lost_reported": 0, "last_seq": 0}
-    with Subscriber(STREAM, multicast=multicast, replay=replay, start="earliest", stream_key=key, curve=curve) as sub:
+    with Subscriber(
+        STREAM, multicast=multicast, replay=replay, start="earliest", stream_key=key, curve=curve, tuning=tuning
+    ) as sub:
         ready.put("up")
         deadline = time.monotonic() + timeout_s
         expect = 1
@@ -108,16 +132,20 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
     with tempfile.TemporaryDirectory(prefix="zeps-demo-") as tmp, Lab(hosts) as lab:
         say(f"LAN up: {', '.join(f'{h.name}={h.ip}' for h in lab.hosts)} (bridge {lab.bridge})")
         keys = Keys.create(Path(tmp) / "keys")
-        dep = Deployment(lab, Path(tmp) / "journal", STREAM, keys=keys)
+        tuning = plan.tuning
+        pgm = ["--rate-kbps", str(tuning.rate_kbps), "--recovery-ivl-ms", str(tuning.recovery_ivl_ms)]
+        dep = Deployment(lab, Path(tmp) / "journal", STREAM, keys=keys, gateway_args=pgm)
         key, curve = keys.stream_key(), dep.curve
         say(f"gw: gateway (ingest {dep.ingest}, multicast {dep.multicast[0]}) and replay sidecar ({dep.replay})")
+        say(f"gw: PGM at {tuning.rate_kbps:,} kbit/s (twice the feed) with a {tuning.recovery_ivl_ms} ms recovery "
+            f"interval: its repair window holds about {plan.window_s:.1f} s of the feed")  # fmt: skip
         say(f"gw: multicast signed with stream key {key.id:08x}; CURVE on ingest and replay")
         try:
             impair(lab, "early", Impairment(loss_pct=plan.loss_pct), direction="in")
             say(f"early: subscribes from the start, behind {plan.loss_pct:g}% inbound packet loss")
             ready = MP.Queue()
             early = lab.start("early", run_subscriber, dep.for_host("early"), dep.replay, plan.records,
-                              plan.timeout_s, ready, key, curve)  # fmt: skip
+                              plan.timeout_s, ready, key, curve, tuning)  # fmt: skip
             ready.get(timeout=60)
             seconds = plan.records / plan.rate
             say(f"pub: publishing {plan.records:,} records of {BODY} bytes over {KEYS} keys at {plan.rate:,.0f}/s "
@@ -126,7 +154,7 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
             time.sleep(seconds * plan.late_at)
             say(f"late: joins now, about {int(plan.records * plan.late_at):,} records behind, from the beginning")
             late = lab.start("late", run_subscriber, dep.for_host("late"), dep.replay, plan.records,
-                             plan.timeout_s, ready, key, curve)  # fmt: skip
+                             plan.timeout_s, ready, key, curve, tuning)  # fmt: skip
             outage_at = time.monotonic() + seconds * 0.2
             rogue = lab.start("rogue", attack, dep.for_host("rogue")[0], STREAM, plan.rogue_messages)
             group = Endpoint.parse(dep.multicast[0])
@@ -134,7 +162,8 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
             say(f"rogue: a ZeroMQ PUB of its own on {group.group}:{group.port} (forged batches and heartbeats, "
                 f"replayed genuine ones), and {junk} datagrams of scapy junk")  # fmt: skip
             time.sleep(max(0.0, outage_at - time.monotonic()))
-            say(f"early: cut off the LAN for {plan.outage_s:g} s, longer than PGM can repair (recovery interval 2 s)")
+            say(f"early: cut off the LAN for {plan.outage_s:g} s, longer than PGM's window (~{plan.window_s:.1f} s of "
+                "the feed) can repair: only the journal can fill the rest")  # fmt: skip
             partition(lab, "early")
             time.sleep(plan.outage_s)
             heal(lab, "early")
@@ -150,10 +179,11 @@ def run(plan: DemoPlan = DemoPlan(), say=print) -> bool:
         say(f"gw: {problem}")
     forged = sum(sent.get(kind, 0) for kind in FORGED)
     say(f"rogue: sent {forged} forged messages, {sent.get('replayed', 0)} replayed genuine ones, {junk} junk datagrams")
-    return _verdict(plan.records, reports, say) and not problems
+    return _verdict(plan, reports, say) and not problems
 
 
-def _verdict(published: int, reports: dict[str, dict[str, Any]], say) -> bool:
+def _verdict(plan: DemoPlan, reports: dict[str, dict[str, Any]], say) -> bool:
+    published = plan.records
     rows = [
         ("published", lambda r: published),
         ("delivered", lambda r: r["delivered"]),
@@ -185,6 +215,13 @@ def _verdict(published: int, reports: dict[str, dict[str, Any]], say) -> bool:
         say(f"{name}: {verdict} (final state {r['state']})")
         intact = "stream intact" if complete else "stream NOT intact"
         say(f"{name}: rogue packets dropped: {r['unauthenticated']:,} (the junk died in PGM's checks), {intact}")
+    filled = reports["early"]["from_replay"]
+    journal_filled = filled >= plan.beyond_window
+    ok &= journal_filled
+    say(f"early: the journal filled the outage: {filled:,} records over replay (at least {plan.beyond_window:,} "
+        f"expected: {plan.outage_s:g} s cut off, PGM's window ~{plan.window_s:.1f} s)" if journal_filled else
+        f"early: the outage was NOT filled from the journal: {filled:,} records over replay, at least "
+        f"{plan.beyond_window:,} expected")  # fmt: skip
     say("")
     say("VERDICT: PASS" if ok else "VERDICT: FAIL")
     return ok

@@ -73,7 +73,11 @@ def _is_z85(key: bytes) -> bool:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class CurveServerKeys:
-    """A server's CURVE key pair and the directory of client public keys (*.key) it lets in."""
+    """A server's CURVE key pair and the directory of client public keys (*.key) it lets in.
+
+    public, secret: the server's key pair (Z85 text); allow: the directory of the clients' public keys;
+    clients: how many keys it held when loaded. Build it with `load(secret_file, allow_dir)`.
+    """
 
     public: bytes
     secret: bytes
@@ -101,7 +105,11 @@ class CurveServerKeys:
 
 @dataclass(frozen=True, slots=True, repr=False)
 class CurveClientKeys:
-    """A client's CURVE key pair and the public key of the server it may talk to."""
+    """A client's CURVE key pair and the public key of the server it may talk to.
+
+    public, secret: the client's key pair (Z85 text, as `zeps keygen --curve` writes it); server: the server's
+    public key. Build it with `load(key_file, server_file)`.
+    """
 
     public: bytes
     secret: bytes

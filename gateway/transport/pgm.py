@@ -183,6 +183,10 @@ class PgmSettings:
     heartbeat_spm_us: SPMs right after data, at these intervals, so that a lost last packet is detected
         within the first interval rather than at the next data or the ambient SPM.
     peer_expiry_us: a receiver forgets a sender silent (no SPM) this long.
+    max_tpdu: the largest PGM packet in bytes (fits the MTU).
+    sndbuf, rcvbuf: the sockets' kernel buffers in bytes.
+    hops: the multicast TTL.
+    multicast_loop: deliver to receivers in the sender's own namespace (libzmq: never).
     """
 
     rate_kbps: int = 100_000

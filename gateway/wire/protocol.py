@@ -70,7 +70,7 @@ from typing import (
     get_type_hints,
 )
 
-from gateway.errors import ProtocolError, printable
+from gateway.errors import ProtocolError
 
 SIGNATURE: Final = b"\xaa\xa5"
 PROTOCOL: Final = "ZEPS"
@@ -103,9 +103,15 @@ Buffer = bytes | bytearray | memoryview
 Sender = Literal["client", "server", "both"]
 
 
+def printable(text: str) -> str:
+    """Escape everything outside printable ASCII and cut to MAX_STRING bytes, so the text fits a ZEPS string."""
+    text = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= MAX_STRING else text[: MAX_STRING - 3] + "..."
+
+
 def _show(value: object) -> str:
-    """Short repr of a peer-supplied value for an error reason (reasons must stay short)."""
-    text = repr(value)
+    """Short, printable repr of a peer-supplied value for an error reason (reasons travel back in INVALID)."""
+    text = printable(repr(value))
     return text if len(text) <= 40 else text[:37] + "..."
 
 

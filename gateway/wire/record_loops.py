@@ -19,6 +19,7 @@ batches.
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 from collections import deque
@@ -128,17 +129,18 @@ def py_take(queue: deque[tuple[int, bytes, bytes, int]], max_records: int, max_p
     return out, payload, ttl
 
 
-def _compiled() -> ModuleType | None:
+def compiled(name: str) -> ModuleType | None:
+    """gateway.wire.`name`, the compiled twin of a module's Python loops; None when it was not built (no C
+    compiler) or ZEPS_PURE_PYTHON=1 asks for the Python ones."""
     if os.environ.get("ZEPS_PURE_PYTHON") == "1":
         return None
     try:
-        from gateway.wire import _record_loops
+        return importlib.import_module(f"gateway.wire.{name}")
     except ImportError:  # built without a C compiler
         return None
-    return _record_loops
 
 
-_c = _compiled()
+_c = compiled("_record_loops")
 IMPLEMENTATION = "compiled" if _c else "python"
 check = _c.check if _c else py_check
 entries = _c.entries if _c else py_entries

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import SCENARIOS, failover, report, scenario
+from gateway.bench import SCENARIOS, BenchError, failover, report, scenario
 from gateway.bench.runner import Result, Settings, machine
 from gateway.cli.main import main
-from gateway.errors import BenchError
 from gateway.tools.hagroup import NODE_OPTIONS
 from netlab import state
 
@@ -40,6 +39,12 @@ def test_scenario_quick(name: str, tmp_path: Path) -> None:
         pytest.fail("zeps bench needs root (network namespaces): run the tests as root", pytrace=False)
     result = scenario(name).run(Settings(runs=1, quick=True, tmp=tmp_path))
     _check(result, name)
+    if name == "latency":  # ZEPS against NATS core and JetStream in the same run, with the ratios
+        peers, ratios = result.tables[-2:]
+        assert {row[1] for row in peers.rows} == {"ZEPS udp://", "NATS core", "NATS JetStream"}
+        assert len(ratios.rows) == 3 and all(cell != "n/a" for row in ratios.rows for cell in row[1:])
+    if name == "throughput":
+        assert "ZEPS, Subscriber.next_batch().columns()" in [row[0] for row in result.tables[0].rows]
     assert not _my_labs()  # every lab it made is gone
     assert not any(tmp_path.iterdir())  # temporary journals and stores removed
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,14 @@ USAGE = [
     ((*A_GATEWAY, "--peer-tls-cert", "n.crt"), ["missing --peer-tls-key, --peer-tls-ca", "together"]),
     ((*A_GATEWAY, "--etcd-ca", "a", "--etcd-cert", "b", "--etcd-key", "c"), ["--etcd https://HOST:PORT"]),
     (("nosuch",), ["'nosuch'"]),
+    (("histroy",), ["invalid choice: 'histroy'", "did you mean history?"]),
+    (("journal", "verfiy", "j"), ["'verfiy'", "did you mean verify?"]),
+    (("doctor", "--transport", "pigeon"), ["--transport", "'pigeon'", "epgm"]),
+    (("doctor", "--etcd", "localhost"), ["etcd URL 'localhost'", "http://HOST:PORT"]),
+    ((*HIST, "--strem", "t"), ["unrecognized arguments: --strem t", "did you mean --stream?"]),
+    (("subscribe", "--replay", DEAD, "--strem=s"), ["zeps subscribe:", "did you mean --stream?"]),
+    (("gateway", "--journal", __file__), ["--journal", "is a file, not a directory"]),
+    (("replay", "--journal", __file__), ["--journal", "is a file, not a directory"]),
     # discovery, zeps top, snapshots
     (("streams",), ["--interface"]),
     (("streams", "--interface", "lo", "--discovery", "239.1.1.1"), ["239.1.1.1", "GROUP:PORT"]),
@@ -302,6 +311,51 @@ def test_a_closed_pipe_ends_quietly(servers, command: str) -> None:
     proc.stdout.close()
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and b"Broken pipe" not in err and b"Traceback" not in err, err
+
+
+def test_doctor_says_one_line_a_finding_and_fails_on_what_is_needed() -> None:
+    done = zeps("doctor", "--transport", "epgm", "--transport", "norm")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # this machine runs the project's tests
+    assert [line.split()[1] for line in lines][:5] == ["openpgm", "libnorm", "pyzmq", "record", "pgm"]
+    assert all(line.startswith(("ok ", "hint ")) for line in lines), lines
+    dead = zeps("doctor", "--etcd", DEAD.replace("tcp", "http"))
+    assert dead.returncode == 1 and dead.stdout.splitlines()[-1].startswith("FAIL etcd"), dead.stdout
+    assert "does not answer" in dead.stdout and "start it, or check the URL" in dead.stdout
+
+
+def test_history_at_the_ingest_port_says_it_is_not_a_sidecar(servers) -> None:
+    gw, _ = servers
+    done = zeps("history", "--replay", gw.ingest, "--stream", STREAM)
+    one_line_error(done, 1, gw.ingest, "not a replay sidecar", "the gateway's ingest", "`zeps replay`")
+
+
+def test_replay_says_at_once_what_it_waits_for_and_again_with_the_time(tmp_path: Path) -> None:
+    root = tmp_path / "typo"
+    argv = [*ZEPS, "replay", "--journal", str(root), "--bind", f"tcp://127.0.0.1:{free_port()}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CLEAN_ENV)
+    try:
+        assert proc.stderr is not None
+        began = time.monotonic()
+        while f"{root} does not exist yet" not in (line := proc.stderr.readline()):
+            assert line, "zeps replay ended without saying what it waits for"
+        assert time.monotonic() - began < 5.0  # at start, not after a retry
+        while "still no journal" not in (line := proc.stderr.readline()):
+            assert line, "zeps replay ended without saying it again"
+        assert f"at {root} after 5 s" in line and f"--journal {root}" in line, line
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_replay_quiet_prints_nothing(tmp_path: Path) -> None:
+    argv = [*ZEPS, "replay", "-q", "--journal", str(tmp_path), "--bind", f"tcp://127.0.0.1:{free_port()}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CLEAN_ENV)
+    time.sleep(2.0)
+    assert proc.poll() is None, proc.communicate()
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out == "" and err == "", (out, err)
 
 
 # --- journals: repair, a corrupt tail, a corrupt middle ------------------------------------------------------

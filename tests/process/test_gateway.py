@@ -115,6 +115,23 @@ def test_the_gateway_keeps_serving_after_junk(gateway: GatewayProcess, tmp_path:
     assert journal_records(tmp_path) == [(1, "k", b"v")]
 
 
+def test_a_lone_publish_leaves_at_once_whatever_the_linger(tmp_path: Path) -> None:
+    """Smart batching: a single PUBLISH with nothing queued behind it is journaled in the pass that read it, not
+    after --linger-ms (an hour here); under load a batch grows, bounded by the linger and the batch limits."""
+    gw = GatewayProcess(tmp_path, "--linger-ms", "3600000")
+    try:
+        sock = zeps_client(gw.ingest)
+        assert isinstance(ask(sock, P.encode(P.Attach("ZEPS", 1, STREAM))), P.AttachOk)
+        for i in range(3):
+            sock.send(P.encode(P.Publish("k", b"v%d" % i)))
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and len(journal_records(tmp_path)) <= i:
+                time.sleep(0.02)
+        assert journal_records(tmp_path) == [(i + 1, "k", b"v%d" % i) for i in range(3)]
+    finally:
+        gw.stop()
+
+
 def test_oversized_message_is_refused_and_the_publisher_sees_it(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path, "--max-message-bytes", "1000")
     try:

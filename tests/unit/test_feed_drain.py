@@ -4,9 +4,10 @@ it wakes an awaiting reader, and what it passes on."""
 
 from __future__ import annotations
 
+import os
 import select
-import socket
 import time
+from collections import deque
 from typing import Any
 
 import pytest
@@ -86,34 +87,42 @@ def test_a_full_queue_keeps_reading_and_drops_what_it_reads(feed) -> None:
 
 
 class Datagrams(PolledByFd):
-    """A receiver over a datagram socket that refuses datagrams starting with b"bad", as UdpReceiver does."""
+    """A receiver that refuses datagrams starting with b"bad", as UdpReceiver does. A pipe stands in for its
+    socket's readiness (one byte a datagram): tests/unit opens no socket."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        sock.setblocking(False)
+    def __init__(self) -> None:
+        self.ready, self.signal = os.pipe()
+        os.set_blocking(self.ready, False)
+        self.datagrams: deque[bytes] = deque()
+
+    def send(self, data: bytes) -> None:
+        self.datagrams.append(data)
+        os.write(self.signal, b"x")
 
     def fileno(self) -> int:
-        return self.sock.fileno()
+        return self.ready
 
     def recv_multipart(self, flags: int = 0) -> list[bytes]:
         try:
-            data = self.sock.recv(2048)
+            os.read(self.ready, 1)
         except BlockingIOError:
             raise zmq.Again() from None
+        data = self.datagrams.popleft()
         if data.startswith(b"bad"):
             raise UdpError(f"a frame of 200 bytes at byte 3 overruns the {len(data)}-byte datagram")
         return [b"s", data]
 
     def close(self, linger: int | None = None) -> None:
-        self.sock.close()
+        os.close(self.ready)
+        os.close(self.signal)
 
 
 def test_a_receivers_refusals_are_passed_on_not_fatal() -> None:
-    send, recv = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    drain = FeedDrain({Datagrams(recv): "A"}, limit_bytes=1 << 20)
+    datagrams = Datagrams()
+    drain = FeedDrain({datagrams: "A"}, limit_bytes=1 << 20)
     try:
         for data in (b"bad1", b"ok1", b"bad2", b"ok2"):
-            send.send(data)
+            datagrams.send(data)
         wait_for(lambda: len(drain.queue) == 4)
         drain.acquire()
         taken = [frames for _, frames in drain.take(10)]
@@ -125,7 +134,6 @@ def test_a_receivers_refusals_are_passed_on_not_fatal() -> None:
         assert drain.failure is None and drain.queued_bytes == 0
     finally:
         drain.close()
-        send.close()
 
 
 def test_an_awaiting_application_is_taken_over_at_once(feed) -> None:

@@ -34,11 +34,6 @@ def test_endpoint_errors_say_what_to_write(text: str, reason: str) -> None:
         Endpoint.parse(text)
 
 
-def test_resolving_an_unknown_interface_names_it() -> None:
-    with pytest.raises(McastError, match="no interface named 'nosuchif0'"):
-        Endpoint.parse("epgm://nosuchif0;239.1.1.1:5555").resolve()
-
-
 @given(
     st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1), st.text("abc:/.0123456789", max_size=60),
     st.integers(0, 2**64 - 1),

@@ -26,6 +26,7 @@ from gateway.wire.protocol import (
     encode,
     invalid,
     is_zeps,
+    printable,
     validate_stream_name,
 )
 
@@ -234,10 +235,10 @@ def test_decode_reasons(frame: bytes, reason: str) -> None:
 
 
 def test_reason_is_printable_and_fits_invalid() -> None:
-    err = ProtocolError("caf\u00e9\n\x00" + "x" * 1000)
-    _assert_sendable(err.reason)
-    assert err.reason.startswith("caf\\xe9\\n\\x00xxx") and err.reason.endswith("...")
-    assert len(err.reason) == 255
+    reason = printable("caf\u00e9\n\x00" + "x" * 1000)
+    _assert_sendable(reason)
+    assert reason.startswith("caf\\xe9\\n\\x00xxx") and reason.endswith("...")
+    assert len(reason) == 255
     long_protocol = b"\xaa\xa5\x01\xff" + b"\xe2\x82\xac" * 85 + b"\x00\x01\x01s"
     with pytest.raises(ProtocolError) as info:
         decode(long_protocol)

@@ -1001,6 +1001,22 @@ def test_live_silence_falls_back_to_replay() -> None:
     assert r.handle(Tick(), 1.0) == [StateChanged(State.MERGED, State.CATCHING_UP), Request(1, 1, None)]
 
 
+def test_an_outage_repaired_by_catching_up_counts_as_one_gap_detected_and_filled() -> None:
+    """Cut off: live falls silent, the reconciler falls back; back on the LAN, the first live batch shows the
+    burst replay is streaming. Counted once, filled when replay meets live; nothing requested twice."""
+    r = merged_at(10, progress_timeout=1.0)
+    assert r.handle(Tick(), 1.0) == [StateChanged(State.MERGED, State.CATCHING_UP), Request(1, 10, None)]
+    assert r.handle(Replay(B(10, 30), 1), 1.5) == [Emit(B(10, 30), 10, 30, "replay")]
+    assert r.stats.gaps_detected == 0  # where live is, nobody knows yet
+    assert r.handle(Live(B(60, 62), "A"), 2.0) == []  # held: 31..59 is what replay still owes
+    assert (r.stats.gaps_detected, r.stats.gaps_filled) == (1, 0)
+    actions = r.handle(Replay(B(31, 59), 1), 2.1)
+    assert Emit(B(60, 62), 60, 62, "live:A") in actions and requests(actions) == []
+    assert (r.stats.gaps_detected, r.stats.gaps_filled) == (1, 1) and r.state is State.MERGED
+    assert r.handle(Live(B(63, 63), "A"), 2.2) == [Emit(B(63, 63), 63, 63, "live:A")]
+    assert r.stats.gaps_detected == 1  # one burst, one gap
+
+
 def test_timeouts_retry_with_exponential_backoff_then_stall_and_keep_retrying() -> None:
     r = merged_at(1, progress_timeout=1.0, retry_backoff=(0.5, 2.0), max_retries=2, tail_grace=0.0)
     r.handle(Live(B(5, 5), "A"), 0.0)

@@ -7,9 +7,6 @@ bytes a rogue sender made up.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections import deque
 
 import pytest
@@ -145,11 +142,3 @@ def test_take_puts_back_everything_when_a_record_is_not_one() -> None:
         with pytest.raises(TypeError, match="is not \\(ts_ns, key bytes, body bytes, ttl_ms\\)"):
             take(queue, 10, 1000)
         assert list(queue) == recs
-
-
-def test_the_environment_can_force_the_python_loops() -> None:
-    """ZEPS_PURE_PYTHON=1 at import: what `zeps bench` uses to measure what the compiled loops win."""
-    code = "from gateway.wire import record_loops as L; print(L.IMPLEMENTATION, L.check is L.py_check)"
-    env = {**os.environ, "ZEPS_PURE_PYTHON": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["python", "True"]

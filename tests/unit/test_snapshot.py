@@ -7,9 +7,6 @@ from __future__ import annotations
 import logging
 import random
 import struct
-import subprocess
-import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -17,11 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.records import NOW, Rec, last_values, write
-from support.servers import STREAM, GatewayProcess, journal_records
 
-from gateway.client.publisher import Publisher
 from gateway.client.snapshot_view import LastValues
-from gateway.errors import JournalCorrupt, NotAJournal, PublishError
+from gateway.errors import JournalCorrupt, NotAJournal
 from gateway.journal import JournalReader, JournalWriter, Retention
 from gateway.server.snapshots import MAX_DELTA, VALUE, Frozen, SnapshotFeed, SnapshotIndex, SnapshotIndexes
 from gateway.wire import batch as B
@@ -379,47 +374,3 @@ def test_view_expiry_bookkeeping_stays_bounded() -> None:
     for seq in range(1, 20_001):
         view.apply(rec(seq, f"k{seq % 10}", b"v", ttl_ms=60_000))
     assert len(view) == 10 and len(view._expiries._heap) <= 2 * 10 + 1024
-
-
-# --- publishing TTLs through a real gateway ------------------------------------------------------------------
-
-
-def test_publisher_ttls_reach_the_journal_and_batches_without_stay_plain(tmp_path: Path) -> None:
-    gw = GatewayProcess(tmp_path)
-    try:
-        with Publisher(gw.ingest, STREAM, confirm=True, batch_records=2) as pub:
-            pub.publish("plain", b"1")
-            pub.publish("plain", b"2")
-            pub.publish("eph", b"3", ttl=1.5)
-            pub.publish("gone", b"")
-            pub.flush()
-            with pytest.raises(PublishError, match="ttl -1 s is outside"):
-                pub.publish("bad", b"x", ttl=-1)
-    finally:
-        gw.stop()
-    with JournalReader(tmp_path, STREAM).cursor(1) as cursor:
-        first, second = cursor.next_batch(), cursor.next_batch()
-    assert first is not None and second is not None
-    assert (first.flags, second.flags) == (B.FLAG_PRODUCER, B.FLAG_PRODUCER | B.FLAG_TTL)
-    assert [(r.key, r.body, r.ttl_ms) for r in second.records()] == [("eph", b"3", 1500), ("gone", b"", 0)]
-    assert [body for _, _, body in journal_records(tmp_path)] == [b"1", b"2", b"3", b""]
-
-
-def test_publish_cli_ttl(tmp_path: Path) -> None:
-    gw = GatewayProcess(tmp_path)
-    try:
-        argv = [sys.executable, "-m", "gateway.cli", "publish", "--ingest", gw.ingest, "--stream", STREAM]
-        subprocess.run([*argv, "--key", "k", "--body", "v", "--ttl", "2.5", "--confirm"], check=True, timeout=30)
-    finally:
-        gw.stop()
-    (only,) = [r for b in _batches(tmp_path) for r in b.records()]
-    assert (only.key, only.body, only.ttl_ms) == ("k", b"v", 2500)
-    assert time.time_ns() - only.ts_ns < 60 * SECOND
-
-
-def _batches(root: Path) -> list[B.Batch]:
-    with JournalReader(root, STREAM).cursor(1) as cursor:
-        out = []
-        while (batch := cursor.next_batch()) is not None:
-            out.append(batch)
-        return out

@@ -1,0 +1,19 @@
+"""Smart batching in the gateway: whether more publishes are already queued on the ingest sockets.
+
+The gateway reads whatever its ingest holds in one drain and gathers single records into their stream's batch.
+When the drain finds nothing more queued, waiting on the linger timer would only delay those records: nobody
+else is about to join their batch. So the batch leaves at once, sequenced, journaled and multicast in the same
+pass (the way Aeron's publications and the LMAX Disruptor batch: take what is queued, never wait on a timer),
+and `--linger-ms` only bounds how long a batch may grow while publishes keep arriving. Under load the drains find
+more every time and batches grow to their limits; when load is light a lone record leaves with no wait.
+"""
+
+from __future__ import annotations
+
+import zmq
+
+
+def ingest_ready(*sockets: zmq.Socket | None) -> bool:
+    """Whether any of `sockets` (None: not configured) has a message waiting to be read. ZMQ_EVENTS is the
+    socket's own queue, no system call; it also processes pending commands, as libzmq asks after a read."""
+    return any(sock is not None and int(sock.get(zmq.EVENTS)) & zmq.POLLIN for sock in sockets)
