@@ -884,8 +884,10 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
         for n in range(401, 421):
             confirmed[n] = pub.send(n)
         time.sleep(1.0)  # three times --suspect-ms: long enough to have deposed the leader, were it suspected
-        assert leader(client, nodes) == (now_leads, now_epoch)
-        assert "refused a connection to the peer link" in now_leads.log.read_text()
+        # (a loaded machine may still make etcd slow past the lease, and the pair elect again: not the intruder)
+        assert "campaigning" not in intruder.log.read_text()
+        now_leads, now_epoch = leader(client, nodes)
+        assert "refused a connection to the peer link" in "".join(n.log.read_text() for n in nodes)
         assert "check this node's --peer-tls-cert" in intruder.log.read_text()
 
         # the group's leader killed -9 and restarted: its successor leads, and confirms resume once the restarted
