@@ -209,11 +209,18 @@ class Link(PolledByFd):
             self._handshake = None
         return done
 
-    def _secure(self, *, server_side: bool) -> None:
-        """Start TLS on the connected socket, if the link has it (same descriptor, now wrapped)."""
+    def _secure(self, *, server_side: bool) -> bool:
+        """Start TLS on the connected socket, if the link has it (same descriptor, now wrapped): whether the link
+        is still open (wrapping reads the socket: a connection reset meanwhile fails here)."""
         if self._tls is not None:
-            self._handshake = Handshake(self._sock, self._tls, server_side=server_side)
+            try:
+                self._handshake = Handshake(self._sock, self._tls, server_side=server_side)
+            except OSError as exc:
+                self.hung_up = exc.errno == errno.ECONNRESET
+                self._fail(f"TLS handshake failed: {failure(exc)}")
+                return False
             self._sock = self._handshake.sock
+        return True
 
     def _connected(self) -> bool:
         """Whether a background connect has finished (and how: a failure closes the link)."""
@@ -227,8 +234,7 @@ class Link(PolledByFd):
             return False
         self._connecting = False
         self._nodelay()
-        self._secure(server_side=False)
-        return True
+        return self._secure(server_side=False)
 
     def _nodelay(self) -> None:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame leaves at once, not with the next

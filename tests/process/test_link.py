@@ -14,6 +14,7 @@ import ipaddress
 import os
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,3 +291,24 @@ def test_bad_tls_files_are_one_clear_error(certs: Certs, tmp_path: Path) -> None
         PeerTls.load(certs.cert("a"), certs.key("a"), certs.key("a"))
     with pytest.raises(ConfigError, match=r"a.crt exists: certificates are never overwritten"):
         make_node(certs.dir / "a", (certs.ca, certs.dir / "ca.key"), [])
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_connection_reset_as_it_is_made_closes_the_link(certs: Certs, tls: bool) -> None:
+    """The peer's process dies just after its kernel accepted us (a killed leader, restarting): the reset is a
+    closed link, not an exception in the owner's loop (with TLS, wrapping the socket reads it: seen in
+    test_ha's TLS pair as a follower's gateway exiting with "Connection reset by peer")."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    tls_ctx = certs.peer_tls("a").client if tls else None
+    client = Link.connect(f"tcp://127.0.0.1:{listener.getsockname()[1]}", max_frame=100, max_queued=8, tls=tls_ctx)
+    accepted, _ = listener.accept()
+    accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    accepted.close()  # a reset
+    listener.close()
+    time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while not client.closed and time.monotonic() < deadline:
+        list(client.frames(1))
+        client.flush()
+    assert client.closed and ("ECONNRESET" in client.error or "reset" in client.error), client.error
+    client.close()
