@@ -1,7 +1,7 @@
 # The two entry points of the README. Each does its own set-up (idempotent) first.
 PY := .venv/bin/python
 
-.PHONY: setup test demo lint docs
+.PHONY: setup test demo lint docs fuzz
 setup:
 	@bash scripts/setup.sh
 
@@ -21,3 +21,10 @@ lint: setup
 	.venv/bin/ruff check gateway netlab tests
 	.venv/bin/ruff format --check gateway netlab tests
 	$(PY) -m mypy
+
+# Coverage-guided fuzzing of every decoder (tests/fuzz/run.py): the targets one after the other, each bounded in
+# executions and in seconds; prints the executions per target and fails on a crash (its input: build/fuzz/crashes).
+FUZZ_RUNS ?= 1000000
+FUZZ_MAX_S ?= 900
+fuzz: setup
+	$(PY) tests/fuzz/run.py all --runs $(FUZZ_RUNS) --max-time $(FUZZ_MAX_S)

@@ -11,8 +11,9 @@ exactly-once stream. This module is the public API: what is imported from here i
     with Subscriber("px", replay="tcp://127.0.0.1:5571", start="earliest") as sub:
         rec = sub.next(timeout=1.0)
 
-The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.server`,
-`gateway.client`) are importable too, for tools and tests; docs/architecture.md draws them.
+The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gateway.sequencer`,
+`gateway.replication`, `gateway.sidecar`, `gateway.client`, ...) are importable too, for tools and tests;
+docs/architecture.md draws them.
 """
 
 from gateway.client.async_publisher import AsyncPublisher
@@ -26,8 +27,10 @@ from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber
 from gateway.errors import (
     AuthError,
     BadRecord,
+    BadRecordType,
     BatchError,
     BufferFull,
+    Closed,
     ConfigError,
     DataLoss,
     DiscoveryError,
@@ -59,9 +62,11 @@ __all__ = [
     "AsyncSubscriber",
     "AuthError",
     "BadRecord",
+    "BadRecordType",
     "BatchError",
     "BufferFull",
     "Checkpoint",
+    "Closed",
     "ConfigError",
     "CurveClientKeys",
     "CurveServerKeys",

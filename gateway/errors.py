@@ -93,6 +93,10 @@ class BadRecord(PublishError, ValueError):
     """publish() was given a record it cannot send (type, size, TTL): raised there, nothing queued is touched."""
 
 
+class BadRecordType(BadRecord, TypeError):
+    """publish() was given a key, body or TTL of the wrong type: a TypeError too, as Python code expects."""
+
+
 class BufferFull(PublishError):
     """The Publisher's memory budget stayed full of unconfirmed records until the caller's deadline."""
 
@@ -112,6 +116,10 @@ class ReplayRefused(ReplayError):
 
 class NotGranted(ReplayRefused):
     """The server does not grant an extension the request needs."""
+
+
+class Closed(ZepsError, RuntimeError):
+    """A client used after its close(): nothing more will come through it; create a new one."""
 
 
 class DataLoss(ZepsError, RuntimeError):

@@ -176,10 +176,11 @@ StateChanged(old=RECOVERING, new=MERGED)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
+from gateway.merge import machine
 from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
 from gateway.merge.requests import Fetch, RequestScheduler, RetryPolicy, SilenceWatch
@@ -755,26 +756,8 @@ def _check_coverage(batch: Covering) -> None:
 # --- the transition table -------------------------------------------------------------------------------
 
 Handler = Callable[[Reconciler, Any], None]
-
-
-class Go(NamedTuple):
-    """A transition: when ``guard`` holds, go to ``target``, running ``action`` on the way."""
-
-    guard: Callable[[Reconciler], bool]
-    target: State
-    action: Callable[[Reconciler], None] | None = None
-
-
-class Row(NamedTuple):
-    """Everything one state does."""
-
-    #: event kind -> handler (None: the event means nothing here beyond running the timers)
-    on: Mapping[type, Handler | None]
-    #: the transitions, first whose guard holds wins; evaluated after the handler and after the timers
-    go: tuple[Go, ...]
-    #: run after every event, in order
-    timers: tuple[Callable[[Reconciler], None], ...]
-
+Go = machine.Go[Reconciler, State]
+Row = machine.Row[Reconciler, State]
 
 R = Reconciler
 _CLOSE = Go(R._close_requested, CLOSED, R._shut)
@@ -881,30 +864,4 @@ del R
 
 def describe_transitions() -> str:
     """TRANSITIONS as Markdown tables (docs/reconciler.md embeds this text; a test keeps them equal)."""
-
-    def name(method: Callable[..., Any] | None) -> str:
-        return "—" if method is None else f"`{method.__name__.lstrip('_')}`"
-
-    kinds = [k.__name__ for k in EVENT_KINDS]
-    lines = [
-        "| state | " + " | ".join(kinds) + " |",
-        "|---" * (len(kinds) + 1) + "|",
-    ]
-    for state, row in TRANSITIONS.items():
-        cells = [name(row.on.get(kind)) if row.on else "ignored" for kind in EVENT_KINDS]
-        lines.append(f"| {state.name} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "| state | guard (in priority order) | next state | on the way | timers |",
-        "|---|---|---|---|---|",
-    ]
-    for state, row in TRANSITIONS.items():
-        timers = ", ".join(name(t) for t in row.timers) or "—"
-        for i, (guard, target, action) in enumerate(row.go):
-            lines.append(
-                f"| {state.name if i == 0 else ''} | {name(guard)} | {target.name} | {name(action)} | "
-                f"{timers if i == 0 else ''} |"
-            )
-        if not row.go:
-            lines.append(f"| {state.name} | — | — | — | {timers} |")
-    return "\n".join(lines) + "\n"
+    return machine.describe(TRANSITIONS, EVENT_KINDS)

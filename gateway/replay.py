@@ -6,7 +6,7 @@ slow clients, a thousand late joiners at 9:00) never slows sequencing or multica
     drain commands (bounded) -> each client in turn: at most `frames_per_turn` frames and `reads_per_turn`
     journal reads -> timers: tail polls, pings, idle timeouts
 
-Clients are Sessions (gateway.server.session, sans-IO); this module owns the socket, the timers and the
+Clients are Sessions (gateway.sidecar.session, sans-IO); this module owns the socket, the timers and the
 metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY, so a full pipe raises
 EAGAIN, which means "this client is slow": it gets nothing more this turn and no one else waits for it.
 A client at the journal's end is switched to the live tail. While any such client has credit, each stream
@@ -18,7 +18,7 @@ descriptor wakes the loop at once, so the live tail and a follower gateway's cop
 (docs/replay.md, "The live tail"). On such a node the sidecar serves only
 committed records (gateway.journal.committed; docs/ha.md, "Guarantees"), to subscriptions, fetches, fills
 and snapshots alike.
-Snapshot indexes (gateway.server.snapshots) follow their journals on a timer of their own, in bounded slices.
+Snapshot indexes (gateway.sidecar.snapshots) follow their journals on a timer of their own, in bounded slices.
 """
 
 from __future__ import annotations
@@ -35,19 +35,20 @@ from pathlib import Path
 import zmq
 from inotify_simple import INotify, flags
 
+from gateway.discovery.announcer import Announcer, Discovery, journal_streams
+from gateway.discovery.registrar import node_registrar
 from gateway.errors import JournalCorrupt, JournalError, NotAJournal
 from gateway.journal import JournalReader
 from gateway.journal.committed import MarkReader, open_mark
 from gateway.journal.layout import list_segments, seg_path
-from gateway.server.announcer import Announcer, Discovery, journal_streams
-from gateway.server.fills import FillAnswerer, FillLimits, FillPort
-from gateway.server.registrar import node_registrar
-from gateway.server.replay_metrics import ReplayMetrics
-from gateway.server.session import Session
-from gateway.server.snapshots import SnapshotIndexes
+from gateway.sidecar.fills import FillAnswerer, FillLimits, FillPort
+from gateway.sidecar.metrics import ReplayMetrics
+from gateway.sidecar.session import Session
+from gateway.sidecar.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
 from gateway.wire import announce as A
+from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
 
@@ -82,10 +83,10 @@ class ReplayConfig:
     snapshots: bool = True  # keep a last-value index per stream and grant 'snapshot' (docs/snapshots.md)
     snapshot_poll_s: float = 0.05  # how often snapshot indexes read what their journals gained
     snapshot_budget_s: float = 0.01  # index work per loop turn while an index catches up with its journal
-    announce: Discovery | None = None  # announce this sidecar's streams and endpoint (server.announcer)
+    announce: Discovery | None = None  # announce this sidecar's streams and endpoint (discovery.announcer)
     stream_key: StreamKey | None = None  # signs the announcements, and fill datagrams (then required on requests)
-    etcd: tuple[str, ...] = ()  # etcd client URLs: register in the directory beyond one subnet (server.registrar)
-    # The fill port (gateway.server.fills): UDP re-requests answered by datagrams. None: the TCP port's number;
+    etcd: tuple[str, ...] = ()  # etcd client URLs: register in the directory beyond one subnet (discovery.registrar)
+    # The fill port (gateway.sidecar.fills): UDP re-requests answered by datagrams. None: the TCP port's number;
     # 0: off. With CURVE it opens only with a stream key (datagrams would bypass CURVE's client keys).
     fill_udp: int | None = None
     fill_limits: FillLimits = field(default_factory=FillLimits)
@@ -197,10 +198,11 @@ class ReplayServer:
         self._indexes_current = True
         self.announcer: Announcer | None = None
         if config.announce is not None and config.announce.interval_ms:
-            self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key)
+            self.announcer = Announcer(config.announce, A.SIDECAR, sidecar=self.endpoint, key=config.stream_key,
+                                       errors=self.metrics.send_errors)  # fmt: skip
         discovery = config.announce or Discovery()
         self.registrar = node_registrar(config.etcd, discovery, discovery.interfaces, A.SIDECAR, sidecar=self.endpoint,
-                                        key=config.stream_key)  # fmt: skip
+                                        key=config.stream_key, errors=self.metrics.send_errors)  # fmt: skip
         self.fill_port = self._open_fill_port()
         log.info("replay: serving %s at %s", config.journal, self.endpoint)
         # Start-up order does not matter: until the gateway creates the root, clients are told to retry later.
@@ -218,7 +220,8 @@ class ReplayServer:
         host, _, port = self.endpoint.removeprefix("tcp://").rpartition(":")
         try:
             fill = FillPort(host, int(port) if config.fill_udp is None else config.fill_udp,
-                            FillAnswerer(config.journal, config.fill_limits, config.stream_key))  # fmt: skip
+                            FillAnswerer(config.journal, config.fill_limits, config.stream_key),
+                            errors=self.metrics.send_errors)  # fmt: skip
         except (OSError, ValueError) as exc:
             if config.fill_udp is not None:
                 raise OSError(f"fill port udp:{host}:{config.fill_udp}: {exc}; choose another --fill-udp") from exc
@@ -371,10 +374,12 @@ class ReplayServer:
             case P.Detach() if session is not None:
                 self._end(session, "detach")
                 self._send_now(identity, P.encode(P.DetachOk()))
-            case P.Ping() if session is None:
-                self._send_now(identity, P.encode(P.PingOk()))
             case _ if session is None:
-                self._invalid(identity, f"{cmd.NAME} before ATTACH: send ATTACH with a stream name first", "state")
+                answer = H.detached(cmd)  # the one handshake (gateway.wire.handshake)
+                if isinstance(answer.reply, P.Invalid):
+                    self._invalid(identity, answer.reply.reason, "state")
+                else:
+                    self._send_now(identity, P.encode(answer.reply))
             case _:
                 try:
                     accepted = session.handle(cmd, now)
@@ -388,8 +393,8 @@ class ReplayServer:
                 self._answer(session)
 
     def _attach(self, identity: bytes, version: int, stream: str, now: float) -> None:
-        if version != P.VERSION:
-            self._invalid(identity, f"ZEPS version {version} is not served; this server speaks {P.VERSION}", "attach")
+        if (refusal := H.attach_refusal(version)) is not None:
+            self._invalid(identity, refusal, "attach")
             return
         reader = self._reader(identity, stream)
         if reader is None:

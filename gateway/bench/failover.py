@@ -16,7 +16,7 @@ leader's ingest first, the subscriber the group and the leader's sidecar first).
 publisher, unpaced and confirming (a leader below --min-insync refuses what it cannot hold, and only a
 confirming publisher re-sends it), records/s from the first publish to the last confirmation (the target's
 figure) and from the subscriber's first delivery to its last, zero missing. Latency: the latency scenario's
-publish -> delivery at 10,000 records/s (publisher linger 1 ms), every record delivered. A leader change
+publish -> delivery at 10,000 records/s (publisher defaults: smart batching), every record delivered. A leader change
 during these runs (no node is killed) is counted: a spurious failover. Every sidecar runs with
 --no-snapshots (SIDECAR_OPTIONS), so both groups' sidecars do the same work. The pair runs a second time with
 its peer link over TLS (--peer-tls-*, certificates of one CA made for the run): what encrypting it costs.

@@ -57,7 +57,7 @@ def record_keys() -> list[str]:
 
 
 def publish(
-    ingest: str | list[str], count: int, rate: float, linger_ms: float = 5.0, deadline_s: float = 120.0
+    ingest: str | list[str], count: int, rate: float, linger_ms: float = 0.0, deadline_s: float = 120.0
 ) -> dict:
     """In host pub: `count` records of BODY bytes over KEYS keys, paced at `rate`/s (0: as fast as taken).
 

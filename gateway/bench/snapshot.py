@@ -20,7 +20,7 @@ from pathlib import Path
 from gateway.bench.replay import sidecar
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
 from gateway.journal import JournalReader, JournalWriter
-from gateway.server.snapshots import SnapshotFeed, SnapshotIndex
+from gateway.sidecar.snapshots import SnapshotFeed, SnapshotIndex
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 

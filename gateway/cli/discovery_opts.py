@@ -10,7 +10,7 @@ from gateway.cli import tls_opts
 
 if TYPE_CHECKING:  # the library is imported when a command runs, not for `zeps --help`
     from gateway.client.directory import Directory
-    from gateway.server.announcer import Discovery
+    from gateway.discovery.announcer import Discovery
     from gateway.wire.streamkey import StreamKey
 
 _WHERE = "discovery group and port (default 239.192.0.1:5569)"
@@ -40,7 +40,7 @@ def add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> N
 
 def server_discovery(settings: dict[str, Any]) -> Discovery:
     """The Discovery for `zeps gateway`/`zeps replay` settings (CLI and TOML keys alike)."""
-    from gateway.server.announcer import Discovery, parse_group
+    from gateway.discovery.announcer import Discovery, parse_group
 
     given: dict[str, Any] = {}
     if settings.get("announce_interface"):
@@ -72,7 +72,7 @@ def client_directory(args: argparse.Namespace, keys: Sequence[StreamKey]) -> Dir
     """Where to resolve stream names: etcd (--etcd), else a file (--directory), else the LAN's announcements on
     --interface (which, with the others, is where channels are joined); None with none of them."""
     from gateway.client.directory import LanDirectory
-    from gateway.server.announcer import parse_group
+    from gateway.discovery.announcer import parse_group
     from gateway.wire.announce import DISCOVERY_GROUP, DISCOVERY_PORT
 
     if args.etcd:

@@ -24,7 +24,7 @@ from gateway.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from gateway.server.gateway import GatewayConfig
+    from gateway.sequencer.config import GatewayConfig
 
 _MAX_BATCH = 64 << 20  # gateway.wire.batch.MAX_BATCH (not imported: `zeps --help` stays light)
 
@@ -159,7 +159,7 @@ _PASSED_ON = (
 def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
-    from gateway.server.gateway import GatewayConfig
+    from gateway.sequencer.config import GatewayConfig
     from gateway.transport.etcd import Cluster
     from gateway.wire.streamkey import StreamKey
 
@@ -211,7 +211,7 @@ def _run(args: argparse.Namespace) -> int:
     import zmq
 
     from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
-    from gateway.server.gateway import Gateway
+    from gateway.sequencer.gateway import Gateway
     from gateway.wire import protocol as P
 
     cfg = configure(args)

@@ -47,9 +47,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from gateway.server.follower import LeaderInfo
-    from gateway.server.ha import group_key
-    from gateway.server.replicas import parse_record
+    from gateway.replication.follower import LeaderInfo
+    from gateway.replication.group import group_key
+    from gateway.replication.replicas import parse_record
     from gateway.transport.etcd import Cluster, Etcd
 
     cluster = Cluster(discovery_opts.etcd_urls(args.etcd), tls_opts.etcd_tls(args))

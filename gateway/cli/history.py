@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from gateway.cli import keyopts
-from gateway.cli.options import Parser, Position, duration, position, positive, say, since
+from gateway.cli.options import Parser, duration, position, positive, say
 from gateway.cli.output import add_format, write_records
+from gateway.client.start_point import StartPoint, ago
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -70,7 +71,7 @@ def _print_history(args: argparse.Namespace) -> int:
     from gateway.client.replay_client import history
     from gateway.wire.batch import MAX_SEQ
 
-    start: Position = since(args.since) if args.since is not None else (args.start or Position(seq=0))
+    start: StartPoint = ago(args.since) if args.since is not None else (args.start or StartPoint(seq=0))
     first = start.seq or 0
     if start.back is not None:
         first = max(1, head(args, args.timeout) - start.back + 1)

@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from gateway import __version__
@@ -98,8 +99,10 @@ def _explain(exc: Exception) -> tuple[int, str]:
         return 1, _zmq_message(exc)
     if isinstance(exc, ValueError | NotAJournal):
         return 2, str(exc)  # bad input the parser could not see (a key file's content, a journal path)
-    if isinstance(exc, ZepsError | OSError):
+    if isinstance(exc, ZepsError):
         return 1, str(exc)
+    if isinstance(exc, OSError):
+        return 1, _os_message(exc)
     return 1, f"unexpected {type(exc).__name__}: {exc} (a bug: please report it with the output of -vv)"
 
 
@@ -110,6 +113,35 @@ def _zmq_message(exc: Exception) -> str:
     if getattr(exc, "errno", None) == errno.EADDRNOTAVAIL:
         return f"{text}: that address is not one of this host's; bind to one of its addresses, or 0.0.0.0"
     return text
+
+
+# The fix for an operating-system error that ended a command, by errno: the network refusing a send or a
+# connect (a firewall, a route, a link), or a file the command may not use.
+_OS_FIXES = {
+    errno.EPERM: "the system refused it: a firewall rule (iptables -S, nft list ruleset) or missing rights",
+    errno.EACCES: "permission denied: check the rights of the user running zeps, and firewall rules",
+    errno.ENETUNREACH: "no route to that network: check the interface is up and has a route (ip route, ip link)",
+    errno.EHOSTUNREACH: "that host cannot be reached: check routes and firewalls between here and there",
+    errno.ENETDOWN: "the network interface is down: bring it up (ip link set DEV up)",
+    errno.ENOBUFS: "the kernel ran out of buffer space: lower the rate, or raise net.core.wmem_max",
+    errno.ECONNREFUSED: "nothing listens there: start it, or check the address and port",
+    errno.ENOENT: "no such file or directory: check the path",
+    errno.ENOSPC: "the disk is full: free space, or move the journal",
+}
+
+
+def _os_message(exc: OSError) -> str:
+    """What was being done (the innermost zeps function, and the file it concerned), the errno and its fix."""
+    name = errno.errorcode.get(exc.errno or 0, "no errno")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}gateway{os.sep}" in f.filename]
+    doing = f"{frames[-1].name} ({_module(frames[-1].filename)}:{frames[-1].lineno})" if frames else "a system call"
+    target = f" on {exc.filename}" if exc.filename else ""
+    fix = _OS_FIXES.get(exc.errno or 0, "see the log with -vv for where it happened, and report it if unclear")
+    return f"{doing} failed{target}: {exc.strerror or exc} ({name}); {fix}"
+
+
+def _module(path: str) -> str:
+    return "gateway" + path.rsplit(f"{os.sep}gateway", 1)[-1].removesuffix(".py").replace(os.sep, ".")
 
 
 def _stdout_gone() -> None:

@@ -20,9 +20,11 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
+
+from gateway.client.start_point import StartPoint, parse_start
+from gateway.errors import ConfigError
 
 Check = Callable[[argparse.Namespace], str | None]  # a rule over several options: the error, or None
 
@@ -140,19 +142,13 @@ def host_port(text: str) -> str:
 
 def tcp_endpoint(text: str) -> str:
     """A ZeroMQ TCP endpoint, tcp://HOST:PORT (port * or 0 where a server binds to any free port)."""
-    if "://" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r} has no transport: write tcp://{text}")
-    scheme, _, rest = text.partition("://")
-    if scheme != "tcp":
-        raise argparse.ArgumentTypeError(f"{text!r}: only tcp:// is served here (e.g. tcp://127.0.0.1:5570)")
-    _tcp_address(text, rest)
-    return text
+    from gateway.errors import ConfigError
+    from gateway.transport.tcp_endpoint import check_tcp_endpoint
 
-
-def _tcp_address(text: str, rest: str) -> None:
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not (port == "*" or (port.isdigit() and 0 <= int(port) < 65536)):
-        raise argparse.ArgumentTypeError(f"{text!r} is not tcp://HOST:PORT (e.g. tcp://127.0.0.1:5570)")
+    try:
+        return check_tcp_endpoint(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def mcast_endpoint(text: str) -> str:
@@ -170,7 +166,7 @@ def mcast_endpoint(text: str) -> str:
 
 
 def mcast_channel(text: str) -> str:
-    """`[STREAM=]ENDPOINT`: a multicast endpoint carrying every stream, or one stream only (gateway.server.channels)."""
+    """`[STREAM=]ENDPOINT`: a multicast endpoint carrying every stream, or one stream (gateway.sequencer.channels)."""
     head, sep, _ = text.partition("://")
     stream, eq, _transport = head.rpartition("=")
     if sep and eq:
@@ -191,58 +187,18 @@ def stream_name(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class Position:
-    """Where to start reading: a sequence, the last `back` records, a time, or a word (earliest/latest/snapshot)."""
+def position(words: Sequence[str] = ()) -> Callable[[str], StartPoint]:
+    """A start position (gateway.client.start_point): SEQ, -N (the last N records), an ISO-8601 time with a
+    zone, or one of `words`."""
 
-    seq: int | None = None
-    back: int | None = None  # the last N records: --from -N
-    time_ns: int | None = None
-    word: str | None = None
-
-    def when(self) -> datetime:
-        assert self.time_ns is not None
-        return datetime.fromtimestamp(self.time_ns / 1e9, UTC)
-
-
-def position(words: Sequence[str] = ()) -> Callable[[str], Position]:
-    """A start position: SEQ, -N (the last N records), an ISO-8601 time with a zone, or one of `words`."""
-    allowed = " | ".join((*words, "SEQ", "-N (the last N)", "an ISO-8601 time with a zone"))
-
-    def parse(text: str) -> Position:
-        if text in words:
-            return Position(word=text)
-        if text.isdigit():
-            return Position(seq=int(text))
-        if text.startswith("-") and text[1:].isdigit():
-            if int(text[1:]) < 1:
-                raise argparse.ArgumentTypeError(f"{text!r}: the last N records needs N >= 1, e.g. -10")
-            return Position(back=int(text[1:]))
-        return Position(time_ns=time_ns(text, allowed))
+    def parse(text: str) -> StartPoint:
+        try:
+            return parse_start(text, words, hint="for a relative time use --since 5m")
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
     parse.__name__ = "position"
     return parse
-
-
-def time_ns(text: str, allowed: str = "an ISO-8601 time with a zone") -> int:
-    """Nanoseconds since the epoch of an ISO-8601 time that names its zone (Z or an offset)."""
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not {allowed} (e.g. 2026-05-01T09:30:00Z; for a relative time use --since 5m)"
-        ) from None
-    if when.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} names no time zone: add Z for UTC, or an offset such as +02:00")
-    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
-
-
-def since(seconds: float) -> Position:
-    """The position `seconds` ago, for --since."""
-    when = datetime.now(UTC) - timedelta(seconds=seconds)
-    delta = when - datetime(1970, 1, 1, tzinfo=UTC)
-    return Position(time_ns=(delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000)
 
 
 def journal_root(text: str) -> Path:

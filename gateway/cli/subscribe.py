@@ -6,11 +6,12 @@ import argparse
 import signal
 import sys
 import time
+from datetime import datetime
+from typing import cast
 
 from gateway.cli import discovery_opts, keyopts
 from gateway.cli.options import (
     Parser,
-    Position,
     add_pgm_engine,
     duration,
     host_port,
@@ -19,9 +20,9 @@ from gateway.cli.options import (
     position,
     positive,
     say,
-    since,
 )
 from gateway.cli.output import add_format, write_records
+from gateway.client.start_point import StartPoint, ago
 
 _FLUSH_S = 0.1  # a busy stream's output reaches a pipe at least this often
 _COUNTERS = ("gaps_detected", "gaps_filled", "duplicates_dropped", "losses", "rejected_packets", "unauthenticated")
@@ -57,13 +58,20 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--from",
         dest="start",
         type=position(("earliest", "latest", "snapshot")),
-        default=Position(word="latest"),
+        default=StartPoint(word="latest"),
         help="earliest | latest (default) | snapshot (the last record of every key, then what follows) | SEQ | "
         "-N (the last N records; needs --replay) | ISO-8601 time with a zone",
     )
     start.add_argument("--since", type=duration, help="start with the records of the last DURATION, e.g. 5m, 1h")
     p.add_argument("--count", type=positive, help="exit after this many records")
     p.add_argument("--timeout", type=duration, help="exit after this long without a record, e.g. 10s")
+    p.add_argument(
+        "--connect-timeout",
+        type=duration,
+        metavar="DURATION",
+        help="exit 1 when the replay sidecar has not answered for this long, e.g. 10s (default: keep trying, so "
+        "that start-up order does not matter; scripts want a bound)",
+    )
     p.add_argument("--checkpoint", help="file keeping the last sequence handled; resume from it on restart")
     p.add_argument("--max-lag", type=positive, help="records behind the live feed before switching to replay")
     add_pgm_engine(p)
@@ -102,17 +110,14 @@ def _sources(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _start(args: argparse.Namespace) -> object:
-    from gateway.cli.history import head
-
-    if args.since is not None:
-        return since(args.since).when()
-    pos: Position = args.start
+def _start(args: argparse.Namespace) -> str | int | datetime:
+    """--from/--since as the Subscriber's `start` (the same forms: gateway.client.start_point)."""
+    pos: StartPoint = ago(args.since) if args.since is not None else args.start
     if pos.back is not None:
-        return max(1, head(args, 10.0) - pos.back + 1)
+        return -pos.back
     if pos.time_ns is not None:
         return pos.when()
-    return pos.word if pos.word is not None else pos.seq
+    return pos.word if pos.word is not None else cast(int, pos.seq)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -135,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
             multicast=args.multicast,
             replay=args.replay,
             topics=args.topic,
-            start=_start(args),  # type: ignore[arg-type]
+            start=_start(args),
             checkpoint=args.checkpoint,
             max_lag=args.max_lag,
             stream_key=keys,
@@ -162,6 +167,14 @@ def _run(args: argparse.Namespace) -> int:
                     return 1
                 if rec is None:
                     out.flush()  # idle: whatever was printed reaches a pipe now
+                    waited = sub.waiting_for_replay
+                    if args.connect_timeout is not None and waited is not None and waited > args.connect_timeout:
+                        print(
+                            f"zeps subscribe: no answer from the replay sidecar at {sub.replay_endpoint} for "
+                            f"{waited:.1f} s: check --replay and that the sidecar runs (zeps replay)",
+                            file=sys.stderr,
+                        )
+                        return 1
                     if args.timeout is not None and time.monotonic() - idle_since > args.timeout:
                         break
                     continue

@@ -41,6 +41,13 @@ class AsyncPublisher:
         except BufferFull:
             await asyncio.to_thread(self.sync.publish, key, body, ttl)
 
+    async def publish_many(self, keys: Sequence[str], bodies: Sequence[bytes]) -> None:
+        """Queue many records (see `Publisher.publish_many`); awaits only while the buffer is full."""
+        try:
+            self.sync.publish_many(keys, bodies, timeout=0)
+        except BufferFull:
+            await asyncio.to_thread(self.sync.publish_many, keys, bodies)
+
     async def flush(self, timeout: float | None = None) -> int | None:
         """Send everything queued and wait until confirmed (confirm=True) or sent; the last sequence confirmed."""
         return await asyncio.to_thread(self.sync.flush, timeout)

@@ -20,28 +20,67 @@ so the event loop never waits for it. Until then `state` is "resolving"; a faile
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Literal, TypeVar
 
 import zmq
 import zmq.asyncio
 
+from gateway.client.directory import Directory
 from gateway.client.subscriber import TICK_S, Delivery, Received, Subscriber
+from gateway.errors import Closed, ZepsError
+from gateway.mcast import Tuning
+from gateway.transport.curve import CurveClientKeys
+from gateway.wire.streamkey import StreamKey
 
 T = TypeVar("T")
 
 
 class AsyncSubscriber:
-    """Same arguments, records, errors (`DataLoss`, `SlowConsumer`) and statistics as `Subscriber`."""
+    """Same arguments as `Subscriber` (stream, multicast, replay, topics, start, checkpoint, tuning, max_lag,
+    lag_policy, buffer_limit_bytes, progress_timeout, replay_timeout, stream_key, curve, view, on_replay_state,
+    drain, interface, directory, discovery_timeout, fill_udp, ctx: see there), records, errors (`DataLoss`,
+    `SlowConsumer`, `Closed`) and statistics. The signature repeats Subscriber's so that editors and type
+    checkers see it (a test keeps the two equal)."""
 
-    def __init__(self, stream: str, **options: Any) -> None:
-        self._stream, self._options = stream, options
+    def __init__(
+        self,
+        stream: str,
+        *,
+        multicast: Sequence[str] = (),
+        replay: str | Sequence[str] | None = None,
+        topics: str | Sequence[str] = (),
+        start: str | int | datetime | None = "latest",
+        checkpoint: str | Path | None = None,
+        tuning: Tuning | None = None,
+        max_lag: int | None = None,
+        lag_policy: Literal["replay", "raise"] = "replay",
+        buffer_limit_bytes: int = 64 << 20,
+        progress_timeout: float = 2.0,
+        replay_timeout: float = 5.0,
+        stream_key: StreamKey | Sequence[StreamKey] = (),
+        curve: CurveClientKeys | None = None,
+        view: bool | None = None,
+        on_replay_state: Callable[[str, ZepsError | None], None] | None = None,
+        drain: bool = True,
+        interface: str | None = None,
+        directory: Directory | None = None,
+        discovery_timeout: float = 3.0,
+        fill_udp: int | None = None,
+        ctx: zmq.Context | None = None,
+    ) -> None:
+        options = {name: value for name, value in locals().items() if name not in ("self", "stream")}
+        self._stream = stream
+        self._open = functools.partial(Subscriber, stream, **options)
         self._sync: Subscriber | None = None
         self._opening: asyncio.Future[Subscriber] | None = None
         self._closed = False
-        if options.get("multicast") or options.get("replay"):
-            self._sync = Subscriber(stream, **options)  # nothing to resolve: built without waiting
+        if multicast or replay:
+            self._sync = self._open()  # nothing to resolve: built without waiting
 
     @property
     def sync(self) -> Subscriber:
@@ -54,13 +93,13 @@ class AsyncSubscriber:
         """The Subscriber, resolving the stream in a worker thread first if it was named without endpoints."""
         if self._sync is None:
             if self._closed:
-                raise RuntimeError("this AsyncSubscriber is closed")
+                raise Closed(f"this AsyncSubscriber of {self._stream!r} is closed: create a new one")
             if self._opening is None:
-                self._opening = asyncio.ensure_future(asyncio.to_thread(Subscriber, self._stream, **self._options))
+                self._opening = asyncio.ensure_future(asyncio.to_thread(self._open))
             sync = await asyncio.shield(self._opening)
             if self._closed:  # closed while it was resolving
                 sync.close()
-                raise RuntimeError("this AsyncSubscriber is closed")
+                raise Closed(f"this AsyncSubscriber of {self._stream!r} is closed: create a new one")
             self._sync = sync
         return self._sync
 
@@ -84,8 +123,7 @@ class AsyncSubscriber:
 
     async def _readable(self, timeout: float) -> None:
         pollables = self.sync.pollables()
-        if self.sync.drain is not None:
-            self.sync.drain.away()  # its thread reads the feeds while we await its queue
+        self.sync.away()  # the drain's thread reads the feeds while we await its queue
         if not pollables:  # replay only, between tries: nothing to wait on but the clock
             await asyncio.sleep(timeout)
             return

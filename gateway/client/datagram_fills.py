@@ -32,11 +32,11 @@ the subscriber's poll loop.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from dataclasses import dataclass, field
 
 from gateway.errors import FillError
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.udp import MAX_DATAGRAM
 from gateway.wire import batch as B
 from gateway.wire import fill as F
@@ -212,7 +212,10 @@ class DatagramFills:
         tries: int = TRIES,
         max_records: int = MAX_RECORDS,
         rcvbuf: int = 1 << 20,
+        errors: SendErrors | None = None,
     ) -> None:
+        """`errors`: where requests the network refuses are reported (they count as lost either way)."""
+        self.errors = errors
         self.hedge = FillHedge(stream, tries=tries, max_records=max_records)
         self.sidecar = sidecar
         self.name = stream.encode()
@@ -267,7 +270,14 @@ class DatagramFills:
         self.sock.close()
 
     def _flush(self) -> None:
+        where = f"{self.sidecar[0]}:{self.sidecar[1]}"
         for request in self.hedge.outbox:
-            with contextlib.suppress(OSError):  # buffer full, no route: as if lost on the way; the timer asks again
+            try:
                 self.sock.sendto(F.encode_request(request, self.sign), self.sidecar)
+            except OSError as exc:  # buffer full, no route: as if lost on the way; the timer asks again
+                if self.errors:
+                    self.errors.refused("fill-request", where, exc, "asked again when its timer runs out, or over TCP")
+            else:
+                if self.errors:
+                    self.errors.sent("fill-request", where)
         self.hedge.outbox.clear()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.errors import DiscoveryError, McastError, Unauthenticated
+from gateway.errors import ConfigError, DiscoveryError, McastError, Unauthenticated
 from gateway.mcast import address_of
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.udp import join
@@ -293,7 +293,10 @@ def resolve_feeds(
     own = directory is None
     if directory is None:
         if interface is None:
-            raise ValueError("give --interface (to find the stream by its announcements), --multicast or --replay")
+            raise ConfigError(
+                f"stream {stream!r}: give multicast=[...] (its feeds), replay='tcp://HOST:PORT' (a sidecar) or both, "
+                "or interface='IF' or directory=... to find the stream by its announcements"
+            )
         directory = LanDirectory(interface, keys=keys)
     live = interface is not None
     try:

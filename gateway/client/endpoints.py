@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from gateway.client.backoff import Backoff
 from gateway.errors import ConfigError
+from gateway.transport.tcp_endpoint import check_tcp_endpoint
 
 
 class Endpoints:
@@ -35,6 +36,8 @@ class Endpoints:
         listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if any(not isinstance(e, str) or not e for e in listed):
             raise ConfigError(f"endpoints {endpoints!r} must be non-empty strings, e.g. tcp://10.0.0.1:5570")
+        for endpoint in listed:
+            check_tcp_endpoint(endpoint)
         self.all = list(dict.fromkeys(listed))  # listed order, each once
         self.at = 0
         self.backoff = Backoff(first, cap)

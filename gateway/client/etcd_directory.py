@@ -1,7 +1,7 @@
 """The directory kept in etcd: streams resolved by name where multicast announcements do not reach.
 
 Gateways and sidecars run with `--etcd` keep, under /zeps/directory/STREAM/ROLE.NODEID, the announcement of
-each stream they serve, bound to their lease (gateway.server.registrar). An `EtcdDirectory` reads that prefix
+each stream they serve, bound to their lease (gateway.discovery.registrar). An `EtcdDirectory` reads that prefix
 and merges what it finds by the LAN's rules (gateway.client.directory.merged): channels, ingest and head from
 gateways, sidecars announcing themselves first, newest node (highest create revision) first. With stream keys
 an entry must be signed by one of them and name the stream of its key; the rest (a forged or unsigned entry

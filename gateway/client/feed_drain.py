@@ -32,6 +32,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -149,14 +150,7 @@ class FeedDrain(PolledByFd):
         for sock, feed in self.feeds.items():
             if sock not in ready:
                 continue
-            for _ in range(BURST):
-                frames: list[bytes] | McastError
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                except McastError as exc:
-                    frames = exc
+            for frames in read_burst(sock):
                 size = _size(frames)
                 if self.queued_bytes + size > self.limit_bytes:
                     self.dropped += 1
@@ -172,6 +166,18 @@ class FeedDrain(PolledByFd):
                     os.write(self._wake_w, b"!")
                 self.queue.append((feed, frames))
                 self.queued_bytes += size
+
+
+def read_burst(sock: Any, most: int = BURST) -> Iterator[list[bytes] | McastError]:
+    """Up to `most` messages waiting at a feed's receiver, without waiting; a receiver's refusal (a udp://
+    datagram that is no message) comes in the message's place."""
+    for _ in range(most):
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        except McastError as exc:
+            yield exc
 
 
 def _size(frames: list[bytes] | McastError) -> int:

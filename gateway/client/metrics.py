@@ -25,6 +25,7 @@ class SubscriberMetrics(Metrics):
     def __init__(self, subscriber: Subscriber) -> None:
         super().__init__()
         self.registry.register(_SubscriberCollector(subscriber))
+        self.registry.register(subscriber.send_errors.counter)  # zeps_subscriber_send_errors_total
 
 
 # OpenPGM's counters of feeds read with gateway.transport.pgm (ReceiverStats); libzmq's engine exposes none.

@@ -6,11 +6,10 @@ plain server, FETCH-END and TRIMMED. It answers the server's PINGs itself, and g
 consumes: `window` bytes up front, topped up whenever half of it has been taken out of recv(). So a caller
 that stops calling recv() stops the server after at most one window, and nothing piles up anywhere.
 
-Nothing here blocks unless the caller asks to wait. The constructor only connects and queues ATTACH; the
-handshake (ATTACH, then EXTEND) is a phase that recv() advances, with its own deadline (`timeout`):
-
-    ATTACHING --ATTACH-OK--> EXTENDING --EXTEND-OK or INVALID--> READY
-        (any phase) --deadline, refusal, INVALID, DETACH--> raises from recv(); the client is spent
+Nothing here blocks unless the caller asks to wait. The constructor only connects and sends ATTACH; the
+opening (ATTACH, then EXTEND: `gateway.client.opening`, the machine every client shares) is advanced by recv(),
+within one deadline (`timeout`). It ends OPEN (`ready`), or recv() raises (a refusal, the deadline, an INVALID
+or DETACH later on) and the client is spent.
 
 Requests made before READY (and the features they `require`) wait in order and go out at READY, so a
 caller may ask at once and read the answer (or NotGranted) from recv(). recv(0) never waits: a poll loop
@@ -27,7 +26,6 @@ loop drives the same steps without waiting.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -36,6 +34,7 @@ from typing import TypeVar
 
 import zmq
 
+from gateway.client.opening import Opening, Step, attach_failed
 from gateway.errors import NotGranted, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
@@ -54,12 +53,6 @@ _NOT_GRANTED_FIX = {P.FEATURE_SNAPSHOT: "that sidecar runs with --no-snapshots; 
 
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
 T = TypeVar("T")
-
-
-class Phase(enum.Enum):
-    ATTACHING = "attaching"
-    EXTENDING = "extending"
-    READY = "ready"
 
 
 class ReplayClient:
@@ -86,8 +79,7 @@ class ReplayClient:
         self.window = window
         self.timeout = timeout
         self.wanted = features
-        self.phase = Phase.ATTACHING
-        self.deadline = time.monotonic() + timeout  # of the handshake
+        self.opening = Opening(stream, features, attach_s=timeout, extend_s=None)
         self.sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if curve is not None:
@@ -103,11 +95,16 @@ class ReplayClient:
         self._consumed = 0  # bytes consumed since the last grant
         self._next_request = 1
         self.features: frozenset[str] = frozenset()  # what the server granted (known once ready)
-        self._send_now(P.Attach(P.PROTOCOL, P.VERSION, stream))
+        self._send_now(self.opening.start(time.monotonic()))
 
     @property
     def ready(self) -> bool:
-        return self.phase is Phase.READY
+        return self.opening.step is Step.OPEN
+
+    @property
+    def deadline(self) -> float:
+        """Of the opening."""
+        return self.opening.deadline
 
     # --- requests -------------------------------------------------------------------------------------
 
@@ -168,6 +165,16 @@ class ReplayClient:
 
     def _handle(self, cmd: P.Command, size: int) -> Event | None:
         """React to one frame of `size` bytes; the event for the caller, if it is one."""
+        if not self.ready:
+            reply = self.opening.handle(cmd, time.monotonic())
+            if reply is not None:
+                self._send_now(reply.command)
+            if self.opening.step is Step.REFUSED:
+                self._refused(self.opening.reason, "ATTACH")
+            if self.ready:
+                self._become_ready()
+            if self.opening.consumed:
+                return None
         match cmd:
             case P.DeliverBatch(batch=raw):
                 self._consume(size)
@@ -182,23 +189,8 @@ class ReplayClient:
                 return cmd
             case P.Ping():
                 self._send_now(P.PingOk())
-            case P.AttachOk() if self.phase is Phase.ATTACHING:
-                if self.wanted:
-                    self.phase = Phase.EXTENDING
-                    self._send_now(P.Extend(self.wanted))
-                else:
-                    self._become_ready()
-            case P.ExtendOk(features=granted) if self.phase is Phase.EXTENDING:
-                self.features = frozenset(granted)
-                self._become_ready()
-            case P.Invalid() if self.phase is Phase.EXTENDING:
-                self._become_ready()  # a plain server: no extensions
             case P.Invalid(reason=reason):
-                what = "ATTACH" if self.phase is Phase.ATTACHING else "request"
-                text = f"replay server at {self.endpoint} refused {what} (stream {self.stream!r}): {reason}"
-                if reason.endswith(P.RETRY_LATER):
-                    raise ReplayError(text)
-                raise ReplayRefused(text)
+                self._refused(reason, "request")
             case P.Detach():
                 raise ReplayError(
                     f"replay server at {self.endpoint} ended the session (shutting down, or we were silent "
@@ -206,8 +198,14 @@ class ReplayClient:
                 )
         return None  # SUBSCRIBE-OK, DETACH-OK: nothing for the caller
 
+    def _refused(self, reason: str, what: str) -> None:
+        text = f"replay server at {self.endpoint} refused {what} (stream {self.stream!r}): {reason}"
+        if reason.endswith(P.RETRY_LATER):
+            raise ReplayError(text)
+        raise ReplayRefused(text)
+
     def _become_ready(self) -> None:
-        self.phase = Phase.READY
+        self.features = self.opening.features
         queued, self._queued = self._queued, []
         for item in queued:
             if isinstance(item, str):
@@ -225,9 +223,9 @@ class ReplayClient:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
         if self.handshake.unreachable:
             raise ReplayError(f"nothing listens at {self.endpoint} (connection refused)")
-        if not self.ready and now >= self.deadline:
+        if self.opening.expired(now):
             why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
-            raise ReplayError(f"ATTACH to stream {self.stream!r} at {self.endpoint}: {why}")
+            raise ReplayError(attach_failed(self.stream, self.endpoint, why))
 
     # --- credit ---------------------------------------------------------------------------------------
 

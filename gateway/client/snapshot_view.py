@@ -2,7 +2,7 @@
 
 A subscriber that starts from a snapshot (or from the first record) and applies every record after it to
 this view holds what the replay sidecar's snapshot index holds: the last value of every key. The rules are
-the index's (gateway.server.snapshots): an empty body deletes the key, and a record with a TTL disappears once
+the index's (gateway.sidecar.snapshots): an empty body deletes the key, and a record with a TTL disappears once
 ts_ns + ttl_ms has passed, judged here on this host's clock.
 """
 

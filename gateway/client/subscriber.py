@@ -1,28 +1,18 @@
 """`Subscriber`: the dual-connection client. Multicast and replay in, one gap-free ordered stream out.
 
-This is the IO half of `gateway.reconcile`: it owns the sockets and the clock, turns what arrives into
-reconciler events, and carries out the actions the reconciler returns. All decisions are the
-reconciler's; nothing here decides what the application sees.
-
-Sockets, all driven by the caller's thread (and the feeds by a drain thread while it is away; "Threading"):
-- one SUB per multicast feed ("A", "B", ...), subscribed to the whole stream so every sequence is seen;
-- replay, in two ZEPS connections so that every answer can be attributed to its request: the *catch-up*
-  connection carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is
-  closing it) and the *fill* connection carries bounded gap fills (FETCH), which the sidecar answers in
-  order, each closed by FETCH-END. Small fills go by datagram first when the sidecar has a fill port
-  (`DatagramFills`: on by default for udp:// feeds, at the replay endpoint's port; `fill_udp`), and over
-  FETCH only when their datagrams go unanswered: a lost TCP segment costs >= 200 ms, a lost datagram one
-  short timer.
+A façade over three parts, each testable alone: the reconciler (`gateway.reconcile`: every decision about
+what the application sees), the feed intake (`gateway.client.feed_intake`: the multicast feeds, the stream
+key check, the drain thread) and the replay link (`gateway.client.replay_link`: the sidecars, the catch-up
+and fill connections, datagram fills, reconnects, the start probe; its state is a table in
+`gateway.client.link_state`). The parts turn what arrives into reconciler events; this class feeds them to
+the reconciler one at a time (an event that arrives while another's actions are carried out waits its turn:
+the reconciler is never re-entered), carries out the actions, and hands the application what they emit.
 
 The replay endpoint may be given, or several (sidecars on one journal, or on the nodes of a replicated
-gateway), or learnt from the multicast heartbeats (each sidecar they name is added to the list). Replay uses
-one at a time and moves on to the next (`gateway.client.endpoints`) whenever a connection to it is lost,
-cannot be made, is refused or times out; the reconciler then asks the new one for what it still needs, so
-the application sees only a pause. Records the application asked not to see (topic prefixes) are filtered
-here; the reconciler still sees every sequence.
-
-With a stream key, multicast that does not check out with it (a rogue sender, junk) never reaches the
-reconciler: it is dropped and counted (`unauthenticated`). Replay connections use CURVE when given keys.
+gateway), or learnt from the multicast heartbeats. Replay uses one at a time and moves on to the next
+whenever a connection to it is lost, cannot be made, is refused or times out; the reconciler then asks the
+new one for what it still needs, so the application sees only a pause. Records the application asked not to
+see (topic prefixes) are filtered here; the reconciler still sees every sequence.
 
 Loss the journal can no longer repair is never skipped in silence: iteration raises `DataLoss` naming the
 range, and iterating again continues after it.
@@ -33,81 +23,62 @@ application's key -> value map, kept current as records are handed out (or by `u
 Never blocking. Nothing here waits on the network: the constructor only opens sockets, and every replay
 handshake, request and reconnect is a phase of a connection (`ReplayClient`) that the poll loop advances
 with its own deadline. So `next(timeout)` and `next_batch(timeout)` return by their deadline whatever the
-network does. A start that needs an answer first (a time; "latest" without multicast, which means the
-journal's head when subscribing) is a probe run by the same loop; until it ends, `state` is "STARTING".
+network does. A start that needs an answer first (a time; the last N; "latest" without multicast, which means
+the journal's head when subscribing) is a probe run by the same loop; until it ends, `state` is "STARTING".
 
 Failures. A final one (`ReplayRefused`: unknown stream, protocol version, refused or missing CURVE keys,
 a corrupt journal at the server, a missing extension; with several sidecars, once every one has refused
 since the last success) is raised from `next()`/`next_batch()` once what came before it has been handed
 out, and again at every later call. Anything else (no answer, refused TCP, a restart) is retried, at the
 next sidecar if there are several, after a capped exponential backoff with jitter (0.1 s doubling to 5 s
-each round of the sidecars); it is logged
-(the first of a run as a warning), counted (`replay_retries`), and reported to `on_replay_state(state,
-error)`: "connecting", "ready", "retrying" (with the error) and "failed" (with the error).
+each round of the sidecars); it is logged (the first of a run as a warning), counted (`replay_retries`), and
+reported to `on_replay_state(state, error)`: "connecting", "ready", "retrying" (with the error) and "failed"
+(with the error). While a sidecar does not answer, a warning says so at once and again with the time waited.
 
 Threading. One application thread drives a Subscriber: the one calling next()/next_batch()/update()/
-poll(); it runs the reconciler, the replay connections and the on_replay_state callback (keep it short),
-and reads the multicast feeds during each poll turn. libzmq 4.3.4 aborts the process when a PGM SUB's pipe
-fills (src/pgm_receiver.cpp:131), so with `drain` (the default) a second thread (`FeedDrain`) reads the
-feeds whenever the application has been away for 20 ms, into a queue bounded by `buffer_limit_bytes` that
-the next poll turn takes first; what overflows it is dropped there and recovered from replay like any
-loss. While the application keeps calling, that costs one uncontended lock per turn. With drain=False the
-feeds are read only during those calls: for an application that never stops calling.
+poll(); it runs the reconciler, the replay link and the on_replay_state callback (keep it short), and reads
+the multicast feeds during each poll turn. With `drain` (the default) a second thread reads the feeds
+whenever the application has been away for 20 ms (gateway.client.feed_intake says why and how). While the
+application keeps calling, that costs one uncontended lock per turn. With drain=False the feeds are read
+only during those calls: for an application that never stops calling.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import os
-import socket
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import zmq
 
 from gateway import reconcile as R
-from gateway.client.datagram_fills import DatagramFills
+from gateway.client.checkpoint import Checkpoint
 from gateway.client.directory import Directory, resolve_feeds
-from gateway.client.endpoints import Endpoints
-from gateway.client.feed_drain import FeedDrain
-from gateway.client.replay_client import DEFAULT_FEATURES, Event, ReplayClient, start_after
+from gateway.client.feed_intake import FeedIntake, open_feeds
+from gateway.client.replay_link import ReplayLink
 from gateway.client.snapshot_view import LastValues
-from gateway.errors import (
-    DataLoss,
-    McastError,
-    ReplayError,
-    ReplayRefused,
-    SlowConsumer,
-    Unauthenticated,
-    ZepsError,
-)
-from gateway.mcast import Endpoint, Tuning, open_sub
+from gateway.client.start_point import StartPoint, parse_start
+from gateway.client.subscriber_stats import STATES_KEPT, SubscriberStats
+from gateway.errors import Closed, ConfigError, DataLoss, ReplayRefused, SlowConsumer, ZepsError
+from gateway.mcast import Endpoint, Tuning
 from gateway.transport.curve import CurveClientKeys
-from gateway.transport.pgm import PgmReceiver
 from gateway.wire import batch as B
 from gateway.wire.columns import Columns
-from gateway.wire.heartbeat import Heartbeat, parse_payload
-from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
-from gateway.wire.protocol import Deliver as ZepsDeliver
-from gateway.wire.protocol import SnapshotEnd as ZepsSnapshotEnd
-from gateway.wire.protocol import Trimmed as ZepsTrimmed
-from gateway.wire.streamkey import StreamKey, Verifier
+from gateway.wire.streamkey import StreamKey
+
+__all__ = ["STATES_KEPT", "TICK_S", "Checkpoint", "Delivery", "Received", "Subscriber", "SubscriberStats"]
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.02
-FEED_BURST = 256  # multicast messages taken in per turn
-REPLAY_DRAIN_LIMIT = 64  # replay frames taken in per connection per turn: bounds a turn, so deadlines hold
-STATES_KEPT = 64  # state changes kept in SubscriberStats.states
 _GAP_CYCLE = {R.State.MERGED, R.State.RECOVERING}  # logged at DEBUG: every gap under loss is one
-MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
+LAG_POLICIES = ("replay", "raise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,95 +127,78 @@ class Delivery:
                 yield Received(seq, ts, kb.decode(errors="replace"), body.tobytes(), source, ttl)
 
 
-@dataclass
-class SubscriberStats:
-    from_live: int = 0
-    from_replay: int = 0
-    from_snapshot: int = 0
-    losses: int = 0
-    rejected_packets: int = 0  # multicast messages dropped: malformed, or failing the stream key check
-    unauthenticated: int = 0  # of those, the ones that failed the stream key check
-    replay_reconnects: int = 0
-    replay_retries: int = 0  # transient replay failures, each followed by a backoff
-    feed_dropped: int = 0  # multicast messages the drain thread dropped while its queue was full
-    fill_datagrams: int = 0  # datagram answers to gap fills used (DatagramFills)
-    fills_escalated: int = 0  # gap fills whose datagrams went unanswered, handed to FETCH
-    # the last STATES_KEPT state changes: under sustained loss every gap is two (RECOVERING, MERGED), so a
-    # list of them all would grow for as long as the subscriber runs
-    states: deque[str] = field(default_factory=lambda: deque(maxlen=STATES_KEPT))
-
-    @property
-    def delivered(self) -> int:
-        return self.from_live + self.from_replay + self.from_snapshot
-
-    def summary(self, reconciler: R.Reconciler | None) -> dict[str, int]:
-        s = reconciler.stats if reconciler is not None else R.ReconcilerStats()
-        return {
-            "delivered": self.delivered,
-            "from_live": self.from_live,
-            "from_replay": self.from_replay,
-            "from_snapshot": self.from_snapshot,
-            "gaps_detected": s.gaps_detected,
-            "gaps_filled": s.gaps_filled,
-            "duplicates_dropped": s.duplicates_dropped,
-            "losses": self.losses,
-            "rejected_packets": self.rejected_packets,
-            "unauthenticated": self.unauthenticated,
-            "replay_retries": self.replay_retries,
-            "feed_dropped": self.feed_dropped,
-            "fill_datagrams": self.fill_datagrams,
-            "fills_escalated": self.fills_escalated,
-        }
+def _start_point(start: str | int | datetime | None) -> StartPoint:
+    try:
+        return parse_start("latest" if start is None else start)
+    except ConfigError as exc:
+        raise ConfigError(f"start: {exc}") from None
 
 
-def parse_start(start: str | int | datetime | None) -> tuple[R.Start | None, int | None]:
-    """(reconciler start, or None for a time start; the time in ns for a time start)."""
-    if start is None or start == "latest":
-        return R.Start.latest(), None
-    if start == "earliest":
-        return R.Start.earliest(), None
-    if start == "snapshot":
-        return R.Start.snapshot(), None
-    if isinstance(start, int) or (isinstance(start, str) and start.isdigit()):
-        return R.Start.at_seq(max(1, int(start))), None
-    when = start if isinstance(start, datetime) else datetime.fromisoformat(start)
-    if when.tzinfo is None:
-        raise ValueError(f"start time {start!r} needs a time zone, e.g. 2026-11-21T13:00:00Z")
-    return None, int(when.timestamp() * 1e9)
+def _prefixes(topics: str | Sequence[str]) -> tuple[str, ...]:
+    """Topics as a tuple of key prefixes: a str is one prefix (not a sequence of one-letter prefixes)."""
+    prefixes = (topics,) if isinstance(topics, str) else tuple(topics)
+    for topic in prefixes:
+        if not isinstance(topic, str):
+            raise TypeError(f"topics: {topic!r} is a {type(topic).__name__}: give key prefixes as str, e.g. 'eu.'")
+    return prefixes
 
 
-class Checkpoint:
-    """The last sequence the application finished with, kept in a file that is replaced atomically."""
-
-    def __init__(self, path: Path, every_s: float = 0.5) -> None:
-        self.path = path
-        self.every_s = every_s
-        self.saved_at = 0.0
-        self.saved: int | None = None
-
-    def load(self) -> int | None:
-        try:
-            return int(self.path.read_text().strip())
-        except FileNotFoundError:
-            return None
-        except ValueError as exc:
-            raise ValueError(f"checkpoint {self.path} does not hold a sequence number: delete it or fix it") from exc
-
-    def save(self, seq: int, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if seq == self.saved or (not force and now - self.saved_at < self.every_s):
-            return
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(f"{seq}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        self.saved, self.saved_at = seq, now
+def _reconciler_start(point: StartPoint) -> tuple[R.Start | None, int | None, int]:
+    """(the reconciler's start, or None when the sidecar must be asked first; the time to ask for, in ns;
+    the last N records to start with, 0 for none)."""
+    match point:
+        case StartPoint(word="earliest"):
+            return R.Start.earliest(), None, 0
+        case StartPoint(word="snapshot"):
+            return R.Start.snapshot(), None, 0
+        case StartPoint(seq=int(seq)):
+            return R.Start.at_seq(max(1, seq)), None, 0
+        case StartPoint(back=int(back)):
+            return None, None, back
+        case StartPoint(time_ns=int(ns)):
+            return None, ns, 0
+    return R.Start.latest(), None, 0
 
 
 class Subscriber:
-    """Iterate to receive a stream's records gap-free and in order; see the module docstring."""
+    """Iterate to receive a stream's records gap-free and in order; see the module docstring.
+
+        Arguments (all but `stream` by keyword):
+
+        - `stream`: the stream's name.
+        - `multicast`: multicast endpoints of the stream (epgm://IF;GROUP:PORT, norm://..., udp://...), one per
+          feed (A/B). `replay`: a sidecar's tcp://HOST:PORT, or several serving the stream, tried in turn. With
+          neither, the stream is found by name on `interface` or in `directory` (below).
+        - `start`: where to begin when `checkpoint` holds nothing. "latest" (default: from now on), "earliest"
+          (the first record the journal retains), "snapshot" (the last record of every key, then what follows;
+          docs/snapshots.md), a sequence number (int, or its digits: from it on), -N (the last N records), or a
+          time (an aware datetime, or ISO-8601 text with a zone, e.g. "2026-05-01T09:30:00Z": the first record
+          journaled at or after it). Anything else raises ConfigError naming these forms.
+        - `topics`: key prefixes to deliver: one prefix as a str ("eu."), or several as a list (default: all).
+        - `checkpoint`: a file path. The last sequence handed out and finished with is saved there (atomically,
+          at most every 0.5 s and on close); when the file exists, the stream resumes after it and `start` is
+          ignored.
+        - `max_lag` and `lag_policy`: when the application is more than `max_lag` records behind the live feed,
+          "replay" (default) reads on from the journal instead of holding live records (nothing is lost, the
+          application catches up at its pace); "raise" raises SlowConsumer from next().
+        - `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
+        - `replay_timeout`: the deadline of each replay handshake. `on_replay_state(state, error)`: told
+          "connecting", "ready", "retrying" and "failed" (module docstring).
+        - `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
+          `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
+        - `interface`, `directory`, `discovery_timeout`: with neither `multicast` nor `replay`, the stream is
+          found by name (gateway.client.directory): on the announcements heard on `interface` (or in
+          `directory`) within `discovery_timeout` seconds; replay then goes where the directory says, and a
+          sidecar that moves or dies is left for the one announced instead.
+        - `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
+          replay endpoint's port when a feed is udp://, else off; 0: off.
+        - `stream_key`: accept only multicast signed with this key (two while one is rotated). `curve`: keys for
+          CURVE replay connections.
+    - `tuning`: multicast socket settings (gateway.mcast.Tuning: rate, recovery interval, buffers) for the
+      feeds; None: the defaults. `progress_timeout`: seconds without progress (no live record, no replay answer)
+      before the reconciler falls back to replay or asks again. `ctx`: the ZeroMQ context to make sockets in
+      (default: one of its own).
+    """
 
     def __init__(
         self,
@@ -252,12 +206,12 @@ class Subscriber:
         *,
         multicast: Sequence[str] = (),
         replay: str | Sequence[str] | None = None,
-        topics: Sequence[str] = (),
+        topics: str | Sequence[str] = (),
         start: str | int | datetime | None = "latest",
         checkpoint: str | Path | None = None,
         tuning: Tuning | None = None,
         max_lag: int | None = None,
-        lag_policy: str = "replay",
+        lag_policy: Literal["replay", "raise"] = "replay",
         buffer_limit_bytes: int = 64 << 20,
         progress_timeout: float = 2.0,
         replay_timeout: float = 5.0,
@@ -272,106 +226,103 @@ class Subscriber:
         fill_udp: int | None = None,
         ctx: zmq.Context | None = None,
     ) -> None:
-        """`replay`: a sidecar endpoint, or several serving the same stream, tried in turn (module docstring).
-        `view`: keep `self.view`, the last value of every key (default: with start="snapshot").
-        `replay_timeout`: the deadline of each replay handshake. `on_replay_state`: see the module docstring.
-        `drain`: read the multicast feeds in an IO thread (`FeedDrain`) into a queue of at most
-        `buffer_limit_bytes`, so they are read even while the application does not call (see "Threading").
-
-        With neither `multicast` nor `replay`, the stream is found by name (gateway.client.directory): on the
-        announcements heard on `interface` (or in `directory`) within `discovery_timeout` seconds; replay then
-        goes where the directory says, and a sidecar that moves or dies is left for the one announced instead.
-
-        `fill_udp`: the sidecar's fill port for datagram gap fills (gateway.client.datagram_fills); None: the
-        replay endpoint's port when a feed is udp://, else off; 0: off."""
+        """See the class docstring. Bad arguments raise ConfigError (a ValueError) or TypeError at once."""
+        point = _start_point(start)
+        topics = _prefixes(topics)
+        if lag_policy not in LAG_POLICIES:
+            raise ConfigError(f"lag_policy {lag_policy!r}: use one of {', '.join(map(repr, LAG_POLICIES))}")
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
-        self.directory: Directory | None = None
+        self._directory: Directory | None = None
         if not multicast and not replay:
-            self.directory, multicast = resolve_feeds(stream, interface, directory, keys, discovery_timeout)
+            self._directory, multicast = resolve_feeds(stream, interface, directory, keys, discovery_timeout)
         self._own_directory = directory is None
         self.stream = stream
-        self.stream_name = stream.encode()
-        self.ctx = ctx or zmq.Context.instance()
-        self.topics = tuple(topics)
-        self.prefixes = tuple(t.encode() for t in topics)
-        self.pattern = topics[0] if len(topics) == 1 else ""
-        # The sidecars, tried in turn; with none given, those the heartbeats name.
-        self.sidecars = Endpoints(replay or (), first=0.1, cap=5.0)
-        self.sidecars_given = bool(self.sidecars.all)
-        self.replay_timeout = replay_timeout
-        self.curve = curve
-        # With a key (two while one is rotated), only multicast that checks out with it is let in.
-        self.verifier = Verifier(stream, keys)
         self.stats = SubscriberStats()
-        self.checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
-        self.feeds: dict[Any, str] = {}  # receiver -> feed name
-        for i, text in enumerate(multicast):
-            sock = open_sub(self.ctx, Endpoint.parse(text), tuning or Tuning(), [stream])
-            self.feeds[sock] = chr(ord("A") + i)
-        # With `drain`, the feeds are read by whoever holds the drain's lock: poll() while it runs, the drain's
-        # thread while the application is away.
-        self.drain = FeedDrain(self.feeds, buffer_limit_bytes, f"zeps-feeds-{stream}") if drain and multicast else None
-        self._poller = zmq.Poller()
-        for receiver in self.feeds:
-            self._poller.register(receiver, zmq.POLLIN)
-        if self.directory is not None:
-            self._poller.register(self.directory, zmq.POLLIN)
-        self._polled_replay: tuple[zmq.Socket, ...] = ()
-        self.catchup: ReplayClient | None = None
-        self.catchup_id: int | None = None
-        self.fill: ReplayClient | None = None
-        self.fills: deque[int] = deque()  # fill request ids in the order the sidecar answers them
+        self._prefixes = tuple(t.encode() for t in topics)
+        self._checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
+        self._reconciler: R.Reconciler | None = None  # made once the start is known
+        self._inbox: deque[R.Event] = deque()  # events that came while another's actions were carried out
+        self._feeding = False
+        self._now = time.monotonic()  # the current poll turn's clock, for the events the parts hand on
+        ctx = ctx or zmq.Context.instance()
         udp_feeds = any(Endpoint.parse(text).transport == "udp" for text in multicast)
-        self.fill_udp = fill_udp if fill_udp is not None else (None if udp_feeds else 0)
-        self.datagrams: DatagramFills | None = None  # for the current replay endpoint, made when first needed
-        self.replay_up = True  # the reconciler has not been told ReplayLost
-        self.reconnect_at = 0.0
-        self.unready_since: float | None = None  # the first connection opened since one was last ready
-        self.replay_state = "connecting"
-        self.on_replay_state = on_replay_state
-        self.failed: ReplayRefused | None = None  # raised at every call once what came before is handed out
-        self.starter: tuple[ReplayClient, Generator[None, Event, int]] | None = None
+        self._link = ReplayLink(
+            stream,
+            replay,
+            topics=topics,
+            timeout=replay_timeout,
+            curve=curve,
+            ctx=ctx,
+            directory=self._directory,
+            fill_udp=fill_udp if fill_udp is not None else (None if udp_feeds else 0),  # on for udp:// feeds
+            keys=keys,
+            stats=self.stats,
+            emit=self._feed,
+            next_seq=lambda: (self._reconciler.next_seq if self._reconciler is not None else None) or 1,
+            on_start=self._started,
+            on_state=on_replay_state,
+        )
+        self._intake = FeedIntake(
+            stream,
+            open_feeds(ctx, stream, multicast, tuning),
+            keys=keys,
+            drain=drain,
+            buffer_limit_bytes=buffer_limit_bytes,
+            stats=self.stats,
+            emit=self._feed,
+            on_sidecar=self._link.learn,
+        )
+        self.send_errors = self._link.send_errors  # sends the network refused (SubscriberMetrics counts them)
+        self._poller = zmq.Poller()
+        for receiver in self._intake.feeds:
+            self._poller.register(receiver, zmq.POLLIN)
+        if self._directory is not None:
+            self._poller.register(self._directory, zmq.POLLIN)
+        self._polled_link: tuple[Any, ...] = ()
         # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
-        self.pending: deque[Delivery | DataLoss | SlowConsumer] = deque()
+        self._pending: deque[Delivery | DataLoss | SlowConsumer] = deque()
         self._current: tuple[Delivery, Iterator[Received]] | None = None  # the Delivery next() is reading
-        self.position: int | None = None  # last sequence the application has finished with
-        self.handed: int | None = None  # the record the application holds now (finished at its next call)
-        self.closed = False
-        self.view = LastValues() if (start == "snapshot" if view is None else view) else None
+        self._position: int | None = None  # last sequence the application has finished with
+        self._handed: int | None = None  # the record the application holds now (finished at its next call)
+        self._closed = False
+        self.view = LastValues() if (point.word == "snapshot" if view is None else view) else None
 
-        resume = self.checkpoint.load() if self.checkpoint else None
-        begin, self.since_ns = (R.Start.after_seq(resume), None) if resume is not None else parse_start(start)
-        self.options = {
-            "key_filter_active": bool(self.prefixes),
+        resume = self._checkpoint.load() if self._checkpoint else None
+        begin, since_ns, self._back = (
+            (R.Start.after_seq(resume), None, 0) if resume is not None else _reconciler_start(point)
+        )
+        self._options = {
+            "key_filter_active": bool(self._prefixes),
             "buffer_limit_bytes": buffer_limit_bytes,
             "progress_timeout": progress_timeout,
             "max_lag": max_lag,
             "lag_policy": lag_policy,
         }
         # Without multicast, "latest" is the journal's head now: asked of the sidecar, like a time start.
-        self.reconciler: R.Reconciler | None = None
-        if begin is not None and (self.feeds or begin != R.Start.latest()):
-            self._begin(begin, time.monotonic())
+        if begin is not None and (self._intake.feeds or begin != R.Start.latest()):
+            self._begin(begin)
         else:
-            self._start_probe()
+            self._link.probe(since_ns)
 
     # --- the application's side -------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Received]:
-        while not self.closed:
+        while not self._closed:
             item = self.next(timeout=None)
             if item is not None:
                 yield item
 
     def next(self, timeout: float | None = None) -> Received | None:
-        """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/SlowConsumer."""
+        """The next record, or None after `timeout` seconds (None: wait for ever). Raises DataLoss/SlowConsumer,
+        and Closed after close()."""
+        self._check_open()
         self._finish_handed()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._current is not None:
                 rec = next(self._current[1], None)
                 if rec is not None:
-                    self.handed = rec.seq
+                    self._handed = rec.seq
                     if self.view is not None:
                         self.view.apply(rec)
                     return rec
@@ -384,44 +335,50 @@ class Subscriber:
     def next_batch(self, timeout: float | None = None) -> Delivery | None:
         """The next records as one Delivery (the rest of one next() began), or None after `timeout` seconds.
 
-        The fast path for high rates: one object per batch, records as views. Raises DataLoss/SlowConsumer.
+        The fast path for high rates: one object per batch, records as views. Raises DataLoss/SlowConsumer,
+        and Closed after close().
         """
+        self._check_open()
         self._finish_handed()
         item = self._rest_of_current()
         if item is None:
             item = self._wait(None if timeout is None else time.monotonic() + timeout)
         if item is not None:
-            self.handed = item.hi
+            self._handed = item.hi
             if self.view is not None:
                 for rec in item.records():
                     self.view.apply(rec)
         return item
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Closed(f"this Subscriber of {self.stream!r} is closed: nothing more will come; create a new one")
 
     def _rest_of_current(self) -> Delivery | None:
         """What next() has not yet handed out of the Delivery it was reading, if anything."""
         if self._current is None:
             return None
         item, self._current = self._current[0], None
-        lo = item.lo if self.position is None else max(item.lo, self.position + 1)
+        lo = item.lo if self._position is None else max(item.lo, self._position + 1)
         return Delivery(item.batch, lo, item.hi, item.source, item.prefixes) if lo <= item.hi else None
 
     def _finish_handed(self) -> None:
-        if self.handed is not None:
-            self._finished(self.handed)
-            self.handed = None
+        if self._handed is not None:
+            self._finished(self._handed)
+            self._handed = None
 
     def _wait(self, deadline: float | None) -> Delivery | None:
         """The next Delivery, polling until one is pending or the deadline passes; raises what is pending."""
-        while not self.pending:
-            if self.failed is not None:
-                raise self.failed
+        while not self._pending:
+            if self._link.failed is not None:
+                raise self._link.failed
             wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
             self.poll(max(wait, 0.0))  # timeout=0 still takes in what has arrived
             if wait <= 0:
                 break
-        if not self.pending:
+        if not self._pending:
             return None
-        item = self.pending.popleft()
+        item = self._pending.popleft()
         if isinstance(item, Exception):
             raise item
         return item
@@ -431,6 +388,7 @@ class Subscriber:
         how many. For applications that want the current values rather than each record."""
         if self.view is None:
             raise ValueError("update() keeps `view` current: create the Subscriber with view=True")
+        self._check_open()
         deadline = time.monotonic() + timeout
         n = 0
         while True:
@@ -442,60 +400,76 @@ class Subscriber:
 
     @property
     def state(self) -> str:
-        return "STARTING" if self.reconciler is None else self.reconciler.state.name
+        """The reconciler's state (gateway.reconcile.State), or "STARTING" until the start is known."""
+        return "STARTING" if self._reconciler is None else self._reconciler.state.name
+
+    @property
+    def reconciler(self) -> R.Reconciler | None:
+        """The reconciler, for its counters (None until the start is known)."""
+        return self._reconciler
+
+    @property
+    def replay_state(self) -> str:
+        """Where replay stands: "connecting", "ready", "retrying" or "failed" (gateway.client.link_state)."""
+        return self._link.state.value
+
+    @property
+    def failed(self) -> ReplayRefused | None:
+        """The final replay failure, raised at every call once what came before it is handed out."""
+        return self._link.failed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def replay_endpoint(self) -> str | None:
         """The replay sidecar in use, or next to try (None until one is known)."""
-        return self.sidecars.current
+        return self._link.endpoint
+
+    @property
+    def waiting_for_replay(self) -> float | None:
+        """Seconds the subscriber has been waiting for a replay sidecar to answer (retries included); None
+        while one answers, or while replay is not needed."""
+        return self._link.waiting
 
     @property
     def head(self) -> int:
         """The highest sequence known to exist (0 until the start is known)."""
-        return 0 if self.reconciler is None else self.reconciler.head
+        return 0 if self._reconciler is None else self._reconciler.head
 
     @property
     def lag(self) -> int:
-        return 0 if self.reconciler is None else self.reconciler.lag
+        return 0 if self._reconciler is None else self._reconciler.lag
 
     def pgm_counters(self) -> dict[str, dict[str, int]]:
         """OpenPGM's own counters, per feed name, of the feeds read through gateway.transport.pgm (repairs,
         resets, lost, junk, overruns: `ReceiverStats`); none for libzmq's engine, which exposes none. The
         receivers' I/O threads update them; a read is a snapshot."""
-        return {
-            feed: dataclasses.asdict(receiver.stats)
-            for receiver, feed in self.feeds.items()
-            if isinstance(receiver, PgmReceiver)
-        }
+        return self._intake.pgm_counters()
 
     def summary(self) -> dict[str, int]:
-        if self.drain is not None:
-            self.stats.feed_dropped = self.drain.dropped
-        if self.datagrams is not None:
-            self.stats.fill_datagrams = self.datagrams.stats.answers
-            self.stats.fills_escalated = self.datagrams.stats.escalated
-        return self.stats.summary(self.reconciler)
+        if self._intake.drain is not None:
+            self.stats.feed_dropped = self._intake.drain.dropped
+        if (datagrams := self._link.datagrams) is not None:
+            self.stats.fill_datagrams = datagrams.stats.answers
+            self.stats.fills_escalated = datagrams.stats.escalated
+        return self.stats.summary(self._reconciler)
 
     def close(self) -> None:
-        if self.closed:
+        if self._closed:
             return
-        self.closed = True
-        if self.reconciler is not None:
-            self._execute(self.reconciler.handle(R.Close(), time.monotonic()))
-        if self.handed is not None:
-            self._finished(self.handed)
-        if self.checkpoint and self.position is not None:
-            self.checkpoint.save(self.position, force=True)
-        if self.drain is not None:
-            self.drain.close()
-        else:
-            for sock in self.feeds:
-                sock.close(linger=0)
-        self._close_replay()
-        if self.datagrams is not None:
-            self.datagrams.close()
-        if self.directory is not None and self._own_directory:
-            self.directory.close()
+        self._closed = True
+        if self._reconciler is not None:
+            self._execute(self._reconciler.handle(R.Close(), time.monotonic()))
+        if self._handed is not None:
+            self._finished(self._handed)
+        if self._checkpoint and self._position is not None:
+            self._checkpoint.save(self._position, force=True)
+        self._intake.close()
+        self._link.close()
+        if self._directory is not None and self._own_directory:
+            self._directory.close()
 
     def __enter__(self) -> Subscriber:
         return self
@@ -507,47 +481,42 @@ class Subscriber:
 
     def pollables(self) -> list:
         """What an event loop should wait on instead of calling `poll` (sockets and file-like objects): with a
-        drain, its queue instead of the feeds (call `drain.away()` before awaiting, so that its thread reads
-        them meanwhile)."""
+        drain, its queue instead of the feeds (call `away()` before awaiting, so that its thread reads them
+        meanwhile)."""
         self._sync_poller()
-        if self.drain is None:
+        if self._intake.drain is None:
             return [sock for sock, _ in self._poller.sockets]
-        return [self.drain, *(sock for sock, _ in self._poller.sockets if sock not in self.feeds)]
+        feeds = self._intake.feeds
+        return [self._intake.drain, *(sock for sock, _ in self._poller.sockets if sock not in feeds)]
 
-    def _replay_clients(self) -> tuple[ReplayClient, ...]:
-        starter = self.starter[0] if self.starter is not None else None
-        return tuple(c for c in (starter, self.catchup, self.fill) if c is not None)
+    def away(self) -> None:
+        """The application is about to await (not call) for a while: the drain's thread reads the feeds now."""
+        if self._intake.drain is not None:
+            self._intake.drain.away()
 
     def _sync_poller(self) -> None:
-        # A connection's monitor too: a connection that ends says so there, not on the socket.
-        replay = tuple(sock for c in self._replay_clients() for sock in (c.sock, c.handshake.monitor) if sock)
-        if replay != self._polled_replay:  # connections come and go; the feeds stay registered
-            for sock in self._polled_replay:
+        polled = self._link.pollables()
+        if polled != self._polled_link:  # connections come and go; the feeds stay registered
+            for sock in self._polled_link:
                 self._poller.unregister(sock)
-            for sock in replay:
+            for sock in polled:
                 self._poller.register(sock, zmq.POLLIN)
-            self._polled_replay = replay
+            self._polled_link = polled
 
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
-        if self.drain is None:
+        with self._intake.holding():  # the feeds are ours for this turn
             self._turn(timeout)
-            return
-        self.drain.acquire()  # the feeds are ours for this turn
-        try:
-            self._turn(timeout)
-        finally:
-            self.drain.release()
 
     def _turn(self, timeout: float) -> None:
         self._sync_poller()
-        direct = True  # read the feeds themselves: not while older messages wait in the drain's queue
-        if self.drain is not None and self.drain.queue:
-            now = time.monotonic()
-            for feed, frames in self.drain.take(FEED_BURST):
-                self._on_feed(feed, frames, now)
-            direct, timeout = not self.drain.queue, 0.0
-        due = self.datagrams.hedge.next_due() if self.datagrams is not None else None
+        self._now = time.monotonic()
+        queued = self._intake.take_queued()
+        direct = queued is not False  # read the feeds themselves: not while older messages are queued
+        if queued is not None:
+            timeout = 0.0  # hand out what was taken at once
+        datagrams = self._link.datagrams
+        due = datagrams.hedge.next_due() if datagrams is not None else None
         if due is not None:  # a datagram's timer: wake for it (rounded up, so a due timer is not polled at 0)
             timeout = min(timeout, max(0.0, due - time.monotonic()) + 0.0005)
         if self._poller.sockets:
@@ -555,151 +524,50 @@ class Subscriber:
         else:  # nothing to wait on (replay only, between tries): sleep, never spin
             time.sleep(timeout)
             ready = {}
-        now = time.monotonic()
+        self._now = now = time.monotonic()
         if direct:
-            for sock, feed in self.feeds.items():
-                if sock in ready:
-                    self._drain_feed(sock, feed, now)
-        if self.directory is not None and self.directory in ready:
-            self.directory.drain()
-            self._follow_sidecar(now)
-        for client in self._replay_clients():
-            # A handshake is looked at every turn (its deadline), a ready connection when it or its monitor stirs.
-            if not client.ready or client.sock in ready or client.handshake.monitor in ready:
-                self._drain_replay(client, now)
-        if self.datagrams is not None and self.reconciler is not None:
-            self._on_datagrams(self.datagrams, self.datagrams.fileno() in ready, now)
-        if self.failed is None and not self.replay_up and now >= self.reconnect_at:
-            self._reconnect(now)
-        if self.reconciler is None:
-            if self.starter is None and self.replay_up and self.failed is None:
-                self._start_probe()  # the replay endpoint may have been learnt from a heartbeat
-        else:
-            self._execute(self.reconciler.handle(R.Tick(), now))
+            self._intake.read(ready)
+        if self._directory is not None and self._directory in ready:
+            self._directory.drain()
+            self._link.follow_directory(now)
+        self._link.turn(ready, now)
+        if self._reconciler is not None:
+            self._feed(R.Tick())
 
-    def _drain_feed(self, sock: Any, feed: str, now: float) -> None:
-        for _ in range(FEED_BURST):
-            frames: list[bytes] | McastError
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except McastError as exc:  # a datagram that is no message (udp://)
-                frames = exc
-            self._on_feed(feed, frames, now)
+    # --- the reconciler ---------------------------------------------------------------------------------
 
-    def _on_feed(self, feed: str, frames: list[bytes] | McastError, now: float) -> None:
-        """One multicast message: a batch or a heartbeat of this stream, or something to drop and count."""
-        if isinstance(frames, McastError):  # the receiver's refusal (udp://)
-            self._reject(feed, frames)
+    def _feed(self, event: R.Event) -> None:
+        """One event to the reconciler and its actions carried out; an event handed on while earlier actions
+        are carried out (a failed request's ReplayLost) waits until they are done: never re-entered."""
+        if self._reconciler is None:
+            return  # before the start is known, replay covers what passes now
+        self._inbox.append(event)
+        if self._feeding:
             return
-        if frames[0] != self.stream_name:
-            return  # another stream sharing the group and prefix
+        self._feeding = True
         try:
-            item = parse_payload(self.verifier.open(frames))
-        except McastError as exc:
-            self._reject(feed, exc)
-            return
-        if isinstance(item, Heartbeat):
-            learnt = self.sidecars.all
-            if (
-                item.replay
-                and not self.sidecars_given
-                and item.replay not in learnt
-                and len(learnt) < MAX_LEARNT_SIDECARS
-            ):
-                self.sidecars.add(item.replay)
-                log.info("replay sidecar found from heartbeats: %s", item.replay)
-            if self.reconciler is not None:
-                self._execute(self.reconciler.handle(R.HeadSeen(item.head, feed, item.epoch), now))
-        elif self.reconciler is not None:  # before the start is known, replay covers what passes now
-            self._execute(self.reconciler.handle(R.Live(item, feed), now))
-
-    def _reject(self, feed: str, exc: McastError) -> None:
-        self.stats.rejected_packets += 1
-        if isinstance(exc, Unauthenticated):
-            self.stats.unauthenticated += 1
-        log.debug("feed %s: dropped a packet: %s", feed, exc)
-
-    def _drain_replay(self, client: ReplayClient, now: float) -> None:
-        try:
-            # An action may close this connection mid-drain (Cancel of the catch-up): then stop reading it.
-            for _ in range(REPLAY_DRAIN_LIMIT):
-                if client not in self._replay_clients() or (event := client.recv(0)) is None:
-                    break
-                self._on_replay(client, event, now)
-        except ReplayRefused as exc:
-            if not self.sidecars.refused(exc.reason):
-                self._replay_lost(now, exc.reason, hint=exc.reason)
-            elif self.sidecars.several:
-                self._fail(type(exc)(f"every replay sidecar refused: {self.sidecars.refused_text()}"))
-            else:
-                self._fail(exc)
-        except ReplayError as exc:
-            self._replay_lost(now, exc.reason)
-        else:
-            if client.ready and client in self._replay_clients():
-                self.unready_since = None
-                if self.replay_state != "ready":
-                    self.sidecars.succeeded()
-                    self._set_replay_state("ready", None)
-
-    def _on_replay(self, client: ReplayClient, event: Event, now: float) -> None:
-        if self.starter is not None and client is self.starter[0]:
-            self._start_step(event, now)
-            return
-        assert self.reconciler is not None  # the starter is the only connection before it exists
-        if client is self.catchup:
-            request_id = self.catchup_id
-        else:
-            request_id = self.fills[0] if self.fills else None
-        if request_id is None:
-            return  # an answer to something already given up
-        match event:
-            case B.Batch():
-                self._execute(self.reconciler.handle(R.Replay(event, request_id), now))
-            case ZepsDeliver(sequence=seq, key=key, body=body):
-                # A plain ZEPS server: one record, covering just its own sequence.
-                single = B.Batch.parse(B.encode(seq, [(0, key.encode(), bytes(body))]))
-                self._execute(self.reconciler.handle(R.Replay(single, request_id), now))
-            case ZepsTrimmed(first_retained=first):
-                self._execute(self.reconciler.handle(R.ReplayTrimmed(request_id, first), now))
-            case FetchEnd():
-                self.fills.popleft()
-                self._execute(self.reconciler.handle(R.ReplayEnd(request_id), now))
-            case ZepsSnapshotEnd(last=last):
-                self._execute(self.reconciler.handle(R.SnapshotDone(request_id, last), now))
-
-    def _on_datagrams(self, fills: DatagramFills, readable: bool, now: float) -> None:
-        """Datagram answers to the reconciler, as FETCH answers are; ranges out of tries to FETCH."""
-        assert self.reconciler is not None
-        for rid, batch in fills.receive(now) if readable else ():  # the poller names a plain socket by its fd
-            self._execute(self.reconciler.handle(R.Replay(batch, rid), now))
-            if fills is not self.datagrams:
-                return  # an action closed it (replay lost)
-        for rid, lo, hi in fills.expire(now, self.reconciler.next_seq or 1):
-            self._fetch(rid, lo, hi)
-
-    # --- actions ----------------------------------------------------------------------------------------
+            while self._inbox:
+                self._execute(self._reconciler.handle(self._inbox.popleft(), self._now))
+        finally:
+            self._feeding = False
 
     def _execute(self, actions: list[R.Action]) -> None:
-        assert self.reconciler is not None
         for action in actions:
             match action:
                 case R.Emit(batch=batch, lo=lo, hi=hi, source=source):
                     self._deliver(cast(B.Batch, batch), lo, hi, source)  # the batches fed to the reconciler
                 case R.Request():
-                    self._request(action)
+                    self._link.request(action)
                 case R.Cancel(request_id=rid):
-                    self._cancel(rid)
+                    self._link.cancel(rid)
                 case R.Loss(lo=lo, hi=hi, reason=reason):
                     self.stats.losses += hi - lo + 1
                     log.warning("records %d..%d of %s are lost: %s", lo, hi, self.stream, reason)
-                    self.pending.append(DataLoss(lo, hi, reason))
+                    self._pending.append(DataLoss(lo, hi, reason))
                 case R.Stalled(lo=lo, hi=hi, attempts=attempts):
                     log.warning("replay of %s..%s made no progress after %d attempts; still trying", lo, hi, attempts)
                 case R.LagExceeded(lag=lag):
-                    self.pending.append(SlowConsumer(f"the application is {lag} records behind the live feed"))
+                    self._pending.append(SlowConsumer(f"the application is {lag} records behind the live feed"))
                 case R.StateChanged(old=old, new=new):
                     self.stats.states.append(new.name)
                     # a gap and its fill (MERGED <-> RECOVERING) are routine, hundreds a second under loss
@@ -707,203 +575,33 @@ class Subscriber:
                     log.log(level, "%s: %s", self.stream, new.name)
 
     def _deliver(self, batch: B.Batch, lo: int, hi: int, source: str) -> None:
-        delivery = Delivery(batch, lo, hi, source, self.prefixes)
+        delivery = Delivery(batch, lo, hi, source, self._prefixes)
         # Dense and unfiltered (every live batch, and replay without topics): the count needs no walk.
-        n = hi - lo + 1 if batch.dense and not self.prefixes else sum(1 for _ in delivery.raw())
+        n = hi - lo + 1 if batch.dense and not self._prefixes else sum(1 for _ in delivery.raw())
         if n:
-            self.pending.append(delivery)
+            self._pending.append(delivery)
         if source.startswith("live"):
             self.stats.from_live += n
         elif source == "snapshot":
             self.stats.from_snapshot += n
         else:
             self.stats.from_replay += n
-        if not n and not self.pending and self._current is None:
+        if not n and not self._pending and self._current is None:
             self._finished(hi)  # a range with nothing for this client still moves the checkpoint
 
     def _finished(self, seq: int) -> None:
-        self.position = seq
-        if self.checkpoint:
-            self.checkpoint.save(seq)
-
-    def _request(self, req: R.Request) -> None:
-        if not self.replay_up:
-            return  # ReplayRestored re-issues it
-        try:
-            if req.hi is None:
-                if self.catchup is not None:
-                    self.catchup.close()
-                self.catchup = self._connect()
-                self.catchup_id = req.request_id
-                if req.snapshot:
-                    self.catchup.snapshot(self.topics)
-                else:
-                    self.catchup.subscribe(self.pattern, latest=req.lo - 1)
-            else:
-                fills = self._datagram_fills()
-                if fills is None or not fills.ask(req.request_id, req.lo, req.hi, time.monotonic()):
-                    self._fetch(req.request_id, req.lo, req.hi)
-        except ReplayError as exc:
-            self._replay_lost(time.monotonic(), exc.reason)
-
-    def _fetch(self, request_id: int, lo: int, hi: int) -> None:
-        """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
-        try:
-            if self.fill is None:
-                self.fill = self._connect()
-            self.fill.fetch(lo, hi, self.pattern)
-            self.fills.append(request_id)
-        except ReplayError as exc:
-            self._replay_lost(time.monotonic(), exc.reason)
-
-    def _datagram_fills(self) -> DatagramFills | None:
-        """The datagram path to the current sidecar's fill port; None when off or its address is no IPv4
-        literal (a name would need a resolver call, which may block)."""
-        if self.fill_udp == 0 or self.replay_endpoint is None:
-            return None
-        host, _, port = self.replay_endpoint.removeprefix("tcp://").rpartition(":")
-        try:
-            socket.inet_aton(host)
-            address = (host, self.fill_udp or int(port))
-        except (OSError, ValueError):
-            return None
-        old, moved = self.datagrams, []
-        if old is not None and old.sidecar != address:  # the sidecar moved: ask the new one what is outstanding
-            moved = [(rid, ask.lo, ask.hi) for rid, ask in old.hedge.asks.items()]
-            self._poller.unregister(old)
-            old.close()
-            self.datagrams = None
-        if self.datagrams is None:
-            self.datagrams = DatagramFills(address, self.stream, keys=self.verifier.keys)
-            self._poller.register(self.datagrams, zmq.POLLIN)
-            if self.fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
-                self.fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
-            now = time.monotonic()
-            for rid, lo, hi in moved:
-                if not self.datagrams.ask(rid, lo, hi, now):
-                    self._fetch(rid, lo, hi)
-        return self.datagrams
-
-    def _cancel(self, request_id: int) -> None:
-        if self.datagrams is not None:
-            self.datagrams.hedge.cancel(request_id)
-        if request_id == self.catchup_id and self.catchup is not None:
-            self.catchup.close()  # ZEPS has no unsubscribe: the connection was the subscription
-            self.catchup, self.catchup_id = None, None
-        # A FETCH cannot be recalled; its answer is bounded and the reconciler ignores what it no longer needs.
-
-    def _connect(self) -> ReplayClient:
-        """A new replay connection, handshaking in the background of the poll loop (never waits)."""
-        info = self.directory.lookup(self.stream) if self.directory is not None else None
-        if info is not None and info.sidecar and self.replay_endpoint not in info.sidecars + info.named:
-            log.info("%s: replay sidecar at %s (announced)", self.stream, info.sidecar)
-            self.sidecars.move_to(info.sidecar)
-        for sidecar in info.sidecars if info is not None else ():  # a group's nodes' sidecars, tried in turn
-            self.sidecars.add(sidecar)
-        if self.replay_endpoint is None:
-            raise ReplayError("no replay endpoint yet: give --replay, or wait for a heartbeat that names one")
-        # The handshake deadline runs from the first connection opened since one was ready, so that the
-        # reconciler re-issuing a request (a new connection) cannot keep a dead server looking "connecting".
-        now = time.monotonic()
-        if self.unready_since is None:
-            self.unready_since = now
-        features = (*DEFAULT_FEATURES, FEATURE_SNAPSHOT)
-        return ReplayClient(
-            self.replay_endpoint,
-            self.stream,
-            features=features,
-            timeout=max(0.001, self.unready_since + self.replay_timeout - now),
-            curve=self.curve,
-            ctx=self.ctx,
-            fail_unreachable=self.sidecars.several,
-        )
-
-    def _close_replay(self) -> None:
-        for client in self._replay_clients():
-            client.close()
-        self.catchup = self.fill = self.starter = None
-        self.catchup_id = None
-        self.fills.clear()
-        if self.datagrams is not None:
-            self.datagrams.hedge.clear()
-
-    def _follow_sidecar(self, now: float) -> None:
-        """Leave a sidecar that no longer announces itself (killed, moved) for one that does: a connection to a
-        dead one may never fail by itself."""
-        assert self.directory is not None
-        info = self.directory.lookup(self.stream)
-        connected = self.catchup is not None or self.fill is not None
-        if connected and info is not None and info.sidecars and self.replay_endpoint not in info.sidecars:
-            self._replay_lost(now, f"{self.replay_endpoint} is no longer announced; {info.sidecar} is")
-
-    def _replay_lost(self, now: float, reason: str, *, hint: str = "") -> None:
-        """The sidecar in use failed (`hint`: its refusal, which may name another): the next one, after a backoff."""
-        # The first failure of a run is a warning; the retries that follow it are debug lines.
-        level = logging.WARNING if self.sidecars.backoff.failures == 0 else logging.DEBUG
-        delay = self.sidecars.failed(hint)
-        self.stats.replay_retries += 1
-        log.log(level, "%s: replay: %s; retrying at %s in %.2f s", self.stream, reason, self.replay_endpoint, delay)
-        self._close_replay()
-        self.unready_since = None
-        if self.replay_up:
-            self.replay_up = False
-            if self.reconciler is not None:
-                self._execute(self.reconciler.handle(R.ReplayLost(), now))
-        self.reconnect_at = now + delay
-        self._set_replay_state("retrying", ReplayError(reason))
-
-    def _reconnect(self, now: float) -> None:
-        if self.reconciler is None:
-            self.replay_up = True
-            self._start_probe()
-            return
-        try:
-            self.fill = self._connect()
-        except ReplayError:  # no endpoint known yet
-            self.reconnect_at = now + self.sidecars.backoff.next()
-            return
-        self.replay_up = True
-        self.stats.replay_reconnects += 1
-        self._set_replay_state("connecting", None)
-        self._execute(self.reconciler.handle(R.ReplayRestored(), now))
-
-    def _fail(self, exc: ReplayRefused) -> None:
-        """A final failure: no more tries; next() raises it once what came before is handed out."""
-        log.error("%s: %s", self.stream, exc)
-        self._close_replay()
-        self.failed = exc
-        self._set_replay_state("failed", exc)
-
-    def _set_replay_state(self, state: str, error: ZepsError | None) -> None:
-        if state == self.replay_state and error is None:
-            return
-        self.replay_state = state
-        if self.on_replay_state is not None:
-            self.on_replay_state(state, error)
+        self._position = seq
+        if self._checkpoint:
+            self._checkpoint.save(seq)
 
     # --- the start ----------------------------------------------------------------------------------------
 
-    def _start_probe(self) -> None:
-        """Ask the sidecar where to start (the journal's head, or the first record since a time)."""
-        try:
-            client = self._connect()
-        except ReplayError:
-            return  # no endpoint yet: a heartbeat will name one
-        steps = start_after(client, self.since_ns)
-        next(steps)
-        self.starter = (client, steps)
+    def _started(self, after_head_or_time: int) -> None:
+        """The start probe's answer: the head + 1 (or the first since the time asked for)."""
+        first = max(1, after_head_or_time - self._back)
+        log.info("%s: starting at sequence %d", self.stream, first)
+        self._begin(R.Start.at_seq(first))
 
-    def _start_step(self, event: Event, now: float) -> None:
-        assert self.starter is not None
-        client, steps = self.starter
-        try:
-            steps.send(event)
-        except StopIteration as stop:
-            client.close()
-            self.starter = None
-            log.info("%s: starting at sequence %d", self.stream, stop.value)
-            self._begin(R.Start.at_seq(stop.value), now)
-
-    def _begin(self, begin: R.Start, now: float) -> None:
-        self.reconciler = R.Reconciler(begin, **self.options)  # type: ignore[arg-type]
-        self._execute(self.reconciler.handle(R.Tick(), now))
+    def _begin(self, begin: R.Start) -> None:
+        self._reconciler = R.Reconciler(begin, **self._options)  # type: ignore[arg-type]
+        self._feed(R.Tick())

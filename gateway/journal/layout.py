@@ -127,8 +127,8 @@ def open_segment(directory: Path, seq: int) -> io.FileIO | None:
 
 def header_at(fd: int, offset: int) -> tuple[int, int, int] | None:
     """(first_seq, last_seq, ts_ns) of the batch header at `offset`, or None if there is no valid header."""
-    if not 0 <= offset <= MAX_OFFSET:
-        return None  # a corrupt index entry may hold any u64
+    if not 0 <= offset <= MAX_OFFSET - HEADER_SIZE:
+        return None  # a corrupt index entry may hold any u64 (pread refuses an end past off_t too)
     data = os.pread(fd, HEADER_SIZE, offset)
     try:
         frame_length(data)

@@ -608,45 +608,56 @@ class JournalWriter:
         self._idx_fd = os.open(idx_path(self.directory, seq), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         size = os.fstat(fd).st_size
         entries = read_index(idx_path(self.directory, seq))
-        keep = next((i + 1 for i in reversed(range(len(entries))) if self._trust(entries[i], size)), 0)
-        start, expected = (entries[keep - 1][2], entries[keep - 1][0]) if keep else (0, seq)
-        self._index_off = start if keep else -self._index_interval
-        scanner, fresh, last_ts = FrameScanner(fd, start), bytearray(), None
-        fault, search_from = "", 0
+        keep = self._trusted(entries, len(entries), size)
         while True:
-            offset = scanner.offset
-            try:
-                if (frame := scanner.next_frame()) is None:
-                    if scanner.partial:
-                        fault = f"incomplete batch ({scanner.size - offset} bytes of it)"
-                        search_from = offset + 1
+            start, expected = (entries[keep - 1][2], entries[keep - 1][0]) if keep else (0, seq)
+            self._index_off = start if keep else -self._index_interval
+            scanner, fresh, last_ts = FrameScanner(fd, start), bytearray(), None
+            fault, search_from = "", 0
+            while True:
+                offset = scanner.offset
+                try:
+                    if (frame := scanner.next_frame()) is None:
+                        if scanner.partial:
+                            fault = f"incomplete batch ({scanner.size - offset} bytes of it)"
+                            search_from = offset + 1
+                        break
+                    batch = Batch.parse(frame)
+                except BatchError as e:
+                    fault, search_from = e.reason, offset + 1
                     break
-                batch = Batch.parse(frame)
-            except BatchError as e:
-                fault, search_from = e.reason, offset + 1
+                if batch.first_seq != expected:
+                    fault = f"batch holds sequences from {batch.first_seq}, {expected} was expected"
+                    search_from = scanner.offset
+                    break
+                if offset - self._index_off >= self._index_interval:
+                    fresh += INDEX_ENTRY.pack(batch.first_seq, batch.ts_ns, offset)
+                    self._index_off = offset
+                expected, last_ts = batch.last_seq + 1, batch.ts_ns
+            if not (fault and keep and start == offset):
                 break
-            if batch.first_seq != expected:
-                fault = f"batch holds sequences from {batch.first_seq}, {expected} was expected"
-                search_from = scanner.offset
-                break
-            if offset - self._index_off >= self._index_interval:
-                fresh += INDEX_ENTRY.pack(batch.first_seq, batch.ts_ns, offset)
-                self._index_off = offset
-            expected, last_ts = batch.last_seq + 1, batch.ts_ns
+            # The entry points at the faulty batch itself: scan again from the entry before it, so that the head
+            # comes from batches this scan checked, never from a header nobody validated.
+            keep = self._trusted(entries, keep - 1, size)
         if fault:
             self._cut_tail(path, offset, search_from, fault, expected - 1)
-            if keep and start == offset:  # that entry pointed at the batch just cut off
-                keep -= 1
-                self._index_off = entries[keep - 1][2] if keep else -self._index_interval
-        if keep < len(entries) or fresh:
+        if keep < len(entries) or fresh or os.fstat(self._idx_fd).st_size != keep * INDEX_ENTRY.size:  # torn entry
             os.ftruncate(self._idx_fd, keep * INDEX_ENTRY.size)
             os.write(self._idx_fd, fresh)
             log.info("journal %s: index of %s brought in line with the segment", self.stream, path.name)
         self._size = offset
-        if last_ts is None and offset:  # the fault was the very batch the trusted entry points at
-            expected, last_ts = segment_tail(self.directory, seq)
-            expected += 1
         return expected, last_ts
+
+    def _trusted(self, entries: list[tuple[int, int, int]], below: int, size: int) -> int:
+        """How many index entries to keep: the longest run of the first `below` that starts at byte 0 and rises,
+        each pointing at a matching batch header inside the segment (0: scan from the start). A power loss can
+        zero an earlier entry of the unsynced index and keep later ones: those must not be kept behind it."""
+        prev = -1
+        for i, entry in enumerate(entries[:below]):
+            if entry[2] <= prev or (i == 0 and entry[2] != 0) or not self._trust(entry, size):
+                return i
+            prev = entry[2]
+        return below
 
     def _trust(self, entry: tuple[int, int, int], size: int) -> bool:
         return entry[2] < size and index_entry_ok(self._fd, entry)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.client.position import parse_position
+from gateway.client.start_point import parse_time
 
 LAST = 2**63 - 1  # Spark's BIGINT holds sequences up to here
 
@@ -44,16 +44,16 @@ def seconds(options: Mapping[str, str], name: str, default: float) -> float:
 
 
 def time_ns(options: Mapping[str, str], name: str) -> int | None:
-    """A time option: nanoseconds since the epoch, or ISO-8601 (UTC unless it has a zone)."""
+    """A time option: nanoseconds since the epoch, or an ISO-8601 time with a zone (Z or an offset)."""
     text = options.get(name)
     if text is None:
         return None
     if text.isdigit():
         return int(text)
     try:
-        return parse_position(text)[1]
-    except ValueError:
-        raise ValueError(f"zeps: option {name}={text!r}: expected ns since the epoch or an ISO-8601 time") from None
+        return parse_time(text, "ns since the epoch or an ISO-8601 time with a zone (e.g. 2026-05-01T09:30:00Z)")
+    except ValueError as exc:
+        raise ValueError(f"zeps: option {name}: {exc}") from None
 
 
 def flag(options: Mapping[str, str], name: str) -> bool:

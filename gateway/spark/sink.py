@@ -14,7 +14,7 @@ Exactly once. A task publishes as producer `producer_id(write, partition, epoch)
     partition the task's partition
 
 A retried task (or a micro-batch re-run after a restart from the checkpoint) is the same producer and numbers
-the same rows the same way, so the gateway's per-producer dedup (gateway.server.producers) drops the records
+the same rows the same way, so the gateway's per-producer dedup (gateway.sequencer.producers) drops the records
 an earlier attempt journaled and confirms them: each row is journaled once. The condition: a retry produces the
 same rows in the same order (a deterministic input: a file or `zeps` source, no rand(), no nondeterministic
 shuffle order feeding the sink). Otherwise the retry's first k records are dropped where an earlier attempt

@@ -23,7 +23,7 @@ from typing import Any
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
-from gateway.server.ha import group_key
+from gateway.replication.group import group_key
 from gateway.tools.deployment import wait_ping
 from gateway.transport.etcd import Etcd
 from netlab import Lab

@@ -20,8 +20,10 @@ from urllib.parse import urlsplit
 
 import etcd3gw
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
+from requests.exceptions import RequestException
 
 from gateway.errors import ConfigError, CoordinatorError
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import EtcdTls
 
 
@@ -77,7 +79,9 @@ class Cluster(tuple[str, ...]):
 class Etcd:
     """etcd at `url` (`http://HOST:PORT`, or several members of one cluster). Not thread-safe: one per thread."""
 
-    def __init__(self, url: str | Sequence[str], timeout_s: float = 0.5) -> None:
+    def __init__(self, url: str | Sequence[str], timeout_s: float = 0.5, *, errors: SendErrors | None = None) -> None:
+        """`errors`: where requests the network refuses (a member unreachable) are reported."""
+        self.errors = errors
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise CoordinatorError("no etcd URL given: give --etcd http://HOST:PORT")
@@ -165,15 +169,22 @@ class Etcd:
         failures = []
         for _ in self._clients:
             try:
-                return request(self._clients[self._first])
-            except (ConnectionFailedError, ConnectionTimeoutError) as exc:
+                answer = request(self._clients[self._first])
+            except (ConnectionFailedError, ConnectionTimeoutError, RequestException) as exc:
                 if refused := _tls_refused(exc):  # a setting, not an outage: the other members would refuse too
                     raise CoordinatorError(f"etcd at {self.url}: {refused}") from exc
+                # RequestException: what etcd3gw does not wrap (a body cut short, a reset while it is read)
+                if self.errors and not isinstance(exc, ConnectionTimeoutError):
+                    self.errors.refused("etcd", self.url, exc, "the next member is tried, or the same again later")
                 failures.append(f"{self.url} {_unreachable(exc, self.timeout_s)}")
                 self._first = (self._first + 1) % len(self._clients)
             except Etcd3Exception as exc:  # etcd answers with a JSON body; an empty one is something else
                 detail = exc.detail_text or f"HTTP {exc}, not an answer of etcd: is this its client URL?"
                 raise CoordinatorError(f"etcd at {self.url}: {detail}") from exc
+            else:
+                if self.errors:
+                    self.errors.sent("etcd", self.url)
+                return answer
         raise CoordinatorError(f"etcd unreachable ({'; '.join(failures)}): is etcd running there? Check the --etcd URL")
 
 
@@ -190,7 +201,7 @@ def _client(url: str, timeout_s: float, tls: EtcdTls | None) -> Any:
     return client
 
 
-def _tls_refused(exc: Etcd3Exception) -> str:
+def _tls_refused(exc: Etcd3Exception | RequestException) -> str:
     """Why etcd's TLS and ours did not agree, or "" (the failure was not TLS)."""
     cause = str(exc.__context__ or "")
     if "SSL" not in cause:
@@ -202,7 +213,7 @@ def _tls_refused(exc: Etcd3Exception) -> str:
     )
 
 
-def _unreachable(exc: Etcd3Exception, timeout_s: float) -> str:
+def _unreachable(exc: Etcd3Exception | RequestException, timeout_s: float) -> str:
     if isinstance(exc, ConnectionTimeoutError):
         return f"did not answer within {timeout_s:g} s"
     return "refused the connection or cannot be reached"

@@ -23,6 +23,7 @@ Threading contract: a Link and a Listener belong to the thread that polls them.
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import ssl
@@ -35,10 +36,12 @@ import zmq
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import Handshake, failure
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
+RECONNECTED = "the link closes; the follower connects again, and what it missed comes again"
 
 
 def tcp_address(endpoint: str) -> tuple[str, int]:
@@ -66,9 +69,14 @@ class Link(PolledByFd):
         max_frame: int,
         max_queued: int,
         connecting: bool = False,
+        peer: str = "",
+        errors: SendErrors | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        """`peer`: where the link goes, for the log; `errors`: where sends and connects it fails are reported;
+        `tls`: run TLS over the connection (gateway.transport.tls)."""
         sock.setblocking(False)
+        self.peer, self.errors = peer, errors
         self._sock, self._fd = sock, sock.fileno()  # the fd is kept: a poller finds us by it, also once closed
         self._connecting = connecting
         self._in = Deframer(max_frame)
@@ -87,7 +95,15 @@ class Link(PolledByFd):
             self._secure(server_side=True)
 
     @classmethod
-    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int, tls: ssl.SSLContext | None = None) -> Link:
+    def connect(
+        cls,
+        endpoint: str,
+        *,
+        max_frame: int,
+        max_queued: int,
+        errors: SendErrors | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> Link:
         """A link to `endpoint` (tcp://HOST:PORT), connecting in the background: frames sent meanwhile wait in
         its queue. One that cannot even start (no such host) comes back closed, with the reason."""
         try:
@@ -95,15 +111,16 @@ class Link(PolledByFd):
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         except (ConfigError, OSError) as exc:
             sock = socket.socket()
-            link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True)
+            link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors)
             link._fail(f"cannot connect to {endpoint}: {exc}")
             return link
         sock = socket.socket(family, kind, proto)
-        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, tls=tls)
+        link = cls(
+            sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors, tls=tls
+        )
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
-            link.refused = code == errno.ECONNREFUSED
-            link._fail(f"cannot connect to {endpoint}: {errno.errorcode.get(code, code)}")
+            link._connect_failed(code, f"cannot connect to {endpoint}")
         return link
 
     def fileno(self) -> int:
@@ -133,8 +150,10 @@ class Link(PolledByFd):
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._fail(f"send failed: {exc.strerror or exc}")
+            self._send_failed(exc)
             return "gone"
+        if self.errors:
+            self.errors.sent("peer-link", self.peer)
         if sent < HEADER_SIZE + size:
             self._out.append(memoryview(header(size) + frame)[sent:])
         return "sent"
@@ -150,7 +169,7 @@ class Link(PolledByFd):
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as exc:
-                self._fail(f"send failed: {exc.strerror or exc}")
+                self._send_failed(exc)
                 return
             if sent < len(out[0]):
                 out[0] = out[0][sent:]
@@ -229,8 +248,7 @@ class Link(PolledByFd):
             return False
         code = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if code:
-            self.refused = code == errno.ECONNREFUSED
-            self._fail(f"connect failed: {errno.errorcode.get(code, code)}")
+            self._connect_failed(code, "connect failed")
             return False
         self._connecting = False
         self._nodelay()
@@ -238,6 +256,17 @@ class Link(PolledByFd):
 
     def _nodelay(self) -> None:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame leaves at once, not with the next
+
+    def _connect_failed(self, code: int, why: str) -> None:
+        self.refused = code == errno.ECONNREFUSED
+        self._fail(f"{why}: {errno.errorcode.get(code, code)}")
+        if self.errors:
+            self.errors.refused("peer-link", self.peer, OSError(code, os.strerror(code)), RECONNECTED)
+
+    def _send_failed(self, exc: OSError) -> None:
+        self._fail(f"send failed: {exc.strerror or exc}")
+        if self.errors and exc.errno not in (errno.EPIPE, errno.ECONNRESET):  # those: the peer hung up, not the network
+            self.errors.refused("peer-link", self.peer, exc, RECONNECTED)
 
     def _fail(self, why: str) -> None:
         """Closed for good; the descriptor stays open until `close`, so that no poller holds a stale one."""
@@ -253,7 +282,8 @@ class Link(PolledByFd):
 class Listener(PolledByFd):
     """A listening socket for links (`tcp://HOST:PORT`, PORT `*` for a free one); `endpoint` is where it is."""
 
-    def __init__(self, endpoint: str, *, backlog: int = 64) -> None:
+    def __init__(self, endpoint: str, *, backlog: int = 64, errors: SendErrors | None = None) -> None:
+        self.errors = errors  # where connections the network refused are reported
         host, port = tcp_address(endpoint)
         try:
             family, kind, proto, _, address = socket.getaddrinfo(
@@ -282,16 +312,19 @@ class Listener(PolledByFd):
         links: list[Link] = []
         while True:
             try:
-                sock, _ = self._sock.accept()
+                sock, address = self._sock.accept()
             except BlockingIOError:
                 return links
             except ConnectionAbortedError:
                 continue  # that one gave up before we took it
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    return links  # out of descriptors: the connection waits in the backlog
-                raise
-            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, tls=tls))
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self.errors:
+                    # accept(2) passes on an error of the new connection (EPERM from a firewall, ENETUNREACH, ...):
+                    # that one is gone, and its node connects again
+                    self.errors.refused("peer-link", self.endpoint, exc, "that connection is dropped; it comes again")
+                return links  # out of descriptors: the connection waits in the backlog; others: try at the next poll
+            peer = f"tcp://{address[0]}"  # its port is new each time: one episode per host
+            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, peer=peer, errors=self.errors, tls=tls))
 
     def close(self) -> None:
         self._sock.close()

@@ -20,7 +20,7 @@ integers little-endian like the other multicast formats:
     authenticator (24 bytes, only with a stream key): as on the multicast feeds (gateway.wire.streamkey), the
         tag computed over header and body under the pseudo stream name DOMAIN, which no stream can have.
 
-Beyond one subnet the same announcements are kept in etcd (gateway.server.registrar, docs/discovery.md): one
+Beyond one subnet the same announcements are kept in etcd (gateway.discovery.registrar, docs/discovery.md): one
 entry per stream and node, at `etcd_key(stream, role, node_id)` under ETCD_PREFIX, its value the announcement of
 that one stream, signed as on the LAN, bound to the node's lease.
 

@@ -8,27 +8,30 @@ needs one copy of them: numpy selects each column's bytes in bulk (`keys_and_bod
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
-
-if TYPE_CHECKING:
-    from gateway.wire.columns import Columns
 
 _SKIP, _KEY, _BODY = 0, 1, 2
 _LABELS = np.array([_SKIP, _KEY, _BODY], np.uint8)
 SCHEMA = pa.schema([("seq", pa.int64()), ("ts_ns", pa.int64()), ("key", pa.string()), ("body", pa.binary())])
 
 
-def record_batch(columns: Columns) -> pa.RecordBatch:
-    """The records of `columns` as one RecordBatch of SCHEMA."""
-    klen = np.frombuffer(columns.key_len, np.int64)
-    blen = np.frombuffer(columns.body_len, np.int64)
-    keys, bodies = keys_and_bodies(columns.buf, np.frombuffer(columns.key_start, np.int64), klen, blen)
+def record_batch(
+    buf: memoryview,
+    seq: memoryview,
+    ts_ns: memoryview,
+    key_start: memoryview,
+    key_len: memoryview,
+    body_len: memoryview,
+) -> pa.RecordBatch:
+    """Records as one RecordBatch of SCHEMA, from a `Columns` view's buffer and int64 columns (the view's
+    fields, passed one by one so that this module needs nothing of gateway.wire.columns)."""
+    klen = np.frombuffer(key_len, np.int64)
+    blen = np.frombuffer(body_len, np.int64)
+    keys, bodies = keys_and_bodies(buf, np.frombuffer(key_start, np.int64), klen, blen)
     arrays = [
-        pa.array(np.frombuffer(columns.seq, np.int64), pa.int64()),
-        pa.array(np.frombuffer(columns.ts_ns, np.int64), pa.int64()),
+        pa.array(np.frombuffer(seq, np.int64), pa.int64()),
+        pa.array(np.frombuffer(ts_ns, np.int64), pa.int64()),
         strings(keys, klen),
         variable(pa.binary(), bodies, blen),
     ]

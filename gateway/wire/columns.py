@@ -90,4 +90,4 @@ class Columns:
             from gateway.wire import arrow
         except ImportError as exc:
             raise ImportError(f"to_arrow() needs numpy and pyarrow ({exc}): pip install 'zeps-gateway[arrow]'") from exc
-        return arrow.record_batch(self)
+        return arrow.record_batch(self.buf, self.seq, self.ts_ns, self.key_start, self.key_len, self.body_len)

@@ -306,7 +306,7 @@ class SnapshotEnd(Command):
 class ReplicaAck(Command):
     """A follower gateway (docs/ha.md) has written `stream` through `sequence`, copied from the leader of `epoch`,
     and made it as durable as its --fsync says through `durable`; `mac` proves it is a node of the group
-    (gateway.server.follower.ack_mac)."""
+    (gateway.replication.follower.ack_mac)."""
 
     node: String
     stream: String

@@ -31,14 +31,14 @@ class DelayRule:
     reorder_pct: float
 
 
-def iptables(netns: str, *args: str) -> str:
-    """Run iptables (mangle table) inside a host's namespace; pyroute2 cannot edit iptables."""
-    argv = ["iptables", "-w", "10", "-t", "mangle", *args]
+def iptables(netns: str, *args: str, table: str = "mangle") -> str:
+    """Run iptables (the mangle table unless told) inside a host's namespace; pyroute2 cannot edit iptables."""
+    argv = ["iptables", "-w", "10", "-t", table, *args]
     run = functools.partial(subprocess.run, argv, capture_output=True, text=True, timeout=IPTABLES_TIMEOUT)
     try:
         done = ns.call_in_netns(netns, run)
     except FileNotFoundError as exc:
-        raise LabError("delay, jitter and reorder need the iptables command: apt-get install iptables") from exc
+        raise LabError("delays and firewall cuts need the iptables command: apt-get install iptables") from exc
     if done.returncode != 0:
         raise LabError(f"iptables {' '.join(args)} failed in {netns}: {done.stderr.strip()}")
     return str(done.stdout)

@@ -1,5 +1,5 @@
 """Fill datagrams between lab hosts: a udp:// subscriber under loss fills its gaps by datagram from the sidecar's
-fill port (gateway.server.fills, gateway.client.datagram_fills), and the port keeps to its limits whatever is
+fill port (gateway.sidecar.fills, gateway.client.datagram_fills), and the port keeps to its limits whatever is
 sent to it: junk, huge ranges, unknown streams, and requests forged with a third host's source address (raw
 packets from host "rogue", as the rogue multicast tests send theirs). The sidecar killed mid-stream: gaps go to
 TCP, and everything arrives once the sidecar is back.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from support.feedlab import STREAM, WAIT_S, check_all, deploy, publish, subscribe
 
-from gateway.server.fills import FillLimits
+from gateway.sidecar.fills import FillLimits
 from gateway.tools.deployment import Deployment, Keys
 from gateway.wire import fill as F
 from netlab import Lab

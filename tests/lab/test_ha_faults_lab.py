@@ -2,8 +2,9 @@
 etcd on a host of its own, two or three nodes multicasting on one group (`udp://`), a confirming Publisher
 given every ingest and a Subscriber given the group and every sidecar on hosts of their own, 1.5% loss of
 everything reaching the subscriber. Under that load, one fault at a time: the leader's gateway SIGSTOPped for
-longer than its lease, the leader partitioned from everyone, the leader cut off from etcd only, a follower
-killed -9 and rejoining, etcd killed -9 and restarted; each then healed.
+longer than its lease, the leader partitioned from everyone (on the wire; and by a firewall that refuses its
+sends), the leader cut off from etcd only, a follower killed -9 and rejoining, etcd
+killed -9 and restarted; each then healed. No node may exit on its own.
 
 Each scenario ends with the checker: `zeps ha check` over every node's journal (one record per sequence, no
 gap, no record twice), every confirmed record in the journal exactly once, and the subscriber got 1..head in
@@ -24,6 +25,7 @@ from support.hafaults import (
     cut_leader_from_etcd,
     kill_follower,
     partition_leader,
+    partitions,
     pause_leader,
     restart_etcd,
     run_group,
@@ -38,6 +40,8 @@ SCENARIOS = {  # name: (fault, nodes, whether another node must lead after it)
     "leader-cut-from-etcd": (cut_leader_from_etcd, 3, True),
     "kill-follower-pair": (kill_follower, 2, False),
     "restart-etcd": (restart_etcd, 3, False),
+    # a partition the leader's own sockets see (iptables DROP in and out: EPERM at every send): it must not exit
+    "partition-leader-firewall": (partitions("drop-both"), 3, True),
 }
 
 
@@ -45,7 +49,7 @@ SCENARIOS = {  # name: (fault, nodes, whether another node must lead after it)
 def test_group_survives(make_lab, tmp_path: Path, scenario: str) -> None:
     fault, count, failover = SCENARIOS[scenario]
     lab = make_lab(["etcd", *(f"n{i}" for i in range(1, count + 1)), "pub", "sub"])
-    result = run_group(lab, tmp_path, count, [fault])
+    result = run_group(lab, tmp_path, count, fault if isinstance(fault, list) else [fault])
     epochs = result["epochs"]
     assert epochs == sorted(epochs), f"the epoch went backwards: {epochs}"
     if failover:

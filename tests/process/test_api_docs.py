@@ -16,15 +16,11 @@ import gateway
 # rewriting (issues #31 and #33 item 6). Each entry must still be missing; document it, then remove it here.
 OWED = {
     "AsyncPublisher": ["sync"],
-    "AsyncSubscriber": ["stream"],
     "Checkpoint": ["path", "every_s"],
     "Delivery": ["source", "prefixes"],
     "Publisher": ["batch_records", "batch_bytes", "curve", "ctx"],
     "Received": ["seq", "ts_ns", "key", "body", "ttl_ms"],
     "ReplayClient": ["endpoint", "stream", "features", "window", "curve", "ctx"],
-    "Subscriber": [
-        "topics", "checkpoint", "tuning", "max_lag", "lag_policy", "progress_timeout", "stream_key", "curve", "ctx",
-    ],
     "history": ["endpoint", "pattern", "timeout", "curve"],
     "snapshot": ["endpoint", "timeout", "curve"],
 }  # fmt: skip

@@ -217,6 +217,10 @@ def test_runtime_failures_are_one_line_exit_1(tmp_path: Path) -> None:
     finally:
         gw.stop()
     one_line_error(zeps("history", "--replay", DEAD, "--stream", "s", "--timeout", "300ms"), 1, "zeps replay")
+    # A typo'd endpoint is said at once (a warning naming it), and scripts get a bound.
+    waited = zeps(*SUB, "--connect-timeout", "1500ms")
+    one_line_error(waited, 1, f"no answer from the replay sidecar at {DEAD} for 1.", "check --replay")
+    assert f"waiting for the replay sidecar at {DEAD}: no answer for 0.5 s" in waited.stderr, waited.stderr
     one_line_error(zeps("journal", "inspect", str(tmp_path / "missing")), 2, "missing is not a directory")
 
 

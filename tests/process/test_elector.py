@@ -15,7 +15,7 @@ import pytest
 from support.etcd import EtcdProcess
 
 from gateway.errors import CoordinatorError
-from gateway.server.elector import RETRY_S, Elector
+from gateway.replication.elector import RETRY_S, Elector
 from gateway.transport.etcd import Etcd
 
 pytestmark = pytest.mark.timeout(120)
@@ -76,7 +76,7 @@ def test_a_resigning_leader_hands_over_at_once(etcd: EtcdProcess) -> None:
 CHILD = """
 import sys, time
 from gateway.errors import CoordinatorError
-from gateway.server.elector import Elector
+from gateway.replication.elector import Elector
 from gateway.transport.etcd import Etcd
 e = Elector(sys.argv[1], sys.argv[2], "paused").start()
 end = time.monotonic() + 20

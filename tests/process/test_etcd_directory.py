@@ -22,8 +22,8 @@ from gateway.client.async_subscriber import AsyncSubscriber
 from gateway.client.etcd_directory import EtcdDirectory
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
+from gateway.discovery.registrar import DEFAULT_TTL_S, Registrar
 from gateway.errors import DiscoveryError
-from gateway.server.registrar import DEFAULT_TTL_S, Registrar
 from gateway.transport.etcd import Etcd
 from gateway.wire import announce as A
 from gateway.wire.streamkey import StreamKey

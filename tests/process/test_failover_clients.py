@@ -87,15 +87,20 @@ def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -
 def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_once(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path, "--fsync-ms", "20")  # confirms wait for the group commit: re-sends are many
     first, second = gw.ingest, dead()  # it moves between the two
-    bodies = [b"r%06d" % i for i in range(60_000)]
+    bodies: list[bytes] = []
     errors: list[BaseException] = []
+    kills_survived = threading.Event()
 
     def load(pub: Publisher) -> None:
         try:
             began = time.monotonic()
-            for i, body in enumerate(bodies):
-                pub.publish("k", body)
-                if i % 100 == 0:  # 10,000 records/s for 6 s, so that every kill lands mid-stream
+            # 10,000 records/s, at least 60,000 and on until the last kill is survived, so that every kill lands
+            # mid-stream however long a restart takes on a loaded machine (bounded: 600,000)
+            while len(bodies) < 600_000 and (len(bodies) < 60_000 or not kills_survived.is_set()):
+                i = len(bodies)
+                bodies.append(b"r%06d" % i)
+                pub.publish("k", bodies[i])
+                if i % 100 == 0:
                     time.sleep(max(0.0, began + i / 10_000 - time.monotonic()))
             pub.flush(timeout=60)
         except BaseException as exc:  # pragma: no cover - reported below
@@ -118,6 +123,7 @@ def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_o
                 time.sleep(0.002)
             outages.append((time.monotonic() - killed, time.monotonic() - up))
             assert pub.endpoint == address
+        kills_survived.set()
         worker.join(90)
         assert not worker.is_alive() and not errors, errors
         assert pub.reconnects >= 3 and pub.confirmed == len(bodies)

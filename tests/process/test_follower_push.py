@@ -2,7 +2,7 @@
 back to the sidecar when a push goes missing, in the middle of a flow or at its end (docs/ha.md, "How
 followers copy"): its journal is the leader's, byte for byte, whatever was lost.
 
-A real Follower and HaNode.copy on a real journal; the leader's end of the peer link is a real listening
+A real Follower and ReplicaCopier on a real lane and journal; the leader's end of the peer link is a real listening
 socket on loopback (gateway.transport.link) that the test drives frame by frame; the leader's sidecar is a
 stand-in serving the leader's batches after the sequence the follower subscribes from, up to what the test
 lets it have.
@@ -14,16 +14,16 @@ import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import zmq
 
 from gateway.journal import Durability, JournalReader, JournalWriter
-from gateway.server.follower import Follower, LeaderInfo
-from gateway.server.ha import HaNode
-from gateway.server.metrics import GatewayMetrics
-from gateway.server.producers import ProducerTable
+from gateway.replication.copier import ReplicaCopier
+from gateway.replication.follower import Follower, LeaderInfo
+from gateway.sequencer.lane import Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.producers import ProducerTable
 from gateway.transport.link import Link, Listener
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -127,16 +127,19 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
                  max_frame=1 << 20)  # fmt: skip
     writer = JournalWriter.open(tmp_path, STREAM, durability=Durability("never"))
     watched: set[object] = set()
-    lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
+    lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
     metrics = GatewayMetrics([STREAM])
-    gw = SimpleNamespace(lanes={STREAM: lane}, watch=watched.add, unwatch=watched.remove, metrics=metrics)
-    node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and poller, the follower
-    node.gw, node.follower = gw, f  # type: ignore[assignment]
+
+    def never_cut(stream: str) -> None:
+        raise AssertionError("a copy never cuts")
+
+    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, never_cut, {STREAM: metrics.streams[STREAM].copied},
+                           lambda sock, events: watched.add(sock), watched.remove)  # fmt: skip
 
     def loop_pass() -> None:
         """One pass of a follower's loop; then the leader reads what it was told."""
         f.tick(time.monotonic())
-        node.copy(STREAM)
+        copier.copy(f, STREAM)
         leader.read()
 
     try:
@@ -146,7 +149,7 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         f.tick(time.monotonic())  # connected: the ping went out, nothing waits for the kernel
         assert polled == {f.link: zmq.POLLIN}
         leader.read()
-        gw.watch(f.tail(STREAM, 0, 0).sock)  # as HaNode starts a copy, after reconciling
+        copier.tail(f, STREAM)  # as the copier starts a copy, after its cut
         sidecar.available = 2
         loop_pass()
         assert (writer.last_seq, f.tailing(STREAM)) == (b[1].last_seq, True)  # behind: from the sidecar

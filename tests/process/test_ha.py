@@ -28,10 +28,11 @@ from support.servers import assert_exactly_once, free_port, journal_records
 
 from gateway import EtcdDirectory, Subscriber
 from gateway import Publisher as Client
-from gateway.client.publisher import CONFIRM_STALL_S
+from gateway.client.ingest_session import CONFIRM_STALL_S
 from gateway.errors import PublishError
 from gateway.journal.epochs import read_epochs
-from gateway.server.ha import REPORT_EVERY_S, group_key
+from gateway.replication.group import group_key
+from gateway.replication.insync_keeper import REPORT_EVERY_S
 from gateway.tools.deployment import Keys
 from gateway.transport.etcd import Cluster, Etcd
 from gateway.transport.link import Link

@@ -53,7 +53,7 @@ def test_the_public_api_imports_without_the_lab() -> None:
         "for name in ('docker', 'scapy', 'netlab', 'pyspark', 'packaging'):\n"
         "    sys.modules[name] = None\n"
         "from gateway import Subscriber, AsyncSubscriber, Publisher, ZepsError, DataLoss\n"
-        "import gateway.server.gateway, gateway.replay, gateway.cli.main\n"
+        "import gateway.sequencer.gateway, gateway.replay, gateway.cli.main\n"
         "assert issubclass(DataLoss, ZepsError)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -25,6 +25,7 @@ from support.certs import Certs, make_certs
 
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.link import Link, LinkSet, Listener, tcp_address
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import HANDSHAKE_S, PeerTls, make_ca, make_node
 from gateway.wire.length_prefixed import Deframer, header
 
@@ -177,12 +178,15 @@ def test_a_refused_connect_closes_the_link_with_the_reason() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nobody listens here once it closes
-    link = Link.connect(f"tcp://127.0.0.1:{port}", max_frame=100, max_queued=8)
+    errors = SendErrors("test", [])
+    endpoint = f"tcp://127.0.0.1:{port}"
+    link = Link.connect(endpoint, max_frame=100, max_queued=8, errors=errors)
     assert link.send(b"waits while connecting") in ("sent", "gone")
     deadline = time.monotonic() + 5
     while not link.closed and time.monotonic() < deadline:
         list(link.frames(1))
     assert link.closed and "ECONNREFUSED" in link.error
+    assert errors.open_episodes() == {("peer-link", endpoint): "ECONNREFUSED"}  # logged once, counted
     link.close()
     bad = Link.connect("tcp://no-such-host.invalid:1", max_frame=100, max_queued=8)
     assert bad.closed and "cannot connect to tcp://no-such-host.invalid:1" in bad.error

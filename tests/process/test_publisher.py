@@ -5,6 +5,7 @@ kill -9 and restarts are survived with every record journaled exactly once, and 
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 import threading
@@ -49,8 +50,11 @@ def test_bad_publish_arguments_raise_there_and_lose_nothing(tmp_path: Path) -> N
                 ("k", b"v", "5", "must be a number"),
             ]
             for key, body, ttl, reason in bad:
-                with pytest.raises(BadRecord, match=reason):
+                with pytest.raises(BadRecord, match=reason) as raised:
                     pub.publish(key, body, ttl=ttl)  # type: ignore[arg-type]
+                wrong_type = isinstance(key, bytes) or isinstance(body, str) or isinstance(ttl, str)
+                assert isinstance(raised.value, TypeError if wrong_type else ValueError), (key, body, ttl)
+                assert isinstance(raised.value, TypeError) == wrong_type
             pub.publish("k", bytearray(b"two"))
             pub.publish("k", memoryview(b"three"), ttl=5)
             assert pub.flush() == 3
@@ -59,17 +63,18 @@ def test_bad_publish_arguments_raise_there_and_lose_nothing(tmp_path: Path) -> N
     assert [body for _, _, body in journal_records(tmp_path)] == [b"one", b"two", b"three"]
 
 
-def test_linger_is_a_timer_a_lone_record_leaves_without_another_call(tmp_path: Path) -> None:
+def test_a_lone_record_leaves_without_another_call_with_or_without_a_linger(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path)
     try:
-        pub = Publisher(gw.ingest, STREAM, confirm=True, linger_ms=50)
-        pub.publish("telemetry", b"lone")
-        deadline = time.monotonic() + 5
-        while pub.confirmed < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)  # no call into the Publisher: its IO thread must send on its own
-        assert pub.confirmed == 1 and pub.last_seq == 1
-        assert journal_records(tmp_path) == [(1, "telemetry", b"lone")]
-        pub.close()
+        for n, linger_ms in enumerate((50, 0), 1):
+            pub = Publisher(gw.ingest, STREAM, confirm=True, linger_ms=linger_ms)
+            pub.publish("telemetry", b"lone")
+            deadline = time.monotonic() + 5
+            while pub.confirmed < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)  # no call into the Publisher: its IO thread must send on its own
+            assert pub.confirmed == 1 and pub.last_seq == n
+            pub.close()
+        assert journal_records(tmp_path) == [(1, "telemetry", b"lone"), (2, "telemetry", b"lone")]
     finally:
         gw.stop()
 
@@ -304,3 +309,77 @@ def test_a_slow_publisher_is_held_to_the_buffer_too(tmp_path: Path) -> None:
     finally:
         gw.stop()
     assert len(journal_records(tmp_path)) == accepted
+
+
+def test_publish_many_and_publish_interleave_in_order_exactly_once(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path)
+    bodies = [b"m%05d" % i for i in range(20_000)]
+    try:
+        with Publisher(gw.ingest, STREAM, confirm=True) as pub:
+            pub.publish("k", b"first")
+            for at in range(0, len(bodies), 5_000):
+                pub.publish_many(["k"] * 5_000, bodies[at : at + 5_000])
+            pub.publish_many([], [])
+            with pytest.raises(TypeError, match="record 1: body"):
+                pub.publish_many(["k", "k"], [b"ok", "not bytes"])  # type: ignore[list-item]
+            pub.publish("k", b"last")
+            assert pub.flush() == len(bodies) + 2
+    finally:
+        gw.stop()
+    assert_exactly_once(tmp_path, [b"first", *bodies, b"last"])
+
+
+def _script(gw: GatewayProcess, body: str) -> subprocess.CompletedProcess[str]:
+    code = f"from gateway import Publisher\npub = Publisher({gw.ingest!r}, {STREAM!r}, confirm=True, timeout=2)\n{body}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def test_a_publisher_not_closed_is_flushed_at_exit(tmp_path: Path) -> None:
+    """Records queued by a script that ends without close() are journaled (atexit), with no word on stderr."""
+    gw = GatewayProcess(tmp_path, "--fsync-ms", "50")  # confirms wait a while: the exit must wait for them
+    try:
+        done = _script(gw, "for i in range(1000):\n    pub.publish('k', b'%04d' % i)\n")
+    finally:
+        gw.stop()
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert_exactly_once(tmp_path, [b"%04d" % i for i in range(1000)])
+
+
+def test_records_that_cannot_be_delivered_at_exit_are_counted_on_stderr(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path)
+    try:
+        started = time.monotonic()
+        stop = f"import os\nos.kill({gw.proc.pid}, 19)\n"  # SIGSTOP once attached: nothing is confirmed
+        done = _script(gw, stop + "for i in range(7):\n    pub.publish('k', b'x')\n")
+        took = time.monotonic() - started
+    finally:
+        gw.proc.send_signal(18)
+        gw.stop()
+    assert done.returncode == 0  # the script itself did not fail; stderr says what was not delivered
+    assert "7 records could not be confirmed before exit" in done.stderr, done.stderr
+    assert "call flush() or close() before exiting" in done.stderr
+    assert took < 2 + 10, "the flush at exit waits the Publisher's timeout (2 s), not for ever"
+
+
+def test_a_publisher_collected_open_warns_and_still_delivers(tmp_path: Path) -> None:
+    gw = GatewayProcess(tmp_path)
+    try:
+        pub = Publisher(gw.ingest, STREAM, confirm=True)
+        pub.publish("k", b"kept")
+        with pytest.warns(ResourceWarning, match="was not closed: call close"):
+            del pub
+            gc.collect()
+        deadline = time.monotonic() + 10
+        while not journal_records(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        gw.stop()
+    assert journal_records(tmp_path) == [(1, "k", b"kept")]
+
+
+def test_an_endpoint_without_transport_is_one_clear_error_at_construction() -> None:
+    code = "from gateway import Publisher\nPublisher('127.0.0.1:5570', 'o')\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "ConfigError: '127.0.0.1:5570' has no transport: write tcp://127.0.0.1:5570" in done.stderr
+    assert "Exception in thread" not in done.stderr and "ZMQError" not in done.stderr

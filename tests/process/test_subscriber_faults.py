@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import subprocess
 import sys
@@ -22,9 +23,13 @@ import zmq
 from support.deadlines import SLACK_S, exercise_deadlines
 from support.servers import Side, Stream, free_port, side
 
+from gateway import reconcile as R
 from gateway.client.async_subscriber import AsyncSubscriber
+from gateway.client.link_state import LinkState
+from gateway.client.replay_link import ReplayLink
 from gateway.client.subscriber import Subscriber
-from gateway.errors import ReplayRefused
+from gateway.client.subscriber_stats import SubscriberStats
+from gateway.errors import Closed, ReplayRefused
 from gateway.tools.deployment import Keys
 from gateway.wire import protocol as P
 
@@ -317,3 +322,107 @@ def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> Non
     assert flowing[1] == 1000
     for name, (gap, _) in {"dead": dead, "half": half, "flowing": flowing, "frozen": frozen}.items():
         assert gap < 0.01 + SLACK_S, f"{name}: the event loop stalled for {gap:.3f} s"
+
+
+def test_start_minus_n_is_the_last_n_and_topics_may_be_one_prefix(tmp_path: Path) -> None:
+    """start=-N means the last N records, as `--from -N` does; topics="k1." is one prefix, not three letters."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(5)
+    with side(root) as sidecar:
+        with Subscriber("orders", replay=sidecar.endpoint, start=-3) as sub:
+            assert drain(sub, 3) == s.expected(after=s.head - 3)
+            assert sub.next(timeout=0.3) is None
+        with Subscriber("orders", replay=sidecar.endpoint, start="earliest", topics="k1.") as sub:
+            want = s.expected(prefix="k1.")
+            assert 0 < len(want) < s.head and drain(sub, len(want)) == want
+    s.writer.close()
+
+
+def test_next_after_close_raises_at_once(tmp_path: Path) -> None:
+    sub = Subscriber("orders", replay=f"tcp://127.0.0.1:{free_port()}", start="earliest")
+    sub.close()
+    began = time.monotonic()
+    for take in (sub.next, sub.next_batch):
+        with pytest.raises(Closed, match="closed"):
+            take(5.0)
+    assert time.monotonic() - began < SLACK_S
+
+
+def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A typo'd endpoint must not look like a quiet stream: a warning naming it within a second, then again
+    with the time waited."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    caplog.set_level(logging.WARNING, logger="gateway.client.subscriber")
+    with Subscriber("orders", replay=endpoint, start="earliest") as sub:
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            sub.next(timeout=0.1)
+        waited = sub.waiting_for_replay
+    notices = [r.getMessage() for r in caplog.records if "waiting for the replay sidecar" in r.getMessage()]
+    assert len(notices) >= 2 and all(endpoint in n for n in notices), notices
+    assert "no answer for 0.5 s" in notices[0] and waited is not None and waited > 2.0, (notices, waited)
+
+
+# --- the replay link alone ------------------------------------------------------------------------------------
+
+
+def new_link(endpoint: str, events: list, states: list, starts: list) -> ReplayLink:
+    return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
+                      directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
+                      next_seq=lambda: 1, on_start=starts.append,
+                      on_state=lambda state, error: states.append(state))  # fmt: skip
+
+
+def run_link(link: ReplayLink, until: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not until() and time.monotonic() < deadline:
+        poller = zmq.Poller()
+        for pollable in link.pollables():
+            poller.register(pollable, zmq.POLLIN)
+        ready = dict(poller.poll(20)) if link.pollables() else {}
+        link.turn(ready, time.monotonic())
+
+
+def test_the_replay_link_alone_probes_requests_and_attributes_answers(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(10)
+    events: list = []
+    states: list = []
+    starts: list = []
+    with side(root) as sidecar:
+        link = new_link(sidecar.endpoint, events, states, starts)
+        try:
+            link.probe(None)  # "latest" without multicast: the journal's head + 1
+            run_link(link, lambda: bool(starts))
+            assert starts == [s.head + 1] and link.state is LinkState.READY
+            link.request(R.Request(7, 1, None))  # the catch-up: history, then the live tail
+            link.request(R.Request(8, 3, 4))  # a fill, answered on its own connection
+
+            def covered() -> int:
+                return max((e.batch.last_seq for e in events if isinstance(e, R.Replay) and e.request_id == 7),
+                           default=0)  # fmt: skip
+
+            run_link(link, lambda: covered() >= s.head and any(isinstance(e, R.ReplayEnd) for e in events))
+            assert covered() == s.head and R.ReplayEnd(8) in events
+            fill = [e.batch for e in events if isinstance(e, R.Replay) and e.request_id == 8]
+            assert fill and fill[0].first_seq <= 3 and fill[-1].last_seq >= 4
+        finally:
+            link.close()
+    s.writer.close()
+    assert states == ["ready"]
+
+
+def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
+    events: list = []
+    states: list = []
+    link = new_link(f"tcp://127.0.0.1:{free_port()}", events, states, [])
+    try:
+        link.request(R.Request(1, 1, None))
+        run_link(link, lambda: link.state is LinkState.RETRYING, seconds=5)
+        assert link.state is LinkState.RETRYING and events == [R.ReplayLost()] and link.waiting is not None
+        run_link(link, lambda: link.state is LinkState.CONNECTING, seconds=5)
+        assert events == [R.ReplayLost(), R.ReplayRestored()] and states == ["retrying", "connecting"]
+    finally:
+        link.close()

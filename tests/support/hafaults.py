@@ -9,6 +9,7 @@ subscriber's host, to judge what a deposed leader sent after its successor took 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import signal
@@ -30,11 +31,12 @@ from gateway.wire.batch import Batch
 from gateway.wire.framing import frame_header
 from gateway.wire.heartbeat import Heartbeat, parse_payload
 from netlab import Impairment, Lab, impair
+from netlab.impair.cuts import cut
 from netlab.procs import MP
 
 LOSS_PCT = 1.5  # of everything reaching the subscriber's host (multicast and its sidecar connections)
 OUTAGE_WINDOW_S = 10.0  # a fault's outage is looked for this long after it (its hold included)
-LEASE_S = 1.0  # the gateway's etcd lease (gateway.server.elector.DEFAULT_TTL_S)
+LEASE_S = 1.0  # the gateway's etcd lease (gateway.replication.elector.DEFAULT_TTL_S)
 
 
 class FaultNode(Node):
@@ -94,6 +96,11 @@ class Group:
             argv = ["iptables", "-w", "10", op, *rule]
             assert self.lab.popen(name, argv).wait(15) == 0, argv
 
+    def assert_running(self) -> None:
+        """No node's gateway or sidecar has exited on its own (a fault that kills one starts it again)."""
+        exited = {n.name: [p.returncode for p in n.procs if p.poll() is not None] for n in self.nodes.values()}
+        assert not any(exited.values()), f"exited on their own (exit statuses): {exited}\n{self.logs()}"
+
     def logs(self) -> str:
         return "\n".join(f"--- {n.name}\n{n.log.read_text()[-3000:]}" for n in self.nodes.values())
 
@@ -141,6 +148,7 @@ def run_group(
             group.wait_progress(group.progress.value + 100)
             epochs.append(group.leader()[1])
             fault(group)
+            group.assert_running()
         group.wait_progress(group.progress.value + 100)
         stop.set()
         confirmed, head = pub.result(WAIT_S)
@@ -302,16 +310,29 @@ def pause_leader(group: Group) -> None:
     group.nodes[name].signal_gateway(signal.SIGCONT)
 
 
-def partition_leader(group: Group, hold_s: float = 3.0) -> None:
-    """The leader's host cut off from everyone (etcd, followers, clients) for `hold_s`, then healed."""
+def partition_leader(group: Group, hold_s: float = 3.0, kind: str = "ebpf") -> None:
+    """The leader's host cut off from everyone (etcd, followers, clients) for `hold_s`, then healed; cut the
+    `kind` way (netlab.impair.cuts: on the wire, by iptables DROP or REJECT, its routes removed, its link down)."""
     name, epoch = group.leader()
-    group.fault(f"partition {name} (epoch {epoch}) from everyone for {hold_s} s")
+    group.fault(f"partition {name} (epoch {epoch}, {kind}) from everyone for {hold_s} s")
     group.depose(name)
-    impair.partition(group.lab, name)
-    try:
+    with cut(group.lab, name, kind):
         time.sleep(hold_s)
-    finally:
-        impair.heal(group.lab, name)
+
+
+def partitions(*kinds: str) -> list[Callable[[Group], None]]:
+    """One `partition_leader` fault per kind."""
+    return [functools.partial(partition_leader, kind=kind) for kind in kinds]
+
+
+def kill_leader(group: Group) -> None:
+    """kill -9 of the leader (gateway and sidecar); it starts again and rejoins as a follower."""
+    name, epoch = group.leader()
+    group.fault(f"kill -9 leader {name} (epoch {epoch})")
+    group.depose(name)
+    group.nodes[name].kill9()
+    time.sleep(0.5)
+    group.nodes[name].start().wait_ready()
 
 
 def cut_leader_from_etcd(group: Group, hold_s: float = 3.0) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.server.ha import group_key
+from gateway.replication.group import group_key
 from gateway.tools import hagroup
 from gateway.tools.hagroup import INGEST_PORT, MCAST_PORT, REPLAY_PORT, WAIT_S, start_etcd, wait_healthy, zeps
 from netlab import Lab

@@ -35,12 +35,15 @@ def free_port() -> int:
 class GatewayProcess:
     """`zeps gateway` in a subprocess, journaling only (no multicast), on free loopback ports."""
 
-    def __init__(self, journal: Path, *extra: str, streams: tuple[str, ...] = (STREAM, "other")) -> None:
+    def __init__(
+        self, journal: Path, *extra: str, streams: tuple[str, ...] = (STREAM, "other"), wrap: tuple[str, ...] = ()
+    ) -> None:
+        """`wrap`: a command prefix to run it under (strace, for tests/support/powerloss.py)."""
         self.ingest = f"tcp://127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "gateway.cli", "gateway", "--journal", str(journal), "--ingest", self.ingest]
         for stream in streams:
             argv += ["--stream", stream]
-        self.argv = [*argv, *extra]
+        self.argv = [*wrap, *argv, *extra]
         self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
         self.wait_ready()
 

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.errors import ConfigError, McastError, ProtocolError
 from gateway.mcast import Endpoint
-from gateway.server.channels import Channel, parse_mapping, plan
+from gateway.sequencer.channels import Channel, parse_mapping, plan
 
 A = "udp://10.0.0.1;239.192.1.1:5001"
 B = "udp://10.0.0.1;239.192.1.2:5002"

@@ -9,7 +9,8 @@ import pytest
 
 from gateway.cli import config
 from gateway.cli.main import build_parser
-from gateway.cli.options import byte_size, duration, host_port, position, tcp_endpoint, time_ns
+from gateway.cli.options import byte_size, duration, host_port, position, tcp_endpoint
+from gateway.client.start_point import parse_time
 from gateway.errors import ConfigError
 
 
@@ -34,7 +35,7 @@ def test_positions_and_times() -> None:
     parse = position(("earliest",))
     assert parse("earliest").word == "earliest" and parse("42").seq == 42 and parse("-10").back == 10
     assert parse("1970-01-01T00:00:01Z").time_ns == 10**9
-    assert time_ns("1970-01-01T01:00:01+01:00") == 10**9
+    assert parse_time("1970-01-01T01:00:01+01:00") == 10**9
     with pytest.raises(argparse.ArgumentTypeError, match="names no time zone"):
         parse("2026-05-01T09:30:00")
     with pytest.raises(argparse.ArgumentTypeError, match="N >= 1"):

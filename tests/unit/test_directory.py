@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.client.directory import EXPIRE_INTERVALS, Table
+from gateway.discovery.announcer import Discovery, advertised
 from gateway.errors import McastError
-from gateway.server.announcer import Discovery, advertised
 from gateway.wire import announce as A
 
 PX = A.Channel("udp", "239.192.1.1", 5001)

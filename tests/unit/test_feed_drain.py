@@ -10,7 +10,6 @@ import time
 from collections import deque
 from typing import Any
 
-import pytest
 import zmq
 
 from gateway.client.feed_drain import FeedDrain
@@ -25,16 +24,6 @@ def wait_for(cond: Any, seconds: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met"
         time.sleep(0.005)
-
-
-@pytest.fixture
-def feed() -> Any:
-    push, pull = CTX.socket(zmq.PUSH), CTX.socket(zmq.PULL)
-    address = f"inproc://feed-{time.monotonic_ns()}"
-    pull.bind(address)
-    push.connect(address)
-    yield push, pull
-    push.close(linger=0)
 
 
 def readable(fd: int) -> bool:

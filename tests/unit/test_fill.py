@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from gateway.client.datagram_fills import STALE, FillHedge
 from gateway.errors import FillError
 from gateway.journal import JournalWriter
-from gateway.server.fills import REQUEST_COST, FillAnswerer, FillLimits
+from gateway.sidecar.fills import REQUEST_COST, FillAnswerer, FillLimits
 from gateway.wire import batch as B
 from gateway.wire import fill as F
 from gateway.wire.streamkey import StreamKey

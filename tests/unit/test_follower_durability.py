@@ -1,8 +1,8 @@
 """A follower acknowledges what it wrote at once, and as durable only what is as durable as `--fsync` says
 (docs/ha.md, "Guarantees"): the leader multicasts on the first, confirms on the second.
 
-HaNode.copy runs for real on a real journal with a real syncer thread; the link to the leader is a stand-in
-that hands it batches and records, at the moment of each acknowledgement, what the journal had synced.
+ReplicaCopier.copy runs for real on a real lane and journal with a real syncer thread; the link to the leader is
+a stand-in that hands it batches and records, at the moment of each acknowledgement, what the journal had synced.
 """
 
 from __future__ import annotations
@@ -10,22 +10,22 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from gateway.journal import Durability, JournalWriter
 from gateway.journal.syncer import Syncer
-from gateway.server.ha import HaNode
-from gateway.server.metrics import GatewayMetrics
-from gateway.server.producers import ProducerTable
+from gateway.replication.copier import ReplicaCopier
+from gateway.sequencer.lane import Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 
 STREAM = "s"
 
 
 class Link:
-    """What HaNode.copy needs of a Follower: the leader's batches, and where the acks go."""
+    """What ReplicaCopier.copy needs of a Follower: the leader's batches, and where the acks go."""
 
     def __init__(self, batches: list[B.Batch], writer: JournalWriter) -> None:
         self._batches, self._writer = batches, writer
@@ -55,6 +55,10 @@ def leader_batches(count: int) -> list[B.Batch]:
     return out
 
 
+def reopen(stream: str) -> None:
+    raise AssertionError("a copy never cuts")
+
+
 @pytest.mark.parametrize("mode", ["always", "group", "never"])
 def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: Path, mode: str) -> None:
     durability = Durability(mode, group_ms=20, group_bytes=1 << 30)
@@ -62,17 +66,17 @@ def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: 
     writer = JournalWriter.open(tmp_path, STREAM, durability=durability, syncer=syncer)
     try:
         link = Link(leader_batches(4), writer)
-        lane = SimpleNamespace(writer=writer, producers=ProducerTable(10**12, 100))
-        gw = SimpleNamespace(lanes={STREAM: lane}, metrics=GatewayMetrics([STREAM]))
-        node = HaNode.__new__(HaNode)  # only what copy() uses: the gateway's lanes and config, the link
-        node.gw, node.follower = gw, link  # type: ignore[assignment]
-        node.copy(STREAM)
+        lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
+        copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
+        polled: dict[object, int] = {}
+        copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, reopen, copied, polled.__setitem__, polled.pop)
+        copier.copy(link, STREAM)  # type: ignore[arg-type]
         assert link.acks[0][0] == 12  # all the drain wrote, acknowledged before any sync of it has to end
         deadline = time.monotonic() + 5.0
         while link.acks[-1][1] < 12 and time.monotonic() < deadline:
             time.sleep(0.001)
             writer.maybe_sync()  # the loop's next passes: the group commit starts when due, on the syncer,
-            node.copy(STREAM)  # and its end is acknowledged
+            copier.copy(link, STREAM)  # type: ignore[arg-type]  # and its end is acknowledged
         assert link.acks[-1][:2] == (12, 12)
         for written, durable, synced in link.acks:
             assert written == 12

@@ -1,11 +1,11 @@
-"""The leader key's value (gateway.server.follower.LeaderInfo): what followers and clients learn of a leader."""
+"""The leader key's value (gateway.replication.follower.LeaderInfo): what followers and clients learn of a leader."""
 
 from __future__ import annotations
 
 import pytest
 
 from gateway.errors import CoordinatorError
-from gateway.server.follower import LeaderInfo
+from gateway.replication.follower import LeaderInfo
 
 
 def test_a_leader_record_round_trips_and_a_wildcard_bind_takes_the_replay_host() -> None:

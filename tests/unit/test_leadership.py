@@ -1,4 +1,4 @@
-"""The authority clock of a leader (gateway.server.leadership): no I/O, times given."""
+"""The authority clock of a leader (gateway.replication.leadership): no I/O, times given."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.server.leadership import RENEWALS_PER_TTL, Leadership, Role
+from gateway.replication.leadership import RENEWALS_PER_TTL, Leadership, Role
 
 
 def test_a_follower_may_not_act() -> None:

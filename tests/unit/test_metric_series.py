@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server.metrics import GatewayMetrics
+from gateway.sequencer.metrics import GatewayMetrics
 from gateway.tools.top import Samples, _gateway, _Scrape
 
 ENDPOINT = "udp://10.0.0.1;239.192.0.1:5000"

@@ -3,7 +3,7 @@ and rebuilding from journaled batches alone."""
 
 from __future__ import annotations
 
-from gateway.server.producers import ProducerTable
+from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 
 SECOND = 1_000_000_000

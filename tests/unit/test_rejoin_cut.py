@@ -1,20 +1,24 @@
 """A node that rejoins its group cuts its journal back to where its leader's agrees (docs/ha.md, "Epochs"):
 found in few comparisons however long the divergence, and cut once.
 
-HaNode._reconcile runs for real on a real journal; the leader is a stand-in that says whether it holds a batch
-of ours (as Follower.matches does, over its sidecar) and counts how often it was asked.
+ReplicaCopier.cut_to_leader runs for real on a real lane, journal and committed mark; the leader is a stand-in
+that says whether it holds a batch of ours (as Follower.matches does, over its sidecar) and counts how often it
+was asked.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from gateway.journal import JournalReader, JournalWriter
-from gateway.server.ha import HaNode
+from gateway.journal.committed import CommittedMark
+from gateway.replication.copier import ReplicaCopier, last_agreed
+from gateway.sequencer.lane import Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 
 STREAM = "s"
@@ -26,40 +30,51 @@ class Leader:
 
     def __init__(self, agreed: int) -> None:
         self.agreed, self.asked = agreed, 0
-        self.leader = SimpleNamespace(node="lead")
 
     def matches(self, stream: str, own: B.Batch) -> bool:
         self.asked += 1
         return own.last_seq <= self.agreed
 
 
-def node(tmp_path: Path) -> HaNode:
+def journal(tmp_path: Path) -> Lane:
     writer = JournalWriter.open(tmp_path, STREAM)
     for i in range(BATCHES):
         writer.append(B.Batch.parse(B.encode(0, [(0, b"k", b"r%d" % i)] * SIZE)))
-    lanes = {STREAM: SimpleNamespace(writer=writer)}
-
-    def reopen(stream: str) -> None:
-        lanes[stream].writer = JournalWriter.open(tmp_path, stream)
-
-    mark = SimpleNamespace(value=0, lower=lambda seq: None)
-    gw = SimpleNamespace(lanes=lanes, marks={STREAM: mark}, config=SimpleNamespace(journal=tmp_path), reopen=reopen)
-    ha = HaNode.__new__(HaNode)  # only what _reconcile uses: the gateway's lanes, marks, journal and reopen
-    ha.gw = gw  # type: ignore[assignment]
-    return ha
+    return Lane(STREAM, writer, ProducerTable(10**12, 100))
 
 
 @pytest.mark.parametrize("kept_batches", [BATCHES, BATCHES - 1, BATCHES - 5, 77, 1, 0])
 def test_a_rejoining_node_cuts_once_where_the_journals_part(tmp_path: Path, kept_batches: int) -> None:
-    ha, leader = node(tmp_path), Leader(kept_batches * SIZE)
+    lane, leader = journal(tmp_path), Leader(kept_batches * SIZE)
+    reopened: list[str] = []
+
+    def reopen(stream: str) -> None:
+        reopened.append(stream)
+        lane.writer = JournalWriter.open(tmp_path, stream)
+
+    mark = CommittedMark(tmp_path / STREAM)
+    copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
+    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {STREAM: mark}, reopen, copied, lambda s, e: None, lambda s: None)
     try:
-        ha._reconcile(leader, STREAM)  # type: ignore[arg-type]
-        head = ha.gw.lanes[STREAM].writer.last_seq
-        assert head == kept_batches * SIZE
-        assert JournalReader(tmp_path, STREAM).last_seq == head
+        copier.cut_to_leader(leader, STREAM, "lead")
+        assert lane.head == kept_batches * SIZE
+        assert JournalReader(tmp_path, STREAM).last_seq == lane.head
+        assert reopened == ([] if kept_batches == BATCHES else [STREAM])  # one cut, or none
         if kept_batches == BATCHES:
             assert leader.asked == 1  # the usual case: our last batch is the leader's too
         else:
             assert leader.asked <= 2 * math.ceil(math.log2(BATCHES * SIZE)) + 2, leader.asked
     finally:
-        ha.gw.lanes[STREAM].writer.close()
+        lane.writer.close()
+        mark.close()
+
+
+def test_the_agreed_point_skips_what_retention_removed(tmp_path: Path) -> None:
+    """What retention removed is not ours to compare: a leader that holds none of ours agrees below our first."""
+    lane = journal(tmp_path)
+    try:
+        reader = JournalReader(tmp_path, STREAM)
+        assert last_agreed(reader, lane.head, lambda own: False) == reader.first_seq - 1 == 0
+        assert last_agreed(reader, 0, lambda own: True) == 0  # an empty journal agrees with anyone at 0
+    finally:
+        lane.writer.close()

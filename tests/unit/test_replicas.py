@@ -1,8 +1,8 @@
-"""The leader's in-sync set and commit point (gateway.server.replicas), sans-IO."""
+"""The leader's in-sync set and commit point (gateway.replication.replicas), sans-IO."""
 
 from __future__ import annotations
 
-from gateway.server.replicas import InSync, eligible, parse_record
+from gateway.replication.replicas import InSync, eligible, parse_record
 
 
 def insync(min_insync: int = 1, members: tuple[str, ...] = ("b", "c")) -> InSync:

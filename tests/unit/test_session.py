@@ -1,4 +1,4 @@
-"""The sans-IO replay session (gateway.server.session.Session), driven directly against an in-memory journal.
+"""The sans-IO replay session (gateway.sidecar.session.Session), driven directly against an in-memory journal.
 
 The fake is of the journal only (the `Journal` protocol the session is written against): batches in a list,
 retention by moving the first retained sequence, growth by appending. Everything the session does (commands,
@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from gateway.errors import JournalTrimmed
-from gateway.server.session import GRANTABLE, Session
+from gateway.sidecar.session import GRANTABLE, Session
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 

@@ -18,7 +18,7 @@ from support.records import NOW, Rec, last_values, write
 from gateway.client.snapshot_view import LastValues
 from gateway.errors import JournalCorrupt, NotAJournal
 from gateway.journal import JournalReader, JournalWriter, Retention
-from gateway.server.snapshots import MAX_DELTA, VALUE, Frozen, SnapshotFeed, SnapshotIndex, SnapshotIndexes
+from gateway.sidecar.snapshots import MAX_DELTA, VALUE, Frozen, SnapshotFeed, SnapshotIndex, SnapshotIndexes
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -223,12 +223,12 @@ def test_a_lagging_index_survives_retention_under_it(tmp_path: Path) -> None:
 
 
 def test_build_logs_progress_and_readiness(tmp_path: Path, caplog, monkeypatch) -> None:
-    monkeypatch.setattr("gateway.server.snapshots.PROGRESS_S", 0.0)
+    monkeypatch.setattr("gateway.sidecar.snapshots.PROGRESS_S", 0.0)
     with JournalWriter.open(tmp_path, "s") as w:
         write(w, [(b"k%d" % (i % 10), b"v", 0) for i in range(2000)], per_batch=100)
     index = SnapshotIndex(JournalReader(tmp_path, "s"))
     assert index.freeze() is None  # not built: a snapshot would be of nothing
-    with caplog.at_level(logging.INFO, logger="gateway.server.snapshots"):
+    with caplog.at_level(logging.INFO, logger="gateway.sidecar.snapshots"):
         while not index.follow(0.0):
             pass
     text = caplog.text

@@ -1,0 +1,1 @@
+"""How gateways and sidecars make themselves found: LAN announcements and, beyond one subnet, etcd."""

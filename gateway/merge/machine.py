@@ -1,0 +1,82 @@
+"""The table form of the client's protocol machines (the opening, the ingest session), after the reconciler's.
+
+Each machine is a class whose state changes only through its table: per state a `Row` of event handlers (they
+change data, never the state) and transitions `Go(guard, target, action)` in priority order, re-evaluated after
+the handler and after the row's timers until none fires. `settle` runs one event through a table;
+`describe` renders a table as Markdown, which the machine's doc embeds and a test keeps equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, Generic, NamedTuple, TypeVar
+
+M = TypeVar("M")
+S = TypeVar("S", bound=Enum)
+
+
+class Go(NamedTuple, Generic[M, S]):
+    """A transition: when `guard` holds, go to `target`, running `action` on the way."""
+
+    guard: Callable[[M], bool]
+    target: S
+    action: Callable[[M], None] | None = None
+
+
+class Row(NamedTuple, Generic[M, S]):
+    """Everything one state does."""
+
+    #: event kind -> handler (None: the event means nothing here beyond running the timers); kinds not listed
+    #: are ignored in this state
+    on: Mapping[type, Callable[[M, Any], None] | None]
+    #: the transitions, first whose guard holds wins
+    go: tuple[Go[M, S], ...] = ()
+    #: run after every event, before the transitions are looked at again
+    timers: tuple[Callable[[M], None], ...] = ()
+
+
+def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object) -> S:
+    """Run `event` through `table` from `state`: the handler, the transitions, the timers, the transitions again;
+    the state it ends in."""
+    row = table[state]
+    handler = row.on.get(type(event))
+    if handler is not None:
+        handler(machine, event)
+    for timers_run in (False, True):
+        if timers_run:
+            for timer in row.timers:
+                timer(machine)
+        for _ in range(len(table) + 1):
+            go = next((go for go in row.go if go.guard(machine)), None)
+            if go is None:
+                break
+            state, row = go.target, table[go.target]
+            if go.action is not None:
+                go.action(machine)
+        else:
+            raise RuntimeError(f"{type(machine).__name__}: transitions cycle in {state!r}, a bug in its table")
+    return state
+
+
+def describe(table: Mapping[S, Row[M, S]], events: tuple[type, ...]) -> str:
+    """`table` as two Markdown tables: the handler of each event per state, then the transitions and timers."""
+
+    def name(method: Callable[..., Any] | None) -> str:
+        return "—" if method is None else f"`{method.__name__.lstrip('_')}`"
+
+    lines = ["| state | " + " | ".join(e.__name__ for e in events) + " |", "|---" * (len(events) + 1) + "|"]
+    for state, row in table.items():
+        cells = [name(row.on[kind]) if kind in row.on else "ignored" for kind in events]
+        lines.append(f"| {state.name} | " + " | ".join(cells) + " |")
+    lines += ["", "| state | guard (in priority order) | next state | on the way | timers |", "|---|---|---|---|---|"]
+    for state, row in table.items():
+        timers = ", ".join(name(t) for t in row.timers) or "—"
+        for i, (guard, target, action) in enumerate(row.go):
+            lines.append(
+                f"| {state.name if i == 0 else ''} | {name(guard)} | {target.name} | {name(action)} | "
+                f"{timers if i == 0 else ''} |"
+            )
+        if not row.go:
+            lines.append(f"| {state.name} | — | — | — | {timers} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""The gateway process: ingest, sequencing into lanes, the journal's write-ahead, multicast and confirms."""

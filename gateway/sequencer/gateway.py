@@ -1,0 +1,747 @@
+"""The gateway: ingest -> sequence -> journal -> multicast, in one event loop.
+
+Publishers reach the gateway in two ways: ZEPS over a ROUTER socket (ATTACH, PUBLISH, PUBLISH-BATCH, PING,
+DETACH; publish confirms on request) and plain ZeroMQ PUB sockets (frames: key, body) through an XSUB socket,
+to which the gateway sends the subscribe-all itself. Records are gathered per stream into batches bounded by
+count and bytes; a batch leaves as soon as the ingest has nothing more queued (smart batching), and the linger
+time only bounds it while publishes keep coming. Each batch is sequenced and written to the journal
+*before* it is multicast (write-ahead), so every sequence a subscriber ever saw can be replayed after a crash.
+
+Nothing is dropped silently. A malformed command is answered with INVALID and a reason; a plain PUB frame
+that does not parse is counted. When multicast output falls behind (a transport at its rate, a slow link), or a
+leader's in-sync followers do (it holds `max_out_queue` batches they have not copied), the gateway stops reading
+publishers until it drains, and ZeroMQ's high-water marks push the slowdown back to them. A leader's followers
+are heard on a link of their own (gateway.replication.peer_server), read on every pass whatever the publishers do;
+and one drain of the ingest ends after DRAIN_S, so that no flood of publishes delays the loop's timers.
+
+Threading: everything runs on the loop's thread but the group commit's fdatasync, which runs on the journal's
+`Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
+never the records behind it. The loop polls the syncer's pipe and confirms once a sync has finished.
+
+Size: over 600 lines, because the ingest's rules (`_on_command`, `_attach`, `_publish_batch`) still live beside
+the loop that executes them; they are the next to leave, for a sans-IO ingest core (issue #31).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from gateway.discovery.announcer import gateway_announcer, gateway_streams
+from gateway.discovery.registrar import node_registrar
+from gateway.errors import ConfigError
+from gateway.journal import JournalReader, JournalWriter
+from gateway.journal.committed import CommittedMark, remove_mark
+from gateway.journal.syncer import Syncer
+from gateway.mcast import McastSender, open_pub
+from gateway.replication.follower import ReplayFactory
+from gateway.replication.group import GroupConfig, GroupNode, NodeHost
+from gateway.replication.strategy import Replication, Solo
+from gateway.sequencer.channels import plan
+from gateway.sequencer.config import GatewayConfig
+from gateway.sequencer.ingest_ready import ingest_ready
+from gateway.sequencer.lane import Confirm, Journaled, Lane
+from gateway.sequencer.metrics import GatewayMetrics
+from gateway.sequencer.output import REFUSED_MULTICAST, McastOutput
+from gateway.sequencer.producers import ProducerTable
+from gateway.sequencer.recovery import recover
+from gateway.transport.curve import TcpGuard
+from gateway.transport.pollable import PolledByFd
+from gateway.transport.routing import route
+from gateway.transport.udp import UdpSender, batch_room
+from gateway.wire import announce as A
+from gateway.wire import batch as B
+from gateway.wire import handshake as H
+from gateway.wire import protocol as P
+from gateway.wire.heartbeat import Heartbeat
+from gateway.wire.streamkey import AUTH, message
+
+log = logging.getLogger(__name__)
+
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
+DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
+DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
+
+
+@dataclass
+class _Session:
+    """A ZEPS publisher connection, known by its ROUTER identity."""
+
+    stream: str
+    last_seen: float
+    handshake: H.Handshake = field(default_factory=lambda: H.Handshake(GRANTABLE.intersection))
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.handshake.features
+
+
+class Gateway:
+    """The broker of ZEPS (ZeroMQ Enterprise Publish-Subscribe), with real-time output over PGM, NORM or UDP."""
+
+    def __init__(
+        self, config: GatewayConfig, *, ctx: zmq.Context | None = None, replay: ReplayFactory | None = None
+    ) -> None:
+        """`replay`: the replay client a node of a group (config.etcd) copies its leader's journal with."""
+        self.config = config
+        self.ctx = ctx or zmq.Context.instance()
+        self.id = random.getrandbits(32)
+        self.metrics = GatewayMetrics(config.streams)
+        self.marks = self._committed_marks()
+        self.syncer = Syncer()  # group commits off the loop: a slow fdatasync holds back confirms, not records
+        self.lanes = {name: Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
+        for lane in self.lanes.values():
+            self.metrics.follow_head(lane.stream, lane.writer)
+            self._recover_producers(lane)
+        self.sessions: dict[bytes, _Session] = {}
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 1000)
+        # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
+        # publisher has REPLY_HWM replies of room before that happens, not libzmq's default 1,000.
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.SNDHWM, REPLY_HWM)
+        self._warned_unread = False
+        self.router.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+        self.guard = TcpGuard(self.ctx, config.curve, self.metrics.rejected.labels("auth").inc)
+        self.guard.secure(self.router, f"ingest {config.ingest}")
+        self.router.bind(config.ingest)
+        self.xsub: zmq.Socket | None = None
+        if config.ingest_pub:
+            self.xsub = self.ctx.socket(zmq.XSUB)
+            self.xsub.setsockopt(zmq.MAXMSGSIZE, config.max_frame_bytes)
+            self.guard.secure(self.xsub, f"ingest-pub {config.ingest_pub}")
+            self.xsub.bind(config.ingest_pub)
+            self.xsub.send(b"\x01")  # subscribe to everything: nothing flows to an XSUB otherwise
+        self.outs: list[McastOutput] = []
+        for channel in plan(config.multicast, config.streams):  # an output sends (and heartbeats) its streams only
+            heads = {name: self.lanes[name].writer.last_seq for name in channel.streams}
+            sock = open_pub(self.ctx, channel.endpoint, config.tuning)
+            series = self.metrics.add_output(str(channel.endpoint), heads)
+            self.outs.append(
+                McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
+            )
+        self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
+                                           sidecar=config.replay_endpoint, key=config.stream_key,
+                                           errors=self.metrics.send_errors)  # fmt: skip
+        interfaces = config.discovery.interfaces or tuple(o.endpoint.interface for o in self.outs)
+        self.registrar = node_registrar(config.etcd, config.discovery, interfaces, A.GATEWAY, ingest=config.ingest,
+                                        sidecar=config.replay_endpoint, key=config.stream_key,
+                                        errors=self.metrics.send_errors)  # fmt: skip
+        if config.metrics:
+            self.metrics.serve(config.metrics)
+        self._next_heartbeat = 0.0
+        self._standing = (0, False)  # (epoch, leads) as last announced: a group's node's place in it
+        self._stopping = False
+        self._poller = zmq.Poller()
+        self.replication: Replication = Solo()
+        if config.node:
+            if replay is None:
+                raise ConfigError("a node of a group needs a replay client to follow its leader with")
+            self.replication = GroupNode(self._group_config(), self._node_host(), replay).start()
+        log.info(
+            "gateway %08x: streams=%s ingest=%s multicast=%s journal=%s stream_key=%s curve=%s",
+            self.id,
+            ",".join(config.streams),
+            config.ingest,
+            ",".join(str(o.endpoint) for o in self.outs) or "none",
+            config.journal,
+            config.stream_key,
+            config.curve,
+        )
+
+    def _group_config(self) -> GroupConfig:
+        c = self.config
+        return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls)  # fmt: skip
+
+    def _node_host(self) -> NodeHost:
+        copied = {name: series.copied for name, series in self.metrics.streams.items()}
+        return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
+                        self.reopen, self.step_down, self.metrics.send_errors)  # fmt: skip
+
+    def _open_writer(self, stream: str) -> JournalWriter:
+        c = self.config
+        return JournalWriter.open(
+            c.journal,
+            stream,
+            segment_bytes=c.segment_bytes,
+            durability=c.durability,
+            retention=c.retention,
+            syncer=self.syncer,
+        )
+
+    def _committed_marks(self) -> dict[str, CommittedMark]:
+        """A node of a group publishes each stream's committed mark to its sidecar (gateway.journal.committed),
+        created before anything is journaled; a single gateway removes any left over, so that its sidecar
+        serves to the journal's end."""
+        marks = {}
+        for name in self.config.streams:
+            directory = self.config.journal / name
+            if self.config.node:
+                directory.mkdir(parents=True, exist_ok=True)
+                marks[name] = CommittedMark(directory)
+            else:
+                remove_mark(directory)
+        return marks
+
+    def _producer_table(self) -> ProducerTable:
+        return ProducerTable(int(self.config.producer_expiry_s * 1e9), self.config.max_producers)
+
+    def reopen(self, stream: str) -> None:
+        """Open a stream's journal again after it was cut (a follower dropping what its leader lacks)."""
+        lane = self.lanes[stream]
+        lane.writer = self._open_writer(stream)
+        lane.producers = self._producer_table()
+        self.metrics.follow_head(stream, lane.writer)
+        self._recover_producers(lane)
+        for out in self.outs:
+            if stream in out.sent_head:
+                out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)
+
+    def watch(self, sock: zmq.Socket | PolledByFd, events: int = zmq.POLLIN) -> None:
+        """Wake the loop on `events` of `sock` (readable: a follower's replication link, the elector's outcomes;
+        also writable: a peer link with frames waiting for the kernel). Watching again changes the events."""
+        self._poller.register(sock, events)
+
+    def unwatch(self, sock: zmq.Socket | PolledByFd) -> None:
+        self._poller.unregister(sock)
+
+    def step_down(self, reason: str) -> None:
+        """This node stopped leading: refuse what was not journaled, multicast nothing more that was, owe no
+        confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
+        for lane in self.lanes.values():
+            lane.forget()  # their sessions end below, with the reason
+        for identity in list(self.sessions):
+            self._send_to(identity, P.invalid(reason))
+            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
+
+    def _recover_producers(self, lane: Lane) -> None:
+        """Rebuild the producer table from the journal's tail (gateway.sequencer.producers.recover)."""
+        if lane.writer.last_seq == 0:
+            return
+        c = self.config
+        recover(lane.producers, JournalReader(c.journal, lane.stream), c.producer_expiry_s, c.producer_scan_bytes)
+        self.metrics.streams[lane.stream].producers.set(len(lane.producers))
+
+    def _rooms(self, sock: McastSender) -> dict[str, int]:
+        """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
+        the authenticator, when signing); empty for the others (any size)."""
+        if not isinstance(sock, UdpSender):
+            return {}
+        auth = AUTH.size if self.config.stream_key else 0
+        return {name: batch_room(self.config.tuning.datagram_bytes, name.encode(), auth) for name in self.lanes}
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
+        poller = self._poller
+        poller.register(self.syncer.fileno(), zmq.POLLIN)  # a group commit finished: confirm what it covers
+        try:
+            while not (self._stopping or until()):
+                wait = self._on_timers(time.monotonic())
+                waiting = self._publishers_wait()
+                poller.register(self.router, 0 if waiting else zmq.POLLIN)
+                if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
+                    poller.register(self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
+                events = dict(poller.poll(math.ceil(wait * 1000)))
+                if self.syncer.fileno() in events:
+                    self.syncer.drain()
+                if self.router in events:
+                    self._drain_router()
+                if self.xsub is not None and self.xsub in events:
+                    self._drain_xsub()
+                if not ingest_ready(self.router, self.xsub):  # smart batching: nothing more is queued, no linger wait
+                    for lane in self.lanes.values():
+                        self._flush(lane)
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def _on_timers(self, now: float) -> float:
+        """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
+        linger = self.config.linger_ms / 1000
+        deadline = now + self.replication.poll_s
+        self.replication.tick(now)
+        self._release()
+        for lane in self.lanes.values():
+            if lane.pending:
+                due = lane.pending_since + linger
+                if due <= now:
+                    self._flush(lane)
+                else:
+                    deadline = min(deadline, due)
+        for out in self.outs:  # multicast first: a group commit's fdatasync must not delay what is journaled
+            wait = out.pump()
+            if wait is not None:
+                deadline = min(deadline, now + wait)
+        self.replication.after_release(now)
+        deadline = min(deadline, self.replication.due)
+        for lane in self.lanes.values():
+            if lane.writer.maybe_sync():
+                self.metrics.streams[lane.stream].fsync_seconds.observe(lane.writer.last_sync_latency_s)
+            self._send_confirms(lane)
+            sync_due = lane.writer.sync_deadline
+            if sync_due is not None:
+                deadline = min(deadline, sync_due)
+        if now >= self._next_heartbeat:
+            self._heartbeat(now)
+            self._expire_producers()
+        deadline = min(deadline, self._next_heartbeat)
+        standing = self.replication.standing()
+        moved = standing != self._standing  # a group's node took or lost the lead: clients learn it at once
+        self._standing = standing
+        epoch, leader = standing
+        if self.announcer is not None:
+            if now >= self.announcer.due or moved:
+                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
+                self.announcer.announce(now, ads, epoch=epoch, leader=leader)
+            deadline = min(deadline, self.announcer.due)
+        if self.registrar is not None:
+            if now >= self.registrar.due or moved:
+                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
+                self.registrar.register(now, ads, epoch=epoch, leader=leader)
+            deadline = min(deadline, self.registrar.due)
+        return max(0.0, deadline - time.monotonic())
+
+    def _publishers_wait(self) -> bool:
+        """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
+        them down). A leader that cannot commit at all reads them on, to refuse them (`_refusing`)."""
+        return self._outs_full() or (self.replication.quorate and self._uncommitted_full())
+
+    def _outs_full(self) -> bool:
+        return any(out.full for out in self.outs)
+
+    def _uncommitted_full(self) -> bool:
+        """A leader holds `max_out_queue` batches of a stream not multicast yet: its in-sync followers have not
+        copied them, or multicast has not taken them."""
+        return any(len(lane.uncommitted) >= self.config.max_out_queue for lane in self.lanes.values())
+
+    def _refusing(self) -> bool:
+        """A leader with its uncommitted batches full and too few in-sync followers to commit (below --min-insync):
+        waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
+        return not self.replication.quorate and self._uncommitted_full()
+
+    @property
+    def _uncommitted_reason(self) -> str:
+        return (
+            f"gateway node {self.config.node} has fewer in-sync followers than --min-insync "
+            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy; {P.RETRY_LATER}"
+        )
+
+    def _release(self) -> None:
+        """Multicast what is committed now (a node that leads: what its in-sync followers hold), as far as
+        multicast takes it (the rest waits, so that one pass of the loop queues a bounded amount, and
+        publishers wait once it is full)."""
+        for lane in self.lanes.values():
+            committed = self.replication.committed(lane)
+            while lane.uncommitted and lane.uncommitted[0].last <= committed and not self._outs_full():
+                self._fan_out(lane, lane.uncommitted.popleft())
+
+    def _expire_producers(self) -> None:
+        now_ns = time.time_ns()
+        for lane in self.lanes.values():
+            if lane.producers.expire(now_ns):
+                self.metrics.streams[lane.stream].producers.set(len(lane.producers))
+
+    def _heartbeat(self, now: float) -> None:
+        self._next_heartbeat = now + self.config.heartbeat_ms / 1000
+        ts = time.time_ns()
+        if not self.replication.leading:
+            return  # a follower is silent on the multicast
+        for out in self.outs:
+            for stream, head in out.sent_head.items():
+                head = min(head, self.replication.committed(self.lanes[stream]))
+                hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, self.replication.epoch).encode()
+                try:
+                    out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
+                except zmq.Again:  # a full transport skips a beat; the next one comes
+                    continue
+                except OSError as exc:  # refused by the network: so is the beat; the next one comes
+                    out.series.send_errors.refused("heartbeat", out.series.endpoint, exc, REFUSED_MULTICAST)
+                    continue
+                out.series.send_errors.sent("heartbeat", out.series.endpoint)
+                out.series.heartbeats[stream].inc()
+
+    # --- ZEPS ingest ----------------------------------------------------------------------------------
+
+    def _drain_router(self, limit: int = 4096) -> None:
+        """Take up to `limit` commands, for DRAIN_S at most, until the publishers are to wait (`run`)."""
+        until = time.monotonic() + DRAIN_S
+        for n in range(1, limit + 1):
+            if n % DRAIN_CHECK == 0 and (time.monotonic() > until or self._publishers_wait()):
+                return
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                self._reject(frames[0], "expected one command per message", reply=len(frames) > 1)
+                continue
+            identity, frame = frames
+            if not P.is_zeps(frame):
+                self.metrics.rejected.labels("no-signature").inc()
+                continue
+            try:
+                cmd = P.decode(frame)
+            except P.ProtocolError as exc:
+                self._reject(identity, exc.reason)
+                continue
+            self._on_command(identity, cmd)
+
+    def _on_command(self, identity: bytes, cmd: P.Command) -> None:
+        session = self.sessions.get(identity)
+        if session is not None:
+            session.last_seen = time.monotonic()
+        match cmd:
+            case P.Attach() | P.Publish() | P.PublishBatch() if (refusal := self.replication.refusal()) is not None:
+                self._reject(identity, refusal, kind="not-leader")
+            case P.Attach(version=version, stream=stream):
+                self._attach(identity, version, stream)
+            case _ if session is None:
+                self._answer(identity, H.detached(cmd))
+            case _ if (answer := session.handshake.on(cmd)) is not None:
+                self._answer(identity, answer)
+            case P.Ping():
+                self.reply(identity, P.PingOk())
+            case P.Publish() | P.PublishBatch() if self._refusing():
+                self._reject(identity, self._uncommitted_reason, kind="uncommitted")
+            case P.Publish(key=key, body=body):
+                self._publish(identity, session, key.encode(), bytes(body))
+            case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
+                self._publish_batch(identity, session, raw)
+            case P.Detach():
+                del self.sessions[identity]
+                self.metrics.streams[session.stream].publishers.dec()
+                # Best effort: the session is over and nothing is owed; a client that closes right after
+                # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
+                with contextlib.suppress(zmq.ZMQError):
+                    self.router.send_multipart((identity, P.encode(P.DetachOk())), zmq.NOBLOCK)
+            case P.Subscribe() | P.SubscribeTime() | P.Fetch() | P.Credit():
+                where = f" at {self.config.replay_endpoint}" if self.config.replay_endpoint else ""
+                self._reject(identity, f"{cmd.NAME} is served by the replay sidecar{where}, not the ingest")
+            case _:
+                self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
+
+    def _answer(self, identity: bytes, answer: H.Answer) -> None:
+        """Send the handshake's answer (gateway.wire.handshake)."""
+        if isinstance(answer.reply, P.Invalid):
+            self._reject(identity, answer.reply.reason)
+        else:
+            self.reply(identity, answer.reply)
+
+    def _attach(self, identity: bytes, version: int, stream: str) -> None:
+        if (refusal := H.attach_refusal(version)) is not None:
+            self._reject(identity, refusal)
+            return
+        if stream not in self.lanes:
+            served = ", ".join(sorted(self.lanes))
+            self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
+            return
+        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients and not self._evict_idle():
+            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later", kind="clients")
+            return
+        old = self.sessions.get(identity)
+        if old is not None:  # a second ATTACH starts over, perhaps on another stream
+            self.metrics.streams[old.stream].publishers.dec()
+        self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
+        self.metrics.streams[stream].publishers.inc()
+        self.reply(identity, P.AttachOk())
+
+    def _evict_idle(self) -> bool:
+        """At the client limit: end the sessions silent for `client_timeout` (publishers that vanished without
+        DETACH, as ROUTER sockets never say a peer left); whether that made room."""
+        cutoff = time.monotonic() - self.config.client_timeout
+        idle = [identity for identity, s in self.sessions.items() if s.last_seen < cutoff]
+        for identity in idle:
+            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
+        if idle:
+            log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
+        return bool(idle)
+
+    def _publish(self, identity: bytes | None, session: _Session | None, key: bytes, body: bytes) -> None:
+        if len(body) > self.config.max_message_bytes:
+            self._reject(identity, f"message of {len(body)} bytes is over the limit of {self.config.max_message_bytes}")
+            return
+        lane = self.lanes[session.stream] if session else next(iter(self.lanes.values()))
+        if not lane.pending:
+            lane.pending_since = time.monotonic()
+        lane.pending.append((time.time_ns(), key, body))
+        lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
+        if identity is not None and session is not None:
+            lane.owe(identity, 1, P.FEATURE_CONFIRM in session.features)
+        if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
+            self._flush(lane)
+
+    def _publish_batch(self, identity: bytes, session: _Session, raw: P.Buffer) -> None:
+        try:
+            batch = B.Batch.parse(bytes(raw))
+        except B.BatchError as exc:
+            self._reject(identity, f"bad PUBLISH-BATCH: {exc.reason}")
+            return
+        if batch.first_seq != 0 or not batch.dense or batch.count == 0:
+            self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
+            return
+        producer = batch.producer
+        if producer is not None and P.FEATURE_PRODUCER not in session.features:
+            self._reject(identity, "a PUBLISH-BATCH with a producer header needs the 'producer' extension")
+            return
+        payload = batch.nbytes - batch.header_size - batch.count * batch.overhead  # keys and bodies
+        if payload > self.config.max_message_bytes:
+            limit = self.config.max_message_bytes
+            self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
+            return
+        lane = self.lanes[session.stream]
+        if producer is not None and (gap := lane.producers.missing(*producer)) is not None:
+            what = f"producer {producer[0]:016x}: its records {gap} to {producer[1] - 1} were refused, not journaled"
+            self._reject(identity, f"{what}: re-send from {gap}; {P.RETRY_LATER}", kind="out-of-order")
+            return
+        self._flush(lane)
+        confirm = P.FEATURE_CONFIRM in session.features
+        series = self.metrics.streams[lane.stream]
+        series.published.inc(batch.count)
+        dups = 0 if producer is None else lane.producers.duplicates(producer[0], producer[1], batch.count)
+        if dups:
+            series.duplicates.inc(dups)
+        if dups == batch.count:  # all journaled before: confirmed, at the producer's last stream sequence
+            known = lane.producers.get(producer[0])  # type: ignore[index]
+            assert known is not None
+            if confirm:
+                lane.confirms.append(Confirm(identity, known.last_seq - dups + 1, dups))
+            return
+        if dups:  # partial overlap: journal the records after the producer's last, confirm them all
+            batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
+        lane.owe(identity, batch.count, confirm)
+        sealed = self._journal(lane, batch, dups)
+        if sealed is not None and producer is not None:
+            last = lane.writer.last_seq  # `sealed` is `batch` resequenced: a view of it needs no walk
+            view = B.Batch(
+                memoryview(sealed), batch.count, last - batch.count + 1, last, lane.writer.last_ts_ns, batch.flags
+            )
+            lane.producers.journaled(view)
+            series.producers.set(len(lane.producers))
+
+    def _flush(self, lane: Lane) -> None:
+        if not lane.pending:
+            return
+        raw = B.encode(0, lane.pending)
+        self.metrics.streams[lane.stream].published.inc(len(lane.pending))  # here: once per batch, not per record
+        lane.pending = []
+        lane.pending_bytes = 0
+        self._journal(lane, B.Batch.parse(raw, check_crc=False))
+
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+        """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
+
+        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
+        if not self._writable(lane, batch.count):
+            return None
+        sealed = self._append(lane, batch)
+        if sealed is None:
+            return None
+        self._owe_confirms(lane, batch.count, dups)
+        series = self.metrics.streams[lane.stream]
+        series.journaled.inc(batch.count)
+        series.journaled_bytes.inc(len(sealed))
+        series.batch_records.observe(batch.count)
+        journaled = Journaled(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
+        self.replication.journaled(lane.stream, sealed)
+        if lane.uncommitted or self.replication.committed(lane) < journaled.last:
+            lane.uncommitted.append(journaled)  # a node's waits for its followers (`_release`)
+        else:
+            self._fan_out(lane, journaled)  # committed once journaled (a single gateway's): out at once
+        return sealed
+
+    def _writable(self, lane: Lane, count: int) -> bool:
+        """The disk-full gate: while the journal's disk is full, refuse without trying until `retry_at`."""
+        if lane.full_since is not None and time.monotonic() < lane.retry_at:
+            self._refuse_unjournaled(lane, count, lane.full_reason, "journal-full")
+            return False
+        return True
+
+    def _append(self, lane: Lane, batch: B.Batch) -> bytes | None:
+        """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
+        try:
+            sealed = lane.writer.append(batch)
+        except OSError as exc:
+            if exc.errno in DISK_FULL:
+                self._refuse_unjournaled(lane, batch.count, self._disk_full(lane, exc), "journal-full")
+            else:
+                reason = f"journal write failed ({os.strerror(exc.errno) if exc.errno else exc}): records refused"
+                log.error("stream %s: %s (%d)", lane.stream, reason, batch.count)
+                self._refuse_unjournaled(lane, batch.count, reason, "journal")
+            return None
+        if lane.full_since is not None:
+            log.warning(
+                "stream %s: the journal takes writes again after %.1f s; accepting publishes",
+                lane.stream,
+                time.monotonic() - lane.full_since,
+            )
+            lane.full_since = None
+            self.metrics.streams[lane.stream].journal_full.set(0)
+        return sealed
+
+    def _owe_confirms(self, lane: Lane, count: int, dups: int) -> None:
+        """The journaled batch's publishers are owed PUBLISH-OK once it is synced; a producer batch (alone in
+        `unsequenced`) is confirmed with its `dups` re-sent records, ending at its last sequence."""
+        last = lane.writer.last_seq
+        first = last - count + 1
+        for owed in lane.unsequenced:
+            if owed.confirm:
+                lane.confirms.append(Confirm(owed.identity, first - dups, owed.records + dups))
+            first += owed.records
+        lane.unsequenced.clear()
+
+    def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
+        """Queue a committed batch on every multicast output (cut to size for datagram ones)."""
+        batch, sealed, last, ts = journaled
+        key, name = self.config.stream_key, lane.stream.encode()
+        frames = message(key, name, sealed)  # signed once, for every output that sends it whole
+        cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
+        outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
+        for out in outs:
+            room = out.rooms.get(lane.stream)
+            out.series.bytes[lane.stream].inc(len(sealed))
+            if room is None or len(sealed) <= room:
+                out.queue.append((frames, last))
+                out.series.messages[lane.stream].inc()
+                continue
+            if room not in cut:
+                # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
+                first = last - batch.count + 1
+                whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
+                cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
+            out.queue.extend(cut[room])
+            out.series.messages[lane.stream].inc(len(cut[room]))
+
+    def _disk_full(self, lane: Lane, exc: OSError) -> str:
+        """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
+
+        The writer has cut the failed batch back, so the journal holds whole batches only and nothing accepted
+        is lost; multicast, heartbeats and replay carry on. The first write tried after the pause ends the state.
+        """
+        now = time.monotonic()
+        retry_s = self.config.journal_retry_ms / 1000
+        cause = os.strerror(exc.errno) if exc.errno else str(exc)
+        lane.retry_at = now + retry_s
+        if lane.full_since is None:
+            lane.full_since = now
+            lane.full_reason = (
+                f"journal of stream {lane.stream!r} is full ({cause}): records refused until "
+                f"space is freed there; the gateway tries again every {retry_s:g} s"
+            )
+            log.error(
+                "stream %s: journal disk full (%s) in %s: refusing publishes, trying again every %g s. Fix: free "
+                "space on that filesystem (or give the journal a bigger one, or limit it with --retention-bytes)",
+                lane.stream,
+                cause,
+                lane.writer.directory,
+                retry_s,
+            )
+            self.metrics.streams[lane.stream].journal_full.set(1)
+        return lane.full_reason
+
+    def _refuse_unjournaled(self, lane: Lane, count: int, reason: str, kind: str) -> None:
+        """The journal did not take a batch: every ZEPS publisher of its records is told (plain PUB ones cannot be)."""
+        self.metrics.streams[lane.stream].refused[kind].inc(count)
+        for identity in dict.fromkeys(owed.identity for owed in lane.unsequenced):
+            self._send_to(identity, P.invalid(reason))
+        lane.unsequenced.clear()
+
+    def _send_confirms(self, lane: Lane) -> None:
+        """PUBLISH-OK once records are as durable as the journal's policy makes them ('never': written), here and
+        (a group's leader) on every in-sync follower."""
+        durable = self.replication.durable(lane)
+        while lane.confirms and lane.confirms[0].last <= durable:
+            identity, first, n = lane.confirms.popleft()
+            self.reply(identity, P.PublishOk(first, n))
+
+    # --- plain PUB ingest -----------------------------------------------------------------------------
+
+    def _drain_xsub(self, limit: int = 4096) -> None:
+        assert self.xsub is not None
+        for _ in range(limit):
+            try:
+                frames = self.xsub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2 or len(frames[0]) > P.MAX_STRING:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            key, body = frames
+            try:
+                key.decode()
+            except UnicodeDecodeError:
+                self.metrics.rejected.labels("pub-frame").inc()
+                continue
+            if len(body) > self.config.max_message_bytes:
+                self.metrics.rejected.labels("oversize").inc()
+                continue
+            if not self.replication.leading:
+                self.metrics.rejected.labels("not-leader").inc()
+                continue
+            self._publish(None, None, key, body)
+
+    # --- replies --------------------------------------------------------------------------------------
+
+    def reply(self, identity: bytes, cmd: P.Command) -> None:
+        self._send_to(identity, P.encode(cmd))
+
+    def _send_to(self, identity: bytes, frame: bytes) -> None:
+        """A reply to one client. Never blocks the gateway; a reply that cannot go is counted, not lost in silence:
+        the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms)."""
+        outcome = route(self.router, identity, frame)
+        if outcome == "sent":
+            return
+        self.metrics.replies_dropped.labels(outcome).inc()
+        if outcome == "unread":
+            level = logging.DEBUG if self._warned_unread else logging.WARNING  # said once, then counted
+            self._warned_unread = True
+            log.log(level, "a reply to client %s was dropped: it leaves %d replies unread", identity.hex(), REPLY_HWM)
+
+    def _reject(self, identity: bytes | None, reason: str, *, reply: bool = True, kind: str = "invalid") -> None:
+        self.metrics.rejected.labels(kind).inc()
+        log.debug("INVALID to %s: %s", identity.hex() if identity else "-", reason)
+        if identity is not None and reply:
+            self._send_to(identity, P.invalid(reason))
+
+    def close(self) -> None:
+        """Journal what is pending, send what is queued (bounded by LINGER), close everything."""
+        self.replication.close()  # a node resigns first, and steps down: it refuses, holds and confirms nothing
+        for lane in self.lanes.values():
+            self._flush(lane)
+        deadline = time.monotonic() + 2.0
+        while any(o.queue for o in self.outs) and time.monotonic() < deadline:
+            time.sleep(max(o.pump() or 0.0 for o in self.outs))
+        for lane in self.lanes.values():
+            lane.writer.close()
+            self._send_confirms(lane)
+        self.syncer.close()
+        for mark in self.marks.values():
+            mark.close()
+        self.guard.close()
+        self.router.close()
+        if self.xsub is not None:
+            self.xsub.close()
+        for out in self.outs:
+            out.sock.close()
+        if self.announcer is not None:
+            self.announcer.close()
+        if self.registrar is not None:
+            self.registrar.close()
+        self.metrics.close()

@@ -1,0 +1,75 @@
+"""One multicast output of the gateway: its sender, a bounded queue of batches, and the last sequence sent."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import zmq
+
+from gateway.mcast import Endpoint
+from gateway.sequencer.metrics import OutputSeries
+from gateway.transport.norm import NormSender
+from gateway.transport.pgm import PgmSender
+from gateway.transport.udp import UdpSender
+
+REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
+
+
+class McastOutput:
+    """One multicast endpoint: its sender, a bounded queue of batches, and the last sequence sent.
+
+    Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
+    zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
+    (`run`). A datagram output queues each batch as parts that fit a datagram.
+    """
+
+    RETRY_S = 0.001  # how soon a full transport is tried again
+    PUMP_S = 0.005  # one pump ends after this long (checked every PUMP_CHECK sends): the loop's pass stays short
+    PUMP_CHECK = 64
+
+    def __init__(
+        self,
+        sock: zmq.Socket | NormSender | UdpSender | PgmSender,
+        endpoint: Endpoint,
+        heads: dict[str, int],
+        rooms: dict[str, int],
+        series: OutputSeries,
+        max_queue: int,
+    ) -> None:
+        self.sock = sock
+        self.max_queue = max_queue  # a queue this long stops the gateway reading publishers
+        self.endpoint = endpoint
+        self.queue: deque[tuple[tuple[bytes, ...], int]] = deque()  # (message frames, last_seq)
+        self.sent_head = heads  # per stream; what earlier runs journaled counts as sent (replay has it)
+        self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
+        self.series = series  # its metrics
+        series.queued.set_function(self.queue.__len__)
+
+    def pump(self) -> float | None:
+        """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
+        at once, more is queued), None when idle."""
+        until, sent = time.monotonic() + self.PUMP_S, 0
+        while self.queue:
+            frames, last = self.queue[0]
+            try:
+                self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
+            except zmq.Again:
+                return self.RETRY_S
+            except OSError as exc:  # refused by the network: dropped like a lost packet (replay has it)
+                self.series.send_errors.refused("multicast", self.series.endpoint, exc, REFUSED_MULTICAST)
+            else:
+                self.series.send_errors.sent("multicast", self.series.endpoint)
+            self.queue.popleft()
+            self.sent_head[frames[0].decode()] = last
+            sent += 1
+            if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
+                return 0.0
+        # NORM takes part of a message that does not fit and the rest only when asked again.
+        if isinstance(self.sock, NormSender) and not self.sock.drain():
+            return self.RETRY_S
+        return None
+
+    @property
+    def full(self) -> bool:
+        return len(self.queue) >= self.max_queue

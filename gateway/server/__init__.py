@@ -1,1 +1,0 @@
-"""The server processes' cores: the gateway (ingest, sequencing, journal, multicast) and the replay session."""

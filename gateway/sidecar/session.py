@@ -1,0 +1,423 @@
+"""One replay client's ZEPS session, sans-IO: commands in, frames out, positions in the journal in between.
+
+The socket loop (gateway.replay) owns the ROUTER socket; a Session owns everything else about one client:
+its granted extensions, its credit, its subscription and its outstanding FETCHes, each a _Feed holding a
+journal cursor and a sequence position, and a snapshot in progress (gateway.sidecar.snapshots.SnapshotFeed).
+Frames are produced lazily, one step (at most one journal batch) at a time, only while the client has
+credit, so a client that stops granting credit costs a cursor and a position, never a growing buffer: at most
+one step's frames wait in `out` for credit or for the socket.
+
+Two queues keep the order the protocol needs without letting flow control hold up liveness:
+`replies` (answers to commands: ATTACH-OK, SUBSCRIBE-OK, PING-OK, INVALID...) always go first and cost no
+credit; `out` is the delivery stream (DELIVER / DELIVER-BATCH, and TRIMMED / FETCH-END in their place
+between them), sent in order, data frames only while credit is positive.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import NamedTuple, Protocol
+
+from gateway.errors import JournalTrimmed
+from gateway.sidecar.snapshots import Frozen, SnapshotFeed
+from gateway.wire import batch as B
+from gateway.wire import handshake as H
+from gateway.wire import protocol as P
+
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME, P.FEATURE_UNCOMMITTED})
+_TRIM_RETRIES = 3  # retention racing a reader can trim it again at once; more than this is a runaway
+
+
+class Cursor(Protocol):
+    def next_batch(self) -> B.Batch | None: ...
+
+    def close(self) -> None: ...
+
+
+class Journal(Protocol):
+    """What a session needs of gateway.journal.JournalReader (a protocol, so tests can fake it)."""
+
+    @property
+    def first_seq(self) -> int: ...
+
+    @property
+    def last_seq(self) -> int: ...
+
+    def seq_for_time(self, ts_ns: int) -> int: ...
+
+    def cursor(self, from_seq: int) -> Cursor: ...
+
+    def unbounded(self) -> Journal: ...
+
+
+class Sent(NamedTuple):
+    """What popping one frame meant, for the server's metrics."""
+
+    data_bytes: int  # credit charged (0 for a control frame)
+    records: int
+    credit_stall: bool  # this frame used up the credit while more was waiting to be sent
+
+
+class _Out(NamedTuple):
+    frame: bytes
+    charge: int
+    records: int
+    feed: _Feed | SnapshotFeed
+
+
+class _Feed:
+    """One ordered delivery: the subscription (open-ended, follows the tail) or one FETCH (bounded).
+
+    Invariant: every record below `next_seq` (and within the feed) that matches has been produced.
+    """
+
+    __slots__ = (
+        "at_end",
+        "batch_end",
+        "cursor",
+        "first",
+        "gap",
+        "last",
+        "next_seq",
+        "prefixes",
+        "records",
+        "request_id",
+    )
+
+    def __init__(self, prefixes: tuple[bytes, ...], first: int, last: int, request_id: int | None) -> None:
+        self.prefixes = prefixes
+        self.first = first  # echoed in FETCH-END
+        self.last = last
+        self.request_id = request_id  # None for the subscription
+        self.cursor: Cursor | None = None
+        self.records: Iterator[tuple[int, int, memoryview, memoryview]] | None = None  # rest of a batch (DELIVER)
+        self.batch_end = 0  # last sequence `records` covers
+        self.gap: tuple[int, int, int] | None = None  # (first, last, ts): coverage holding nothing for the client
+        self.at_end = False  # the subscription is at the journal's current end
+        self.next_seq = first
+
+    @property
+    def done(self) -> bool:
+        return self.next_seq > self.last
+
+    def close(self) -> None:
+        """Release the cursor's file; the feed keeps its position and reopens one if read again."""
+        if self.cursor is not None:
+            self.cursor.close()
+            self.cursor = None
+
+    def matches(self, key: memoryview) -> bool:
+        return not self.prefixes or key.tobytes().startswith(self.prefixes)
+
+
+def _prefixes(pattern: str) -> tuple[bytes, ...]:
+    """ZEPS patterns are key prefixes; the empty pattern matches everything."""
+    return (pattern.encode(),) if pattern else ()
+
+
+def trim(batch: B.Batch, lo: int, hi: int) -> B.Batch:
+    """The records lo..hi of a journal batch, as a batch covering exactly lo..hi, journal time and TTLs kept.
+
+    Journal batches are dense (JournalWriter.append sequences them with batch.resequence, which accepts
+    dense batches only), so `Batch.part` can cut them by sequence.
+    """
+    return B.Batch.parse(batch.part(lo, hi), check_crc=False)
+
+
+class Session:
+    """A client attached to one stream. The server calls handle() per command and peek()/pop() to send."""
+
+    def __init__(
+        self,
+        identity: bytes,
+        stream: str,
+        journal: Journal,
+        *,
+        max_fetches: int,
+        now: float,
+        snapshots: Callable[[], Frozen | None] | None = None,
+    ) -> None:
+        """`snapshots` freezes the stream's snapshot index (None: this server grants no 'snapshot')."""
+        self.identity = identity
+        self.stream = stream
+        self.journal = journal
+        self.max_fetches = max_fetches
+        self.snapshots = snapshots
+        self.handshake = H.Handshake(self._grants)  # ATTACH-OK is sent: EXTEND may come (gateway.wire.handshake)
+        self.credit = 0
+        self.last_heard = now
+        self.pinged_at = 0.0  # when the server last PINGed this client, 0.0 after the client spoke
+        self.sub: _Feed | None = None
+        self.fetches: deque[_Feed] = deque()
+        self.snap: SnapshotFeed | None = None
+        self.replies: deque[bytes] = deque([P.encode(P.AttachOk())])
+        self.out: deque[_Out] = deque()
+        self._reads_left = 0
+
+    def __repr__(self) -> str:
+        where = f"sub@{self.sub.next_seq}" if self.sub else "no sub"
+        fetches = len(self.fetches)
+        return f"Session({self.identity.hex()}, {self.stream!r}, {where}, {fetches} fetches, credit {self.credit})"
+
+    # --- commands -------------------------------------------------------------------------------------
+
+    def handle(self, cmd: P.Command, now: float) -> bool:
+        """Apply one command from the client; False if it was answered with INVALID."""
+        self.last_heard, self.pinged_at = now, 0.0
+        answer = self.handshake.on(cmd)
+        if answer is not None:
+            if answer.accepted and P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the mark
+                self.journal = self.journal.unbounded()
+            self.replies.append(P.encode(answer.reply))
+            return answer.accepted
+        if cmd.SENDER == "server":
+            return self._invalid(f"{cmd.NAME} is sent by servers, not clients")
+        if isinstance(cmd, P.Publish | P.PublishBatch):
+            return self._invalid("this is the replay sidecar: publish to the gateway's ingest endpoint")
+        if cmd.FEATURE is not None and cmd.FEATURE not in self.features:
+            return self._invalid(
+                f"{cmd.NAME} needs the '{cmd.FEATURE}' extension: send EXTEND(['{cmd.FEATURE}']) right after ATTACH-OK"
+            )
+        match cmd:
+            case P.Credit(credit=credit):
+                self.credit += credit
+            case P.Subscribe(pattern=pattern, latest=latest):
+                # latest = 0: "I have nothing", start at the first retained record, which is no loss.
+                start = latest + 1 if latest else max(1, self.journal.first_seq)
+                self._subscribe(pattern, start)
+            case P.SubscribeTime(pattern=pattern, since_ns=since_ns):
+                self._subscribe(pattern, max(1, self.journal.seq_for_time(since_ns)))
+            case P.Fetch(request_id=rid, pattern=pattern, first=first, last=last):
+                self._fetch(rid, pattern, first, last)
+            case P.Ping():
+                self.replies.append(P.encode(P.PingOk()))
+            case P.PingOk():
+                pass
+            case P.Snapshot(prefixes=prefixes):
+                self._snapshot(prefixes)
+            case _:
+                return self._invalid(f"{cmd.NAME} is not expected here")
+        return True
+
+    @property
+    def features(self) -> frozenset[str]:
+        return self.handshake.features
+
+    def _grants(self, wanted: frozenset[str]) -> frozenset[str]:
+        """What this sidecar grants: snapshots only with batches (they come in batches) and a snapshot source."""
+        granted = GRANTABLE.intersection(wanted)
+        if self.snapshots is not None and P.FEATURE_BATCH in granted:
+            granted |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
+        return granted
+
+    def _invalid(self, reason: str) -> bool:
+        self.replies.append(P.invalid(reason))
+        return False
+
+    def _subscribe(self, pattern: str, start: int) -> None:
+        """Replace any subscription; frames of the old one that are not sent yet are dropped with it."""
+        old = self.sub
+        if old is not None:
+            old.close()
+            self.out = deque(o for o in self.out if o.feed is not old)
+        self.sub = _Feed(_prefixes(pattern), start, B.MAX_SEQ, None)
+        self.replies.append(P.encode(P.SubscribeOk()))
+
+    def _snapshot(self, prefixes: tuple[str, ...]) -> None:
+        """Replace any snapshot in progress (its unsent frames are dropped with it), as SUBSCRIBE does."""
+        old = self.snap
+        if old is not None:
+            self.out = deque(o for o in self.out if o.feed is not old)
+        assert self.snapshots is not None  # 'snapshot' is granted only with a source
+        self.snap = SnapshotFeed(self.snapshots, tuple(p.encode() for p in prefixes))
+
+    def _fetch(self, rid: int, pattern: str, first: int, last: int) -> None:
+        if len(self.fetches) >= self.max_fetches:
+            self._invalid(f"FETCH {rid}: {self.max_fetches} fetches outstanding already; wait for a FETCH-END")
+        elif first > last:
+            self._invalid(f"FETCH {rid}: first {first} is after last {last}")
+        else:
+            self.fetches.append(_Feed(_prefixes(pattern), first or max(1, self.journal.first_seq), last, rid))
+
+    def close(self) -> None:
+        """The session is over: release every cursor."""
+        for feed in (self.sub, *self.fetches):
+            if feed is not None:
+                feed.close()
+
+    def ping(self, now: float) -> None:
+        self.pinged_at = now
+        self.replies.append(P.encode(P.Ping()))
+
+    # --- output ---------------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        """Whether reading the journal could produce something (given credit)."""
+        return bool(self.fetches) or self.snap is not None or (self.sub is not None and not self.sub.at_end)
+
+    @property
+    def ready(self) -> bool:
+        """Whether peek() could return a frame now."""
+        if self.replies:
+            return True
+        if self.out:
+            return self.out[0].charge == 0 or self.credit > 0
+        return self.credit > 0 and self.has_work
+
+    @property
+    def at_tail(self) -> bool:
+        """The subscription has read everything the journal held when it last looked."""
+        return self.sub is not None and self.sub.at_end
+
+    @property
+    def tailing(self) -> bool:
+        """At the tail with credit to spend: worth another look when the journal may have grown."""
+        return self.at_tail and self.credit > 0 and not self.fetches and not self.out
+
+    def wake(self) -> None:
+        """The journal may have grown: let the subscription read again."""
+        if self.sub is not None:
+            self.sub.at_end = False
+
+    def begin_turn(self, reads: int) -> None:
+        """Allow this many journal reads before the next turn: bounded work per client per loop turn."""
+        self._reads_left = reads
+
+    def peek(self) -> bytes | None:
+        """The next frame that may be sent now, producing it from the journal if needed; None if none."""
+        if self.replies:
+            return self.replies[0]
+        while not self.out:
+            if self.credit <= 0 or self._reads_left <= 0 or not self.has_work:
+                return None
+            feed = self.fetches[0] if self.fetches else self.snap or self.sub
+            assert feed is not None  # has_work
+            self._step(feed)
+        head = self.out[0]
+        return head.frame if head.charge == 0 or self.credit > 0 else None
+
+    def pop(self) -> Sent:
+        """The frame peek() returned was sent: charge credit for it."""
+        if self.replies:
+            self.replies.popleft()
+            return Sent(0, 0, False)
+        head = self.out.popleft()
+        if not head.charge:
+            return Sent(0, 0, False)
+        self.credit = max(0, self.credit - head.charge)  # an overshoot is forgiven: one grant, one message at least
+        stalled = self.credit == 0 and (bool(self.out) or self.has_work)
+        return Sent(head.charge, head.records, stalled)
+
+    # --- producing ------------------------------------------------------------------------------------
+
+    def _emit(self, feed: _Feed | SnapshotFeed, cmd: P.Command, records: int = 0) -> None:
+        frame = P.encode(cmd)
+        self.out.append(_Out(frame, len(frame) if isinstance(cmd, P.Deliver | P.DeliverBatch) else 0, records, feed))
+
+    def _step(self, feed: _Feed | SnapshotFeed) -> None:
+        """Produce the next frames of `feed`: reads at most one journal batch (or one snapshot batch)."""
+        if isinstance(feed, SnapshotFeed):
+            self._step_snapshot(feed)
+        elif P.FEATURE_BATCH in self.features:
+            self._step_batch(feed)
+        else:
+            self._step_plain(feed)
+
+    def _read(self, feed: _Feed) -> B.Batch | None:
+        """The next journal batch of `feed`, None at the journal's current end. Handles retention: the
+        feed continues at the first retained sequence; a client with 'range' is told so by TRIMMED."""
+        self._reads_left -= 1
+        for _ in range(_TRIM_RETRIES):
+            try:
+                if feed.cursor is None:
+                    feed.cursor = self.journal.cursor(feed.next_seq)
+                batch = feed.cursor.next_batch()
+                if batch is None and feed.request_id is not None:
+                    # A FETCH ends at the head: take the head, then make sure the cursor is there too.
+                    head = self.journal.last_seq
+                    batch = feed.cursor.next_batch()
+                    if batch is None:
+                        feed.last = min(feed.last, feed.next_seq - 1, head)
+                return batch
+            except JournalTrimmed as exc:
+                # Reopen at the first retained sequence rather than trust where the failed cursor stands.
+                feed.close()
+                self._flush_gap(feed)
+                if P.FEATURE_RANGE in self.features:
+                    self._emit(feed, P.Trimmed(feed.next_seq, exc.first_retained))
+                feed.next_seq, feed.records = max(feed.next_seq, exc.first_retained), None
+        raise RuntimeError(f"stream {self.stream!r}: retention trimmed under a reader {_TRIM_RETRIES} times")
+
+    def _at_end(self, feed: _Feed) -> None:
+        self._flush_gap(feed)
+        if feed.request_id is None:
+            feed.at_end = True
+        else:
+            self._emit(feed, P.FetchEnd(feed.request_id, feed.first, feed.last))
+            self.fetches.popleft().close()
+
+    def _step_batch(self, feed: _Feed) -> None:
+        batch = None if feed.done else self._read(feed)
+        if batch is None:
+            if feed.done or feed.request_id is None:
+                self._at_end(feed)
+            return
+        lo, hi = max(feed.next_seq, batch.first_seq), min(batch.last_seq, feed.last)
+        if lo <= hi:
+            part = batch if (lo, hi) == (batch.first_seq, batch.last_seq) else trim(batch, lo, hi)
+            self._deliver_batch(feed, part)
+        feed.next_seq = max(feed.next_seq, hi + 1)
+        if feed.done and feed.request_id is not None:
+            self._at_end(feed)
+
+    def _deliver_batch(self, feed: _Feed, part: B.Batch) -> None:
+        if not feed.prefixes:
+            self._flush_gap(feed)
+            self._emit(feed, P.DeliverBatch(part.buf), part.count)
+            return
+        data = part.select(feed.prefixes)
+        count = B.HEADER.unpack_from(data)[5]
+        if count == 0:  # nothing for this client: merge into one empty batch rather than send one per batch
+            first = feed.gap[0] if feed.gap else part.first_seq
+            feed.gap = (first, part.last_seq, part.ts_ns)
+            return
+        self._flush_gap(feed)
+        self._emit(feed, P.DeliverBatch(data), count)
+
+    def _flush_gap(self, feed: _Feed) -> None:
+        if feed.gap is not None:
+            self._emit(feed, P.DeliverBatch(B.empty(*feed.gap)))
+            feed.gap = None
+
+    def _step_snapshot(self, feed: SnapshotFeed) -> None:
+        """The next snapshot batch; SNAPSHOT-END after the last. Nothing while the index is being built."""
+        self._reads_left -= 1
+        part = feed.step()
+        if part is not None:
+            self._emit(feed, P.DeliverBatch(part[0]), part[1])
+        elif feed.done:
+            self._emit(feed, P.SnapshotEnd(feed.last, feed.records))
+            self.snap = None
+
+    def _step_plain(self, feed: _Feed) -> None:
+        """One DELIVER (or none, after scanning the rest of a batch that holds nothing for the client)."""
+        if feed.records is None:
+            batch = None if feed.done else self._read(feed)
+            if batch is None:
+                if feed.done or feed.request_id is None:
+                    self._at_end(feed)
+                return
+            feed.records = batch.raw(feed.next_seq, feed.last)
+            feed.batch_end = min(batch.last_seq, feed.last)
+        for seq, _, key, body in feed.records:
+            feed.next_seq = seq + 1
+            if feed.matches(key):
+                self._emit(feed, P.Deliver(seq, key.tobytes().decode(errors="replace"), body), 1)
+                break
+        else:
+            feed.records = None
+            feed.next_seq = max(feed.next_seq, feed.batch_end + 1)
+        if feed.done and feed.request_id is not None:
+            self._at_end(feed)
