@@ -18,7 +18,8 @@ confirming publisher re-sends it), records/s from the first publish to the last 
 figure) and from the subscriber's first delivery to its last, zero missing. Latency: the latency scenario's
 publish -> delivery at 10,000 records/s (publisher defaults: smart batching), every record delivered. A leader change
 during these runs (no node is killed) is counted: a spurious failover. Every sidecar runs with
---no-snapshots (SIDECAR_OPTIONS), so both groups' sidecars do the same work.
+--no-snapshots (SIDECAR_OPTIONS), so both groups' sidecars do the same work. The pair runs a second time with
+its peer link over TLS (--peer-tls-*, certificates of one CA made for the run): what encrypting it costs.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ SIDECAR_OPTIONS = ("--no-snapshots",)
 
 def estimate(settings: Settings) -> float:
     kills, settings_n = _kills(settings), len(_suspects(settings))
-    return 30 + settings.runs * (settings_n * (20 + kills * 5) + (30 if settings.quick else 60))
+    return 30 + settings.runs * (settings_n * (20 + kills * 5) + (45 if settings.quick else 90))
 
 
 def _kills(settings: Settings) -> int:
@@ -77,6 +78,7 @@ def run(settings: Settings) -> Result:
     count, lat_count = settings.size(300_000, 10_000), settings.size(50_000, 2_000)
     cost = {insync: _cost(settings, insync, count, lat_count, progress, failures) for insync in (0, 1)}
     single, pair = cost[0], cost[1]
+    pair_tls = _cost(settings, 1, count, lat_count, progress, failures, tls=True)
     rows = []
     for ms in _suspects(settings):
         got, pool = failover[ms], sorted(pooled[ms])
@@ -128,7 +130,11 @@ def run(settings: Settings) -> Result:
                         _stat(m, "max", "ms", 1),
                         int(sum(m.get("leader_changes", [])) + sum(m.get("leader_changes_lat", []))),
                     )
-                    for label, m in (("one node (--min-insync 0)", single), ("a pair (--min-insync 1)", pair))
+                    for label, m in (
+                        ("one node (--min-insync 0)", single),
+                        ("a pair (--min-insync 1)", pair),
+                        ("the pair, peer link over TLS", pair_tls),
+                    )
                 ],
             ),
         ],
@@ -178,7 +184,7 @@ def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options
         try:
             yield lab, group, etcd
         except Exception as exc:
-            kept = _keep_logs(root, settings.tmp)
+            kept = keep_logs(root, settings.tmp)
             raise BenchError(f"{type(exc).__name__}: {exc} (the nodes' logs are kept in {kept})") from exc
         finally:
             for node in group.values():
@@ -187,7 +193,7 @@ def _group(settings: Settings, hosts: list[str], nodes: tuple[str, ...], options
             etcd_proc.wait(10)
 
 
-def _keep_logs(root: Path, under: Path) -> Path:
+def keep_logs(root: Path, under: Path) -> Path:
     """Copy a failed run's logs (each node's, etcd's) out of its lab directory, which is about to go."""
     kept = Path(tempfile.mkdtemp(prefix="zeps-bench-failed-", dir=under))
     for log in (*root.glob("*.log"), *root.glob("etcd/*.log")):
@@ -242,13 +248,24 @@ def _failovers(settings: Settings, suspect_ms: int, kills: int, pool: list[float
 
 
 def _cost(
-    settings: Settings, insync: int, count: int, lat_count: int, progress: Progress, failures: list[str]
+    settings: Settings,
+    insync: int,
+    count: int,
+    lat_count: int,
+    progress: Progress,
+    failures: list[str],
+    *,
+    tls: bool = False,
 ) -> dict[str, list[float]]:
-    """A group of 1 + `insync` nodes: throughput and latency runs, each metric a list over runs."""
+    """A group of 1 + `insync` nodes: throughput and latency runs, each metric a list over runs; `tls`: its peer
+    link over TLS."""
     names = NODES[: 1 + insync]
     options = ("--min-insync", str(insync), "--heartbeat-ms", "50", *pipeline.gateway_options())
-    what = "one node" if insync == 0 else "a pair"
-    with _group(settings, ["etcd", *names, "pub", "sub"], names, options) as (lab, nodes, etcd):
+    what = ("one node" if insync == 0 else "a pair") + (", TLS" if tls else "")
+    with contextlib.ExitStack() as stack:
+        if tls:
+            options += _peer_tls(Path(stack.enter_context(tempfile.TemporaryDirectory(dir=settings.tmp))))
+        lab, nodes, etcd = stack.enter_context(_group(settings, ["etcd", *names, "pub", "sub"], names, options))
         for node in nodes.values():
             node.start().wait_ready()
         # One record confirmed: with --min-insync 1, once the follower is in sync.
@@ -259,6 +276,16 @@ def _cost(
         out |= repeat(settings.runs, progress, f"{what}: latency at 10,000 records/s, {lat_count:,} records",
                       lambda _: _latency(steady, lat_count), failures)  # fmt: skip
         return out
+
+
+def _peer_tls(tmp: Path) -> tuple[str, ...]:
+    """Options for a group's peer link over TLS: a CA and one node certificate (the same for each: names are
+    not checked) made in `tmp`."""
+    from gateway.transport.tls import make_ca, make_node
+
+    ca, _ = ca_files = make_ca(tmp / "ca")
+    crt, key = make_node(tmp / "node", ca_files, [])
+    return ("--peer-tls-cert", str(crt), "--peer-tls-key", str(key), "--peer-tls-ca", str(ca))
 
 
 def _confirm_one(ingests: list[str]) -> None:

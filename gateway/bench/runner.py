@@ -48,6 +48,9 @@ class Settings:
     journal_gb: float = 2.0  # memory scenario: the journal the sidecar serves
     catchup_records: int = 5_000_000  # replay scenario: history a late joiner catches up on
     tmp: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
+    chaos_transport: str = "udp"  # chaos scenario: the group's transport, its faults and the schedule's seed
+    chaos_faults: int = 100
+    chaos_seed: int | None = None  # None: drawn at random (and printed)
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

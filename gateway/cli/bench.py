@@ -33,6 +33,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--catchup-records", type=_positive(int), default=5_000_000, help="replay: history a late joiner catches up on"
     )
+    p.add_argument("--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos: the group's transport")
+    p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
+    p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
@@ -46,7 +49,14 @@ def _run(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise OSError("zeps bench builds network namespaces and needs root: run it as root, e.g. with sudo")
     settings = Settings(
-        runs=args.runs, quick=args.quick, journal_gb=args.journal_gb, catchup_records=args.catchup_records, tmp=args.tmp
+        runs=args.runs,
+        quick=args.quick,
+        journal_gb=args.journal_gb,
+        catchup_records=args.catchup_records,
+        tmp=args.tmp,
+        chaos_transport=args.transport,
+        chaos_faults=args.faults,
+        chaos_seed=args.seed,
     )
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     estimate = sum(scenario(name).estimate(settings) for name in names)

@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from gateway.cli import tls_opts
+
 if TYPE_CHECKING:  # the library is imported when a command runs, not for `zeps --help`
     from gateway.client.directory import Directory
     from gateway.discovery.announcer import Discovery
@@ -30,6 +32,7 @@ def add_client_options(p: argparse.ArgumentParser, *, timeout: bool = True) -> N
     p.add_argument(
         "--etcd", action="append", metavar="URL", help="find the stream in the directory kept in etcd (repeatable)"
     )
+    tls_opts.add_etcd_options(p)
     p.add_argument("--directory", metavar="FILE", help="find the stream in this TOML/JSON file (docs/discovery.md)")
     if timeout:
         p.add_argument("--discovery-timeout", type=float, default=3.0, help="wait this long for announcements (3 s)")
@@ -74,8 +77,9 @@ def client_directory(args: argparse.Namespace, keys: Sequence[StreamKey]) -> Dir
 
     if args.etcd:
         from gateway.client.etcd_directory import EtcdDirectory
+        from gateway.transport.etcd import Cluster
 
-        return EtcdDirectory(etcd_urls(args.etcd), keys=keys)
+        return EtcdDirectory(Cluster(etcd_urls(args.etcd), tls_opts.etcd_tls(args)), keys=keys)
     if args.directory:
         from gateway.client.file_directory import FileDirectory
 

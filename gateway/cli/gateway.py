@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli import config, discovery_opts, keyopts
+from gateway.cli import config, discovery_opts, keyopts, tls_opts
 from gateway.cli.options import (
     Parser,
     add_pgm_engine,
@@ -117,6 +117,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="with --curve-key: the group's sidecars' public NAME.key (one key pair for all of them, as clients "
         "given every sidecar trust one server key)",
     )
+    tls_opts.add_gateway_options(p)
     p.set_defaults(handler=_run)
 
 
@@ -134,6 +135,7 @@ def configure(args: argparse.Namespace) -> GatewayConfig:
             "--curve-key and --curve-server are a group node's (with --etcd and --node): its follower copies the "
             "leader's journal with them; a single gateway's CURVE is --curve-secret and --curve-allow"
         )
+    tls_opts.check_gateway_options(args)
     return _gateway_config(args)
 
 
@@ -158,6 +160,7 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
     from gateway.journal import Durability, Retention
     from gateway.mcast import Tuning
     from gateway.sequencer.config import GatewayConfig
+    from gateway.transport.etcd import Cluster
     from gateway.wire.streamkey import StreamKey
 
     given = {k: v for k, v in vars(args).items() if v is not None}
@@ -182,7 +185,8 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         stream_key=StreamKey.load(args.stream_key) if args.stream_key else None,
         curve=keyopts.server_curve(args),
         discovery=discovery,
-        etcd=discovery_opts.etcd_urls(given.get("etcd")),
+        etcd=Cluster(discovery_opts.etcd_urls(given.get("etcd")), tls_opts.etcd_tls(args)),
+        peer_tls=tls_opts.peer_tls(args),
         node=args.node if args.etcd and args.node else "",  # --etcd and --node: a node of a group (docs/ha.md)
         **({"ha_suspect_s": given["suspect_ms"] / 1000} if "suspect_ms" in given else {}),
         **{k: given[k] for k in _PASSED_ON if k in given},

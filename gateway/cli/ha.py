@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from gateway.cli import discovery_opts, tls_opts
 from gateway.cli.options import Parser, stream_name
 
 
@@ -21,8 +22,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="One JSON line with the group's leader, its epoch, the in-sync followers and each node's "
         "role and journal heads (reported every second; `age_s` says how long ago).",
     )
-    status.add_argument("--etcd", required=True, metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379")
+    status.add_argument(
+        "--etcd", required=True, metavar="URL", help="etcd client URL, e.g. http://10.0.0.9:2379 (a cluster: URL,URL)"
+    )
     status.add_argument("--stream", action="append", required=True, type=stream_name, help="a stream of the group")
+    tls_opts.add_etcd_options(status)
     status.set_defaults(handler=_status)
     check = actions.add_parser(
         "check",
@@ -46,9 +50,10 @@ def _status(args: argparse.Namespace) -> int:
     from gateway.replication.follower import LeaderInfo
     from gateway.replication.group import group_key
     from gateway.replication.replicas import parse_record
-    from gateway.transport.etcd import Etcd
+    from gateway.transport.etcd import Cluster, Etcd
 
-    etcd, prefix = Etcd(args.etcd, timeout_s=2.0), group_key(args.stream)
+    cluster = Cluster(discovery_opts.etcd_urls(args.etcd), tls_opts.etcd_tls(args))
+    etcd, prefix = Etcd(cluster, timeout_s=2.0), group_key(args.stream)
     holder = etcd.holder(f"{prefix}/leader")
     _, insync = parse_record(etcd.get(f"{prefix}/insync"))
     nodes = {}

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from gateway.cli import config, discovery_opts, keyopts
+from gateway.cli import config, discovery_opts, keyopts, tls_opts
 from gateway.cli.options import (
     Parser,
     byte_size,
@@ -60,6 +60,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--stream-key", metavar="FILE", help="sign the announcements and fill datagrams with this key (zeps keygen)"
     )
     p.add_argument("--etcd", action="append", metavar="URL", help=discovery_opts.ETCD_SERVER_HELP)
+    tls_opts.add_etcd_options(p)
     p.add_argument(
         "--fill-udp",
         metavar="PORT",
@@ -72,6 +73,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from gateway.errors import ConfigError
     from gateway.replay import ReplayConfig, ReplayServer
+    from gateway.transport.etcd import Cluster
     from gateway.wire.streamkey import StreamKey
 
     if args.config is not None:
@@ -90,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
             curve=keyopts.server_curve(args),
             announce=announce,
             stream_key=stream_key,
-            etcd=discovery_opts.etcd_urls(args.etcd),
+            etcd=Cluster(discovery_opts.etcd_urls(args.etcd), tls_opts.etcd_tls(args)),
         )
     )
     signal.signal(signal.SIGTERM, lambda *_: server.stop())

@@ -54,6 +54,7 @@ import zmq
 from gateway.errors import CoordinatorError, ReplayError
 from gateway.transport.link import Link, LinkSet
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import PeerTls
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -165,9 +166,10 @@ class Follower:
         max_frame: int,
         timeout_s: float = 0.5,
         errors: SendErrors | None = None,
+        tls: PeerTls | None = None,
     ) -> None:
         """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take;
-        `errors`: where the peer link's refused sends and connects are reported."""
+        `errors`: where the peer link's refused sends and connects are reported; `tls`: the group's TLS on it."""
         self._errors = errors
         self.node, self.leader, self.epoch = node, leader, epoch
         self._ack_key = bytes.fromhex(leader.ack_key)
@@ -179,6 +181,8 @@ class Follower:
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)
         self._max_frame = max_frame
+        self._tls = tls  # the group's TLS on the peer link, if it has one
+        self._untrusted_logged = False
         self.link = self._connect()
         self._reconnect_at = 0.0
         self._answered_on: Link | None = None  # the link the leader last answered on
@@ -282,6 +286,12 @@ class Follower:
                     self._hung_up = True
                 elif link.refused and self._hung_up:
                     self._exited = True
+            if link.untrusted:  # its process answered, if only to refuse our TLS: not a reason to suspect it
+                self._unanswered_since = None
+                if not self._untrusted_logged:
+                    log.warning("ha: the peer link of leader %s: %s; check this node's --peer-tls-cert, "
+                                "--peer-tls-key and --peer-tls-ca", self.leader.node, link.error)  # fmt: skip
+                    self._untrusted_logged = True
             if now >= self._reconnect_at:
                 self.link, self._reconnect_at = self._connect(), now + RECONNECT_S
         if now >= self._next_ack:
@@ -300,7 +310,8 @@ class Follower:
 
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)
-        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors)
+        tls = self._tls.client if self._tls is not None else None
+        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls)
         return self._links.add(link)
 
     def _committed(self, frame: bytes) -> None:

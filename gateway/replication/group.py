@@ -49,6 +49,7 @@ from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch,
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import PeerTls
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class GroupConfig:
     suspect_s: float
     max_frame: int  # the largest ingest frame: a push carries one batch of it
     journal: Path
+    peer_tls: PeerTls | None = None  # the group's TLS on the peer link (gateway.transport.tls); None: plain TCP
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class GroupNode:
             host.watch,
             host.unwatch,
             errors=host.send_errors,
+            tls=cfg.peer_tls,
         )
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.sidecar, self.peers.endpoint, ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it
@@ -302,7 +305,7 @@ class GroupNode:
             f = self.follower = Follower(self.host.ctx, self._replay, self.node, leader, holder.create_revision,
                                          self.cfg.suspect_s, watch=self.host.watch, unwatch=self.host.unwatch,
                                          max_frame=self.cfg.max_frame + PEER_FRAME_MAX,
-                                         errors=self.host.send_errors)  # fmt: skip
+                                         errors=self.host.send_errors, tls=self.cfg.peer_tls)  # fmt: skip
         suspected = f.tick(now)
         if suspected:
             log.warning("ha: leader %s (epoch %d) %s; campaigning", f.leader.node, f.epoch, suspected)

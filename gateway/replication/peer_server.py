@@ -31,6 +31,7 @@ from gateway.replication.strategy import ReplicaLane
 from gateway.transport.link import Link, LinkSet, Listener
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import PeerTls
 from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
@@ -59,10 +60,13 @@ class PeerServer:
         unwatch: Unwatch,
         *,
         errors: SendErrors | None = None,
+        tls: PeerTls | None = None,
     ) -> None:
         """`endpoint`: where to listen (tcp://HOST:PORT, PORT may be *); `ack_key`: what acks' macs are keyed
         with; `lanes`: whose heads commit points carry; `rejected`: counts what is refused, by reason;
-        `errors`: where connections and sends the network refuses are reported."""
+        `errors`: where connections and sends the network refuses are reported; `tls`: the group's TLS on the
+        peer link (None: plain TCP)."""
+        self._tls = tls.server if tls is not None else None
         self.listener = Listener(endpoint, errors=errors)
         self._ack_key, self._lanes, self._rejected = ack_key, lanes, rejected
         self._watch, self._unwatch = watch, unwatch
@@ -73,6 +77,7 @@ class PeerServer:
         self._commit_owed = False  # they moved since last told
         self._forged_logged = False
         self._unframed_logged = False
+        self._untrusted_logged = False
 
     @property
     def endpoint(self) -> str:
@@ -84,7 +89,7 @@ class PeerServer:
     def serve(self, insync: InSync | None, now: float, limit: int = 1024) -> None:
         """Take new connections, answer the followers' pings and count their acks into `insync` (None: this
         node does not lead, and takes none)."""
-        for link in self.listener.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM):
+        for link in self.listener.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM, tls=self._tls):
             self._links.add(link)
             if len(self._links) > MAX_LINKS:  # someone opens connections and sends nothing: the oldest idle goes
                 idle = next((k for k in self._links if k not in self._peers.values()), link)
@@ -111,13 +116,23 @@ class PeerServer:
                                     "(%s): run one version of zeps on every node of a group; further ones are only "
                                     "counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
                         self._unframed_logged = True
-                self._drop_link(link)
+                elif link.untrusted:  # TLS refused it: not a node of the group (or one without its certificate)
+                    self._rejected.labels("auth").inc()
+                    if not self._untrusted_logged:  # once: anyone who reaches the port can try
+                        log.warning("ha: refused a connection to the peer link (%s): every node needs a certificate "
+                                    "of the group's CA (--peer-tls-cert, --peer-tls-key, --peer-tls-ca); further ones "
+                                    "are only counted (zeps_gateway_rejected_messages)", link.error)  # fmt: skip
+                        self._untrusted_logged = True
+                self._drop_link(link, insync)
         self._links.refresh()
 
-    def _drop_link(self, link: Link) -> None:
+    def _drop_link(self, link: Link, insync: InSync | None = None) -> None:
+        """Forget a closed link; a follower whose link it was has hung up (it leaves the in-sync set at once)."""
         self._links.drop(link)
         for node in [n for n, k in self._peers.items() if k is link]:
             del self._peers[node]
+            if insync is not None:
+                insync.hung_up(node)
 
     def _ack(self, insync: InSync | None, link: Link, ack: P.ReplicaAck, now: float) -> None:
         """Count a follower's ack if its mac proves a node of the group made it; drop and count a forged one.

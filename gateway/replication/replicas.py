@@ -14,8 +14,10 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
    members (and the leader) may be elected: each holds every committed record.
 3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
    (commits wait for it from that moment on, so it never misses one).
-4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, leaves: in etcd
-   first (`laggards`), here only once that write succeeded (`remove`). A deposed leader's write fails, so
+4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, or whose peer
+   link hung up (`hung_up`: its process exited, and the kernel closed its connection; waiting `lag_s` for
+   it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
+   succeeded (`remove`). A deposed leader's write fails, so
    it can never shrink its set to commit alone.
 5. Nothing here does I/O or reads a clock: the caller passes `now`.
 """
@@ -32,6 +34,7 @@ class _Follower:
     heard_at: float  # its last acknowledgement
     durable: dict[str, int] = field(default_factory=dict)  # per stream, the last sequence it made durable
     behind_since: float | None = None  # since when it has been behind the head (None: caught up)
+    hung_up: bool = False  # its peer link closed and it has not acknowledged anything since
 
 
 @dataclass
@@ -67,6 +70,7 @@ class InSync:
         f.acked[stream] = max(f.acked.get(stream, 0), seq)
         f.durable[stream] = max(f.durable.get(stream, 0), min(durable, seq))
         f.heard_at = now
+        f.hung_up = False
 
     @property
     def quorate(self) -> bool:
@@ -97,12 +101,18 @@ class InSync:
             if name not in self.members and all(f.acked.get(s, 0) >= c for s, c in self.committed.items())
         ]
 
+    def hung_up(self, node: str) -> None:
+        """`node`'s peer link closed (rule 4): it leaves at the next `laggards`, unless it acknowledges first."""
+        if (f := self.followers.get(node)) is not None:
+            f.hung_up = True
+
     def laggards(self, now: float) -> list[str]:
-        """In-sync followers silent or behind for longer than `lag_s` (rule 4)."""
+        """In-sync followers silent or behind for longer than `lag_s`, or hung up (rule 4)."""
         out = []
         for name in self.members:
             f = self.followers[name]
-            if now - f.heard_at > self.lag_s or (f.behind_since is not None and now - f.behind_since > self.lag_s):
+            silent = now - f.heard_at > self.lag_s
+            if f.hung_up or silent or (f.behind_since is not None and now - f.behind_since > self.lag_s):
                 out.append(name)
         return out
 

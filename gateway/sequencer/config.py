@@ -11,6 +11,7 @@ from gateway.journal import Durability, Retention
 from gateway.mcast import Tuning
 from gateway.transport.curve import CurveServerKeys
 from gateway.transport.link import tcp_address
+from gateway.transport.tls import PeerTls
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
 
@@ -55,6 +56,7 @@ class GatewayConfig:
     ha_lag_s: float = 1.0  # an in-sync follower silent or behind this long leaves the set
     ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
     peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
+    peer_tls: PeerTls | None = None  # a node's TLS on the peer link (gateway.transport.tls); None: plain TCP
 
     def __post_init__(self) -> None:
         if not self.streams:

@@ -163,7 +163,7 @@ class Gateway:
     def _group_config(self) -> GroupConfig:
         c = self.config
         return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
-                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal)  # fmt: skip
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls)  # fmt: skip
 
     def _node_host(self) -> NodeHost:
         copied = {name: series.copied for name, series in self.metrics.streams.items()}

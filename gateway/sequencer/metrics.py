@@ -15,7 +15,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from gateway.transport.metrics import Metrics, precreate
 from gateway.transport.send_errors import SendErrors
 
-# Messages refused at the ingest, by kind: auth (a connection refused by CURVE), no-signature (not ZEPS),
+# Messages refused at the ingest, by kind: auth (a connection refused by CURVE, or by TLS on a group's peer link),
+# no-signature (not ZEPS),
 # invalid (a malformed or misplaced command, answered with INVALID), clients (ATTACH over --max-clients),
 # pub-frame (a plain PUB message that is not key + body), oversize (a plain PUB body over the limit),
 # not-leader (a publish to a follower node of a group), uncommitted (to a leader below --min-insync, held full),

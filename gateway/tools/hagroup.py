@@ -22,7 +22,7 @@ from typing import Any
 
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
-from gateway.errors import DataLoss
+from gateway.errors import CoordinatorError, DataLoss
 from gateway.replication.group import group_key
 from gateway.tools.deployment import wait_ping
 from gateway.transport.etcd import Etcd
@@ -130,10 +130,14 @@ class Node:
 
 
 def leader(etcd: str, stream: str, timeout: float = 15.0) -> tuple[str, int]:
-    """Inside a lab host: (the leader node's name, its epoch) of the group of `stream`, once there is one."""
+    """Inside a lab host: (the leader node's name, its epoch) of the group of `stream`, once there is one (and
+    etcd answers)."""
     client, deadline, key = Etcd(etcd), time.monotonic() + timeout, f"{group_key([stream])}/leader"
     while time.monotonic() < deadline:
-        holder = client.holder(key)
+        try:
+            holder = client.holder(key)
+        except CoordinatorError:  # etcd down or cut off for a while (a fault): ask again until the deadline
+            holder = None
         if holder is not None:
             return json.loads(holder.value)["node"], holder.create_revision
         time.sleep(0.02)
@@ -195,6 +199,17 @@ def subscribe_all(
                 got.append((rec.seq, bytes(rec.body)))
                 arrived.append(time.monotonic())
         return {"records": got, "arrived": arrived, "losses": losses, "summary": sub.summary(), "target": target}
+
+
+def journal_records(root: Path, stream: str) -> list[tuple[int, str, bytes]]:
+    """Every record of `stream` in the journal under `root`: (sequence, key, body), in order."""
+    from gateway.journal import JournalReader
+
+    with JournalReader(root, stream).cursor(1) as cursor:
+        out: list[tuple[int, str, bytes]] = []
+        while (batch := cursor.next_batch()) is not None:
+            out.extend((r.seq, r.key, r.body) for r in batch.records())
+        return out
 
 
 def number(body: bytes) -> int:

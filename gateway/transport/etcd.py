@@ -7,12 +7,13 @@ protobuf >= 4; aetcd is asyncio and grpc, more than a lease and a transaction ne
 
 Given several URLs (the members of one cluster), a request that cannot reach one tries the next, once each;
 the one that answered is used first from then on. Errors are one CoordinatorError naming every URL tried.
+A `Cluster` carries the TLS (CA, client certificate) that https:// members want, wherever its URLs go.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,8 +22,9 @@ import etcd3gw
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 from requests.exceptions import RequestException
 
-from gateway.errors import CoordinatorError
+from gateway.errors import ConfigError, CoordinatorError
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import EtcdTls
 
 
 def _b64(text: str) -> str:
@@ -61,6 +63,19 @@ def check_url(url: str) -> str:
     return url
 
 
+class Cluster(tuple[str, ...]):
+    """The client URLs of one etcd cluster, and the TLS to reach them with (None: none of ours)."""
+
+    tls: EtcdTls | None
+
+    def __new__(cls, urls: Iterable[str], tls: EtcdTls | None = None) -> Cluster:
+        cluster = super().__new__(cls, urls)
+        if tls is not None and any(urlsplit(u).scheme != "https" for u in cluster):
+            raise ConfigError("etcd with --etcd-ca, --etcd-cert and --etcd-key: give its URLs as https://HOST:PORT")
+        cluster.tls = tls
+        return cluster
+
+
 class Etcd:
     """etcd at `url` (`http://HOST:PORT`, or several members of one cluster). Not thread-safe: one per thread."""
 
@@ -72,7 +87,8 @@ class Etcd:
             raise CoordinatorError("no etcd URL given: give --etcd http://HOST:PORT")
         self.urls = [check_url(u) for u in urls]
         self.timeout_s = timeout_s
-        self._clients = [_client(u, timeout_s) for u in self.urls]
+        tls = url.tls if isinstance(url, Cluster) else None
+        self._clients = [_client(u, timeout_s, tls) for u in self.urls]
         self._first = 0  # the member that answered last
 
     @property
@@ -155,6 +171,8 @@ class Etcd:
             try:
                 answer = request(self._clients[self._first])
             except (ConnectionFailedError, ConnectionTimeoutError, RequestException) as exc:
+                if refused := _tls_refused(exc):  # a setting, not an outage: the other members would refuse too
+                    raise CoordinatorError(f"etcd at {self.url}: {refused}") from exc
                 # RequestException: what etcd3gw does not wrap (a body cut short, a reset while it is read)
                 if self.errors and not isinstance(exc, ConnectionTimeoutError):
                     self.errors.refused("etcd", self.url, exc, "the next member is tried, or the same again later")
@@ -170,15 +188,29 @@ class Etcd:
         raise CoordinatorError(f"etcd unreachable ({'; '.join(failures)}): is etcd running there? Check the --etcd URL")
 
 
-def _client(url: str, timeout_s: float) -> Any:
+def _client(url: str, timeout_s: float, tls: EtcdTls | None) -> Any:
     parts = urlsplit(url)
     assert parts.hostname is not None and parts.port is not None  # check_url
-    client = etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s)
+    ca, cert, key = (tls.ca, tls.cert, tls.key) if tls is not None else (None, None, None)
+    client = etcd3gw.client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout_s,
+                            ca_cert=ca, cert_cert=cert, cert_key=key)  # fmt: skip
     # No proxy and no .netrc from the environment: requests looks both up on every request (a fifth of its
     # Python time here, with the GIL held, beside a gateway's loop), and etcd is reached directly.
     if hasattr(client, "session"):
         client.session.trust_env = False
     return client
+
+
+def _tls_refused(exc: Etcd3Exception | RequestException) -> str:
+    """Why etcd's TLS and ours did not agree, or "" (the failure was not TLS)."""
+    cause = str(exc.__context__ or "")
+    if "SSL" not in cause:
+        return ""
+    reason = next((w.strip("[]") for w in cause.replace("]", "] ").split() if w.isupper() and "_" in w), "TLS failed")
+    return (
+        f"TLS refused ({reason}): give --etcd-ca (the CA of etcd's certificate), and --etcd-cert and --etcd-key "
+        "(a client certificate signed by the CA of etcd's --trusted-ca-file)"
+    )
 
 
 def _unreachable(exc: Etcd3Exception | RequestException, timeout_s: float) -> str:

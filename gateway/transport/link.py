@@ -14,6 +14,9 @@ that fails (refused, reset, closed, a frame over the limit) stays `closed`, with
 drops it from its `LinkSet` (which unregisters it from the poller before closing its descriptor), or connects
 again.
 
+With `tls` (gateway.transport.tls), a link runs TLS over the same socket once it is connected: its handshake
+is stepped by `frames` and `flush`, within a deadline, and frames wait in the queue meanwhile.
+
 Threading contract: a Link and a Listener belong to the thread that polls them.
 """
 
@@ -23,6 +26,7 @@ import errno
 import os
 import select
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
@@ -33,6 +37,7 @@ from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import Handshake, failure
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
@@ -66,8 +71,10 @@ class Link(PolledByFd):
         connecting: bool = False,
         peer: str = "",
         errors: SendErrors | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        """`peer`: where the link goes, for the log; `errors`: where sends and connects it fails are reported."""
+        """`peer`: where the link goes, for the log; `errors`: where sends and connects it fails are reported;
+        `tls`: run TLS over the connection (gateway.transport.tls)."""
         sock.setblocking(False)
         self.peer, self.errors = peer, errors
         self._sock, self._fd = sock, sock.fileno()  # the fd is kept: a poller finds us by it, also once closed
@@ -80,11 +87,23 @@ class Link(PolledByFd):
         self.hung_up = False  # the peer closed or reset the connection (its process exited, most likely)
         self.refused = False  # the connect was refused: nothing listens there
         self.unframed = False  # the peer sent what is not our framing (a length over the limit)
+        self.untrusted = False  # TLS failed: the peer is not TLS, or its certificate is not of the group's CA
+        self._tls = tls
+        self._handshake: Handshake | None = None  # TLS: the handshake under way, from connected until done
         if not connecting:
             self._nodelay()
+            self._secure(server_side=True)
 
     @classmethod
-    def connect(cls, endpoint: str, *, max_frame: int, max_queued: int, errors: SendErrors | None = None) -> Link:
+    def connect(
+        cls,
+        endpoint: str,
+        *,
+        max_frame: int,
+        max_queued: int,
+        errors: SendErrors | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> Link:
         """A link to `endpoint` (tcp://HOST:PORT), connecting in the background: frames sent meanwhile wait in
         its queue. One that cannot even start (no such host) comes back closed, with the reason."""
         try:
@@ -96,7 +115,9 @@ class Link(PolledByFd):
             link._fail(f"cannot connect to {endpoint}: {exc}")
             return link
         sock = socket.socket(family, kind, proto)
-        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors)
+        link = cls(
+            sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors, tls=tls
+        )
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
             link._connect_failed(code, f"cannot connect to {endpoint}")
@@ -108,13 +129,16 @@ class Link(PolledByFd):
     @property
     def wants_write(self) -> bool:
         """Whether the owner should poll for POLLOUT: connecting, or frames wait for the kernel."""
-        return not self.closed and (self._connecting or bool(self._out))
+        handshake = self._handshake
+        return not self.closed and (
+            self._connecting or bool(self._out) or (handshake is not None and handshake.wants_write)
+        )
 
     def send(self, frame: bytes) -> Outcome:
         """Hand `frame` to the kernel, or queue it: "sent"; "unread" (the queue is full: not sent); "gone"."""
         if self.closed:
             return "gone"
-        if self._out or self._connecting:
+        if self._out or self._connecting or self._tls is not None:  # (an SSLSocket has no sendmsg)
             if len(self._out) >= self.max_queued:
                 return "unread"
             self._out.append(memoryview(header(len(frame)) + frame))
@@ -136,13 +160,13 @@ class Link(PolledByFd):
 
     def flush(self) -> None:
         """Send what waits, as far as the kernel takes it (call when the socket polls writable)."""
-        if self.closed or (self._connecting and not self._connected()):
+        if not self._ready():
             return
         out = self._out
         while out:
             try:
-                sent = self._sock.send(out[0])
-            except BlockingIOError:
+                sent = self._sock.send(out[0])  # TLS: all of it or nothing (then the same again)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as exc:
                 self._send_failed(exc)
@@ -164,11 +188,15 @@ class Link(PolledByFd):
                 self._fail(str(exc))
                 return
             if frame is None:
-                if self.closed or (self._connecting and not self._connected()):
+                if not self._ready():
                     return
                 try:
                     data = self._sock.recv(RECV_BYTES)
-                except BlockingIOError:
+                except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return
+                except ssl.SSLError as exc:  # TLS 1.3: a peer that refuses our certificate says so after its handshake
+                    self.untrusted = True
+                    self._fail(f"receive failed: {failure(exc)}")
                     return
                 except OSError as exc:
                     self.hung_up = exc.errno == errno.ECONNRESET
@@ -183,6 +211,36 @@ class Link(PolledByFd):
             given += 1
             yield frame
 
+    def _ready(self) -> bool:
+        """Whether the link carries frames now: connected, and its TLS handshake (if any) done."""
+        if self.closed or (self._connecting and not self._connected()):
+            return False
+        handshake = self._handshake
+        if handshake is None:
+            return True
+        try:
+            done = handshake.step()
+        except (OSError, TimeoutError) as exc:
+            self.untrusted = not isinstance(exc, TimeoutError)
+            self._fail(f"TLS handshake failed: {failure(exc)}")
+            return False
+        if done:
+            self._handshake = None
+        return done
+
+    def _secure(self, *, server_side: bool) -> bool:
+        """Start TLS on the connected socket, if the link has it (same descriptor, now wrapped): whether the link
+        is still open (wrapping reads the socket: a connection reset meanwhile fails here)."""
+        if self._tls is not None:
+            try:
+                self._handshake = Handshake(self._sock, self._tls, server_side=server_side)
+            except OSError as exc:
+                self.hung_up = exc.errno == errno.ECONNRESET
+                self._fail(f"TLS handshake failed: {failure(exc)}")
+                return False
+            self._sock = self._handshake.sock
+        return True
+
     def _connected(self) -> bool:
         """Whether a background connect has finished (and how: a failure closes the link)."""
         _, writable, _ = select.select([], [self._fd], [], 0)
@@ -194,7 +252,7 @@ class Link(PolledByFd):
             return False
         self._connecting = False
         self._nodelay()
-        return True
+        return self._secure(server_side=False)
 
     def _nodelay(self) -> None:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a frame leaves at once, not with the next
@@ -249,7 +307,7 @@ class Listener(PolledByFd):
     def fileno(self) -> int:
         return self._fd
 
-    def accept(self, *, max_frame: int, max_queued: int) -> list[Link]:
+    def accept(self, *, max_frame: int, max_queued: int, tls: ssl.SSLContext | None = None) -> list[Link]:
         """The connections waiting, as links (never waits)."""
         links: list[Link] = []
         while True:
@@ -266,7 +324,7 @@ class Listener(PolledByFd):
                     self.errors.refused("peer-link", self.endpoint, exc, "that connection is dropped; it comes again")
                 return links  # out of descriptors: the connection waits in the backlog; others: try at the next poll
             peer = f"tcp://{address[0]}"  # its port is new each time: one episode per host
-            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, peer=peer, errors=self.errors))
+            links.append(Link(sock, max_frame=max_frame, max_queued=max_queued, peer=peer, errors=self.errors, tls=tls))
 
     def close(self) -> None:
         self._sock.close()

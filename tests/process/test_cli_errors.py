@@ -113,6 +113,12 @@ USAGE = [
         (*GROUP_NODE, "--node", "a", "--replay-endpoint", "tcp://1.2.3.4:2", "--peer-endpoint", "udp://x:1"),
         ["peer link endpoint 'udp://x:1'", "tcp://HOST:PORT"],
     ),
+    (
+        (*GROUP_NODE, "--node", "a", "--peer-tls-cert", "n.crt", "--peer-tls-key", "n.key", "--peer-tls-ca", "ca.crt"),
+        ["--peer-tls-ca ca.crt: no such file", "zeps keygen --tls-ca"],
+    ),
+    ((*A_GATEWAY, "--peer-tls-cert", "n.crt"), ["missing --peer-tls-key, --peer-tls-ca", "together"]),
+    ((*A_GATEWAY, "--etcd-ca", "a", "--etcd-cert", "b", "--etcd-key", "c"), ["--etcd https://HOST:PORT"]),
     (("nosuch",), ["'nosuch'"]),
     (("histroy",), ["invalid choice: 'histroy'", "did you mean history?"]),
     (("journal", "verfiy", "j"), ["'verfiy'", "did you mean verify?"]),

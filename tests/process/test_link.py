@@ -2,7 +2,10 @@
 come out whole however the stream is cut, sends never block and never exceed their queue, and every way a
 connection can fail closes the link with a reason, never an exception in the owner's loop.
 
-Real sockets on loopback; nothing is mocked.
+Every test of a connected pair runs over plain TCP and over TLS (gateway.transport.tls: mutual, certificates of
+one CA); TLS also refuses a peer that is not of the group, and ends a handshake that does not finish.
+
+Real sockets and certificates on loopback; nothing is mocked.
 """
 
 from __future__ import annotations
@@ -10,15 +13,20 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import ssl
+import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import zmq
+from support.certs import Certs, make_certs
 
 from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.link import Link, LinkSet, Listener, tcp_address
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.tls import HANDSHAKE_S, PeerTls, make_ca, make_node
 from gateway.wire.length_prefixed import Deframer, header
 
 
@@ -62,20 +70,34 @@ def test_endpoints_that_are_not_tcp_host_port_say_so(endpoint: str) -> None:
         tcp_address(endpoint)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Link, Link]]:
-    """(client, server) links connected over loopback."""
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"), ["a", "b"])
+
+
+def connected(client_tls: ssl.SSLContext | None, server_tls: ssl.SSLContext | None) -> tuple[Link, Link]:
+    """(client, server) links over loopback, not yet used (a TLS handshake still to come)."""
     listener = Listener("tcp://127.0.0.1:*")
-    client = Link.connect(listener.endpoint, max_frame=1 << 25, max_queued=8)
+    client = Link.connect(listener.endpoint, max_frame=1 << 25, max_queued=8, tls=client_tls)
     accepted: list[Link] = []
     deadline = time.monotonic() + 5
     while not accepted and time.monotonic() < deadline:
-        accepted = listener.accept(max_frame=1 << 25, max_queued=8)
+        accepted = listener.accept(max_frame=1 << 25, max_queued=8, tls=server_tls)
     listener.close()
     assert accepted
-    yield client, accepted[0]
+    return client, accepted[0]
+
+
+@pytest.fixture(params=["plain", "tls"])
+def pair(request: pytest.FixtureRequest, certs: Certs) -> Iterator[tuple[Link, Link]]:
+    """(client, server) links connected over loopback, plain or TLS, each having carried a frame."""
+    a, b = (certs.peer_tls("a"), certs.peer_tls("b")) if request.param == "tls" else (None, None)
+    client, server = connected(a and a.client, b and b.server)
+    assert client.send(b"hello") == "sent" and receive(server, 1, other=client) == [b"hello"]
+    assert server.send(b"hi") == "sent" and receive(client, 1, other=server) == [b"hi"]
+    yield client, server
     client.close()
-    accepted[0].close()
+    server.close()
 
 
 def receive(link: Link, count: int, deadline_s: float = 5.0, other: Link | None = None) -> list[bytes]:
@@ -206,3 +228,91 @@ def test_a_listener_names_itself_by_address_so_that_connecting_looks_up_no_name(
         assert ipaddress.ip_address(host).is_loopback and port > 0, listener.endpoint
     finally:
         listener.close()
+
+
+def handshake(client: Link, server: Link) -> None:
+    """Step both ends until both close (or 5 s): the client says something, the server reads, and closes its
+    socket once its link failed (as its owner would)."""
+    client.send(b"hello")
+    deadline = time.monotonic() + 5
+    while not (client.closed and server.closed) and time.monotonic() < deadline:
+        list(server.frames(1))
+        if server.closed:
+            server.close()
+        list(client.frames(1))
+        client.flush()
+
+
+def test_tls_refuses_a_peer_whose_certificate_another_ca_signed(certs: Certs, tmp_path: Path) -> None:
+    other_ca = make_ca(tmp_path / "other")
+    make_node(tmp_path / "rogue", other_ca, [])
+    rogue = PeerTls.load(tmp_path / "rogue.crt", tmp_path / "rogue.key", other_ca[0])
+    for client_tls, server_tls in (
+        (rogue.client, certs.peer_tls("b").server),
+        (certs.peer_tls("a").client, rogue.server),
+    ):
+        client, server = connected(client_tls, server_tls)
+        handshake(client, server)
+        assert client.closed and server.closed and client.untrusted and server.untrusted
+        errors = client.error + server.error  # the first to verify refuses; the other hears its alert
+        assert "the peer's certificate is not trusted" in errors and "ALERT_UNKNOWN_CA" in errors, errors
+        client.close()
+        server.close()
+
+
+def test_tls_refuses_a_peer_without_a_certificate_and_a_plain_one(certs: Certs) -> None:
+    keyless = ssl.create_default_context(cafile=certs.ca)
+    keyless.check_hostname = False
+    for client_tls in (keyless, None):
+        client, server = connected(client_tls, certs.peer_tls("b").server)
+        handshake(client, server)
+        assert server.closed and server.untrusted and "TLS" in server.error, server.error
+        assert client.closed  # told by an alert, or its frame unanswered and the connection closed
+        client.close()
+        server.close()
+
+
+def test_a_tls_handshake_that_does_not_finish_closes_the_link_at_its_deadline(certs: Certs) -> None:
+    client, server = connected(None, certs.peer_tls("b").server)  # the client sends nothing at all
+    started = time.monotonic()
+    while not server.closed and time.monotonic() - started < 5:
+        list(server.frames(1))
+        time.sleep(0.01)
+    assert server.closed and "not done in" in server.error and not server.untrusted
+    assert time.monotonic() - started >= HANDSHAKE_S * 0.9
+    client.close()
+    server.close()
+
+
+def test_bad_tls_files_are_one_clear_error(certs: Certs, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--peer-tls-cert .*/nope.crt: no such file: make one with `zeps keygen"):
+        PeerTls.load(tmp_path / "nope.crt", certs.key("a"), certs.ca)
+    with pytest.raises(
+        ConfigError, match=r"--peer-tls-cert .*a.crt with --peer-tls-key .*b.key: not a PEM certificate and"
+    ):
+        PeerTls.load(certs.cert("a"), certs.key("b"), certs.ca)
+    with pytest.raises(ConfigError, match=r"--peer-tls-ca .*a.key: not a PEM certificate"):
+        PeerTls.load(certs.cert("a"), certs.key("a"), certs.key("a"))
+    with pytest.raises(ConfigError, match=r"a.crt exists: certificates are never overwritten"):
+        make_node(certs.dir / "a", (certs.ca, certs.dir / "ca.key"), [])
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_connection_reset_as_it_is_made_closes_the_link(certs: Certs, tls: bool) -> None:
+    """The peer's process dies just after its kernel accepted us (a killed leader, restarting): the reset is a
+    closed link, not an exception in the owner's loop (with TLS, wrapping the socket reads it: seen in
+    test_ha's TLS pair as a follower's gateway exiting with "Connection reset by peer")."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    tls_ctx = certs.peer_tls("a").client if tls else None
+    client = Link.connect(f"tcp://127.0.0.1:{listener.getsockname()[1]}", max_frame=100, max_queued=8, tls=tls_ctx)
+    accepted, _ = listener.accept()
+    accepted.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    accepted.close()  # a reset
+    listener.close()
+    time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while not client.closed and time.monotonic() < deadline:
+        list(client.frames(1))
+        client.flush()
+    assert client.closed and ("ECONNRESET" in client.error or "reset" in client.error), client.error
+    client.close()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import zmq
 
-from gateway.journal import JournalReader, JournalWriter
+from gateway.journal import JournalWriter
+from gateway.tools import hagroup
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 from gateway.wire.batch import MAX_SEQ
@@ -82,11 +83,7 @@ class GatewayProcess:
 
 
 def journal_records(root: Path, stream: str = STREAM) -> list[tuple[int, str, bytes]]:
-    with JournalReader(root, stream).cursor(1) as cursor:
-        out = []
-        while (batch := cursor.next_batch()) is not None:
-            out.extend((r.seq, r.key, r.body) for r in batch.records())
-        return out
+    return hagroup.journal_records(root, stream)
 
 
 def assert_exactly_once(root: Path, bodies: list[bytes], stream: str = STREAM) -> None:

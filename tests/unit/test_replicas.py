@@ -73,3 +73,15 @@ def test_the_record_names_who_may_be_elected() -> None:
     assert parse_record(text) == ("a", {"b"})
     assert eligible("a", text) and eligible("b", text) and not eligible("c", text)
     assert eligible("c", None)  # a new group: anyone
+
+
+def test_a_follower_whose_link_hung_up_leaves_at_once_and_an_ack_takes_that_back() -> None:
+    s = insync()
+    s.ack("b", 7, "s", 10, 10, now=0.1)
+    s.ack("c", 7, "s", 10, 10, now=0.1)
+    s.hung_up("c")  # its process exited: the kernel closed the peer link
+    assert s.laggards(now=0.2) == ["c"]  # well within lag_s (1.0): no wait for silence
+    s.ack("c", 7, "s", 11, 11, now=0.3)  # it was only a new connection: it acknowledged again
+    assert s.laggards(now=0.4) == []
+    s.hung_up("d")  # not a follower: nothing to do
+    assert s.laggards(now=0.4) == []
