@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from hypothesis import HealthCheck, settings
 
 from netlab import Lab
@@ -108,3 +110,18 @@ def spark() -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+# The unit tier's feed: here, not in tests/unit/conftest.py, for the same reason as above (lab hosts import this
+# module by its name, "conftest", which a second conftest.py would take over).
+@pytest.fixture
+def feed() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """An inproc PUSH -> PULL pair standing in for a multicast feed: (sender, receiver)."""
+    ctx = zmq.Context.instance()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    address = f"inproc://feed-{time.monotonic_ns()}"
+    pull.bind(address)
+    push.connect(address)
+    yield push, pull
+    push.close(linger=0)
+    pull.close(linger=0)
