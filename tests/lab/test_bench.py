@@ -58,7 +58,11 @@ def test_failover_quick_delivers_every_record_once(tmp_path: Path) -> None:
     assert [row[0] for row in failovers.rows] == ["300 ms (default)"]
     assert failovers.rows[0][-1].median > 100  # records confirmed and each delivered once, in order
     assert failovers.rows[0][4].startswith("3: ")  # every kill measured
-    assert [row[0] for row in cost.rows] == ["one node (--min-insync 0)", "a pair (--min-insync 1)"]
+    assert [row[0] for row in cost.rows] == [
+        "one node (--min-insync 0)",
+        "a pair (--min-insync 1)",
+        "the pair, peer link over TLS",
+    ]
     assert all(row[1].median > 0 and row[2].median > 0 for row in cost.rows)  # publisher and subscriber clocks
     assert len(result.targets) == 3
     assert not _my_labs()
