@@ -230,7 +230,7 @@ def test_keygen_command(tmp_path: Path) -> None:
     assert again.returncode == 2 and "exists: remove it first" in again.stderr
     assert StreamKey.load(tmp_path / "s.key").secret == key.secret  # never overwritten
     none = zeps("keygen")
-    assert none.returncode == 2 and "give --stream-key FILE, --curve DIR/NAME, or both" in none.stderr
+    assert none.returncode == 2 and "give --stream-key FILE, --curve DIR/NAME or --tls-ca DIR/CA" in none.stderr
     missing = zeps("gateway", "--stream", "s", "--journal", str(tmp_path / "j"), "--ingest", "tcp://127.0.0.1:1",
                    "--stream-key", str(tmp_path / "nope.key"))  # fmt: skip
     assert missing.returncode == 2 and "not found: create it with `zeps keygen --stream-key" in missing.stderr
