@@ -18,6 +18,7 @@ changed what the application may wait for (state, counters, budget). The thread 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -224,7 +225,11 @@ class PublisherThread:
         for action in actions:
             match action:
                 case Send(frame=frame) if self._sock is not None:  # None: its connect failed, the session learns next
-                    self._sock.send(frame, zmq.NOBLOCK)  # SNDHWM 0: never Again. Copied: cheaper than zero-copy
+                    # SNDHWM 0, yet Again while no connection is up (a handshake under way, or refused): a lost
+                    # frame, which the opening's deadline or the confirm stall sends again. Copied: cheaper than
+                    # zero-copy.
+                    with contextlib.suppress(zmq.Again):
+                        self._sock.send(frame, zmq.NOBLOCK)
                 case Release(nbytes=n):
                     self.acc.release(n)
                 case Connect(endpoint=endpoint, first=first, several=several):

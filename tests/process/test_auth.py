@@ -100,7 +100,7 @@ def test_each_kind_of_failure_is_logged_once(caplog: pytest.LogCaptureFixture) -
     key = StreamKey.generate()
     verifier = Verifier(STREAM.decode(), [key])
     payload = batch()
-    with caplog.at_level(logging.WARNING, logger="gateway.transport.curve"):
+    with caplog.at_level(logging.WARNING, logger="gateway.wire.streamkey"):
         for _ in range(5):
             for frames in ([STREAM, payload], [STREAM, payload, AUTH.pack(b"ZA", 1, key.id, bytes(16))]):
                 with pytest.raises(Unauthenticated):
@@ -115,7 +115,7 @@ def test_without_a_key_signed_and_unsigned_messages_pass_with_one_warning(caplog
     key = StreamKey.generate()
     verifier = Verifier(STREAM.decode())
     payload = batch()
-    with caplog.at_level(logging.WARNING, logger="gateway.transport.curve"):
+    with caplog.at_level(logging.WARNING, logger="gateway.wire.streamkey"):
         assert verifier.open([STREAM, payload]) == payload
         for _ in range(3):
             assert verifier.open(key.frames(STREAM, payload)) == payload
@@ -178,7 +178,7 @@ def test_a_key_file_others_can_read_is_used_with_a_warning(tmp_path: Path, caplo
     path = tmp_path / "stream.key"
     path.write_text("ab" * 32)
     path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="gateway.transport.curve"):
+    with caplog.at_level(logging.WARNING, logger="gateway.wire.streamkey"):
         StreamKey.load(path)
     assert f"chmod 600 {path}" in caplog.text
 
