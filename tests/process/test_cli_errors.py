@@ -400,6 +400,22 @@ def test_gateway_refuses_a_corrupt_tail_until_repaired(tmp_path: Path) -> None:
     assert batch is not None and [(r.seq, r.body) for r in batch.records()] == [(61, b"after")]
 
 
+def test_repair_rebuilds_a_bad_index_and_says_clean(tmp_path: Path) -> None:
+    """A bad index is rebuilt from its segment, not only deleted: verify is clean after, and repair exits 0."""
+    root = tmp_path / "journal"
+    _, seg = _journal(root)
+    idx = seg.with_suffix(".idx")
+    good = idx.read_bytes()
+    idx.write_bytes(good[:8] + bytes(8) + good[16:])  # an entry's sequence zeroed: it names no batch
+    assert not verify_root(root).clean
+    done = zeps("journal", "repair", str(root), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rebuilt {idx}" in done.stdout and "clean:" in done.stdout.splitlines()[-1]
+    assert verify_root(root).clean and idx.read_bytes()
+    with JournalReader(root, STREAM).cursor(1) as cursor:
+        assert [r.seq for b in iter(cursor.next_batch, None) for r in b.records()] == list(range(1, 61))
+
+
 def test_torn_tails_need_nothing_and_accept_corrupt_tail_cuts_damage(tmp_path: Path) -> None:
     root = tmp_path / "journal"
     s, seg = _journal(root)
