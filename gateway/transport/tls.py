@@ -89,10 +89,16 @@ class EtcdTls:
 
     @classmethod
     def load(cls, ca: str | Path, cert: str | Path, key: str | Path) -> EtcdTls:
-        options = ("--etcd-ca", "--etcd-cert", "--etcd-key")
-        files = tuple(_readable(option, path) for option, path in zip(options, (ca, cert, key), strict=True))
-        _context(ssl.Purpose.SERVER_AUTH, options, *files)
+        files = tuple(_readable(option, path) for option, path in zip(_ETCD_OPTIONS, (ca, cert, key), strict=True))
+        _context(ssl.Purpose.SERVER_AUTH, _ETCD_OPTIONS, *files)
         return cls(*(str(f) for f in files))
+
+    def context(self) -> ssl.SSLContext:
+        """A client context for etcd's https:// (what its own client, etcd3gw, builds from the same files)."""
+        return _context(ssl.Purpose.SERVER_AUTH, _ETCD_OPTIONS, Path(self.ca), Path(self.cert), Path(self.key))
+
+
+_ETCD_OPTIONS = ("--etcd-ca", "--etcd-cert", "--etcd-key")
 
 
 class Handshake:
