@@ -311,7 +311,8 @@ class Follower:
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)
         tls = self._tls.client if self._tls is not None else None
-        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls)
+        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls,
+                            expect_name=self.leader.node)  # fmt: skip
         return self._links.add(link)
 
     def _committed(self, frame: bytes) -> None:
