@@ -7,6 +7,7 @@ from netlab.lab import GROUP_NET, HOST_IFNAME, LAB_NET, PREFIX, Host, Lab, LabEr
 from netlab.ns import interface_ipv4
 from netlab.packets import Capture, Flow, Probe
 from netlab.procs import MP, HostError, HostProcess, RemoteTraceback
+from netlab.wallclock import WallClock
 
 __all__ = [
     "GROUP_NET",
@@ -26,6 +27,7 @@ __all__ = [
     "LinkCounters",
     "Probe",
     "RemoteTraceback",
+    "WallClock",
     "down_all",
     "impair",
     "interface_ipv4",
