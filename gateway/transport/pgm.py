@@ -51,6 +51,7 @@ from typing import Protocol
 import zmq
 
 from gateway.errors import PgmError
+from gateway.transport import pgm_log
 from gateway.transport.pollable import PolledByFd
 from gateway.wire.apdu import Reassembler, packetise
 
@@ -139,6 +140,7 @@ def _load() -> ctypes.CDLL:
     err = ctypes.POINTER(_Error)()
     if not lib.pgm_init(ctypes.byref(err)):
         raise PgmError(f"pgm_init failed: {_take_error(lib, err)}")
+    pgm_log.install(lib)  # its warnings into our log, once per kind and counted (a partition: one per packet)
     return lib
 
 
