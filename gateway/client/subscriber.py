@@ -257,6 +257,12 @@ class Subscriber:
         topics = _prefixes(topics)
         if lag_policy not in LAG_POLICIES:
             raise ConfigError(f"lag_policy {lag_policy!r}: use one of {', '.join(map(repr, LAG_POLICIES))}")
+        # The reconciler's own checks would come only once the start is known (after a probe: from next()).
+        if max_lag is not None and max_lag < 1:
+            raise ConfigError(f"max_lag {max_lag!r}: give a number of records >= 1, or None for no limit")
+        for name, seconds in (("progress_timeout", progress_timeout), ("replay_timeout", replay_timeout)):
+            if not seconds > 0:
+                raise ConfigError(f"{name} {seconds!r}: give a number of seconds > 0")
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self._directory: Directory | None = None
         if not multicast and not replay:
