@@ -78,6 +78,16 @@ RECOVERING
 CLOSED
     Every request cancelled; every later event ignored.
 
+Replay only (``replay_only=True``: a subscriber without multicast). The open-ended request is the one source,
+history then the live tail, and catching up does not cancel it. The IO layer asks the sidecar for its head
+(a FETCH beyond every sequence: its FETCH-END names the head) several times per ``progress_timeout`` and
+hands each answer on as ``HeadSeen(head, "replay")``. Those reports are this mode's heartbeats: they raise
+the head and the live edge, and their silence is live silence. Merged means the multicast rule with them:
+CATCHING_UP moves to MERGED (``met_head``; the request streams on) once N passes the last head reported
+while reports are not silent; MERGED returns to CATCHING_UP (``fell_behind``; the request streams on) once a
+reported head has stayed beyond N for ``tail_grace`` (where multicast would see a tail loss), and falls back
+as below. The position must be known when it starts, so not ``Start.latest()``: that is the head + 1.
+
 MERGED and RECOVERING fall back to CATCHING_UP (held batches dropped, requests cancelled, one open-ended
 request from N) when the buffer overflows, when the lag exceeds ``max_lag`` with
 ``lag_policy="replay"`` (the slow consumer shifts to low gear instead of losing data), or when the live
@@ -172,6 +182,26 @@ Emit(batch=B(18, 18), lo=18, hi=18, source='replay')
 StateChanged(old=RECOVERING, new=MERGED)
 >>> r.next_seq, r.head, r.lag, r.stats.losses
 (19, 18, 0, 1)
+
+Without multicast the sidecar's head reports stand in for heartbeats, and the open-ended request is the live
+tail: merging keeps it.
+
+>>> t = Reconciler(Start.at_seq(1), replay_only=True)
+>>> show(t.handle(Tick(), now=0.0))
+Request(request_id=1, lo=1, hi=None, filtered=False, snapshot=False)
+>>> show(t.handle(HeadSeen(4, "replay"), now=0.01))
+>>> show(t.handle(Replay(B(1, 4), 1), now=0.02))
+Emit(batch=B(1, 4), lo=1, hi=4, source='replay')
+StateChanged(old=CATCHING_UP, new=MERGED)
+
+The sidecar reports 9; the stream stays behind it for longer than ``tail_grace``, so it is catching up again.
+
+>>> show(t.handle(HeadSeen(9, "replay"), now=0.03))
+>>> show(t.handle(Tick(), now=0.2))
+StateChanged(old=MERGED, new=CATCHING_UP)
+>>> show(t.handle(Replay(B(5, 9), 1), now=0.21))
+Emit(batch=B(5, 9), lo=5, hi=9, source='replay')
+StateChanged(old=CATCHING_UP, new=MERGED)
 """
 
 from __future__ import annotations
@@ -403,9 +433,16 @@ class Reconciler:
         tail_grace: float = 0.1,
         max_lag: int | None = None,
         lag_policy: Literal["replay", "raise"] = "replay",
+        replay_only: bool = False,
     ) -> None:
         if gap_grace < 0 or tail_grace < 0:
             raise ValueError("Reconciler: gap_grace and tail_grace must be >= 0 seconds")
+        if replay_only and start.kind == "latest":
+            raise ValueError(
+                "Reconciler: replay_only has no live batch to fix the position: ask the sidecar for its head and "
+                "start at Start.at_seq(head + 1)"
+            )
+        self._replay_only = replay_only  # no multicast: the open-ended request is the live tail (theory of operation)
         self._gap_grace = gap_grace
         self._tail_grace = tail_grace
         self._stats = ReconcilerStats()
@@ -422,6 +459,7 @@ class Reconciler:
         self._stream = _Stream(self._pos, self._held, self._requests, self._stats)
         self._closing = False
         self._fell_back = False  # since the last fall-back, no live batch has shown where live is
+        self._behind = False  # replay only, MERGED: the head has been beyond N for tail_grace
         self._silence = SilenceWatch(self._policy)
         self._now = 0.0
         self._epoch = 0  # the newest epoch a heartbeat carried
@@ -675,9 +713,22 @@ class Reconciler:
         return not fetches or (self._pos.next != 0 and fetches[0].request is None)
 
     def _met_live(self) -> bool:
-        """Replay has passed what live has shown, and live is alive (else MERGED would fall back at once)."""
+        """With multicast: replay has passed what live has shown, and live is alive (else MERGED would fall back
+        at once)."""
+        return not self._replay_only and self._passed_live_edge()
+
+    def _met_head(self) -> bool:
+        """Replay only: N has passed the head the sidecar last reported, and it reported within progress_timeout
+        (the multicast rule, with the sidecar's head reports for heartbeats)."""
+        return self._replay_only and self._passed_live_edge()
+
+    def _passed_live_edge(self) -> bool:
         edge = self._pos.live_edge
         return edge is not None and self._pos.next > edge and not self._live_silent()
+
+    def _fell_behind(self) -> bool:
+        """Replay only: the sidecar's head has been beyond N for tail_grace (`watch_tail` saw it)."""
+        return self._behind
 
     def _buffer_overflowed(self) -> bool:
         return self._stream.overflowed
@@ -704,9 +755,13 @@ class Reconciler:
             self._stats.stalls += 1
 
     def _watch_tail(self) -> None:
-        """A head beyond the frontier for tail_grace is a tail loss: register the gap."""
+        """A head beyond the frontier for tail_grace: with multicast a tail loss (register the gap); replay only,
+        where the open-ended request is still streaming it, the stream has fallen behind (`fell_behind`)."""
         if tail := self._pos.tail_lost(self._now, self._tail_grace):
-            self._register_gap(*tail, self._now)
+            if self._replay_only:
+                self._behind = True
+            else:
+                self._register_gap(*tail, self._now)
 
     def _pump_requests(self) -> None:
         self._requests.pump(self._now, self._pos.next, self._pos.head, self._out)
@@ -716,8 +771,13 @@ class Reconciler:
     def _merge(self) -> None:
         """Live takes over: cancel what replay was streaming; everything below N is accounted."""
         self._requests.cancel_all(self._out)
+        self._follow_tail()
+
+    def _follow_tail(self) -> None:
+        """Everything below N is accounted; an open-ended request left streams on (replay only: the live tail)."""
         self._pos.frontier = self._pos.next - 1
         self._pos.tail_since = None
+        self._behind = False
 
     def _after_snapshot(self) -> None:
         """Continue as from Start.at_seq(N): one open-ended request from N; held live that N reached is due."""
@@ -826,7 +886,7 @@ TRANSITIONS: dict[State, Row] = {
             Tick: None,
             **_REPLAY_LINK_AND_CLOSE,
         },
-        go=(_CLOSE, Go(R._met_live, MERGED, R._merge)),
+        go=(_CLOSE, Go(R._met_live, MERGED, R._merge), Go(R._met_head, MERGED, R._follow_tail)),
         timers=(R._pump_requests,),
     ),
     MERGED: Row(
@@ -840,8 +900,8 @@ TRANSITIONS: dict[State, Row] = {
             Tick: None,
             **_REPLAY_LINK_AND_CLOSE,
         },
-        go=(_CLOSE, *_FALL_BACK, Go(R._gap_pending, RECOVERING)),
-        timers=(R._watch_tail,),
+        go=(_CLOSE, *_FALL_BACK, Go(R._fell_behind, CATCHING_UP), Go(R._gap_pending, RECOVERING)),
+        timers=(R._pump_requests, R._watch_tail),
     ),
     RECOVERING: Row(
         on={

@@ -48,6 +48,7 @@ from gateway.sidecar.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
 from gateway.wire import announce as A
+from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
@@ -388,7 +389,7 @@ class ReplayServer:
                     return
                 if not accepted:
                     self.metrics.rejected.labels("command").inc()
-                elif isinstance(cmd, P.Fetch):
+                elif isinstance(cmd, P.Fetch) and cmd.first != B.MAX_SEQ:  # beyond every sequence: the head, no repair
                     self.metrics.stream(session.stream).fetches.inc()
                 self._answer(session)
 

@@ -20,7 +20,7 @@ from netlab import dockerlab, packets, state
 from netlab import impair as impair_mod
 from netlab import lab as lab_mod
 from netlab.dockerlab import DockerLab
-from netlab.lab import Lab, LabError, down_all
+from netlab.lab import ExtraMissing, Lab, LabError, down_all
 
 
 def _hosts_arg(value: str) -> int | list[str]:
@@ -358,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args))
+    except ExtraMissing as exc:  # an install short of the lab extra: exit 2, as every zeps command says it
+        print(f"netlab: {exc}", file=sys.stderr)
+        return 2
     except (LabError, ValueError) as exc:
         print(f"netlab: {exc}", file=sys.stderr)
         return 1

@@ -46,6 +46,10 @@ class LabError(RuntimeError):
     """A lab could not be built or removed; the message says why and what to do."""
 
 
+class ExtraMissing(LabError):
+    """An optional part needs a module of the lab extra (EXTRA_MESSAGE): an install to fix, exit 2 as in zeps."""
+
+
 @dataclass(frozen=True)
 class Host:
     """One lab host: a network namespace with one interface on the lab bridge."""

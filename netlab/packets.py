@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any, cast
 
-from netlab.lab import EXTRA_MESSAGE, Host, Lab, LabError
+from netlab.lab import EXTRA_MESSAGE, ExtraMissing, Host, Lab
 from netlab.procs import MP, HostProcess
 
 _MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
@@ -76,7 +76,7 @@ def require_scapy(what: str) -> None:
     except ImportError:
         found = False
     if not found:
-        raise LabError(EXTRA_MESSAGE.format(what=what, module="scapy"))
+        raise ExtraMissing(EXTRA_MESSAGE.format(what=what, module="scapy"))
 
 
 def _import_scapy() -> None:

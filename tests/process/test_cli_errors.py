@@ -217,6 +217,11 @@ def test_runtime_failures_are_one_line_exit_1(tmp_path: Path) -> None:
     finally:
         gw.stop()
     one_line_error(zeps("history", "--replay", DEAD, "--stream", "s", "--timeout", "300ms"), 1, "zeps replay")
+    # A refused connection is an answer: a one-shot read fails at once, not after its --timeout (1 h here, longer
+    # than zeps()'s own 60 s limit), and names the endpoint and the fix.
+    for argv in (HIST, ("snapshot", *HIST[1:]), (*HIST, "--from", "-5")):
+        refused = zeps(*argv, "--timeout", "1h")
+        one_line_error(refused, 1, f"nothing listens at {DEAD} (connection refused)", "zeps replay")
     # A typo'd endpoint is said at once (a warning naming it), and scripts get a bound.
     waited = zeps(*SUB, "--connect-timeout", "1500ms")
     one_line_error(waited, 1, f"no answer from the replay sidecar at {DEAD} for 1.", "check --replay")

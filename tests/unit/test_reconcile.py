@@ -847,6 +847,86 @@ def test_catching_up_does_not_merge_into_a_silent_live_feed() -> None:
     assert r.handle(HeadSeen(3, "A"), 5.1) == [StateChanged(State.CATCHING_UP, State.MERGED), Cancel(1)]
 
 
+# Replay only (a subscriber without multicast): the sidecar's head reports (HeadSeen, feed "replay") are its
+# heartbeats, and the open-ended request is the live tail.
+
+
+def tail_at(n: int, **options: object) -> Reconciler:
+    """A replay-only reconciler in MERGED whose next_seq is n, its request 1 streaming from 1 on."""
+    r = Reconciler(Start.at_seq(1), replay_only=True, **options)  # type: ignore[arg-type]
+    assert r.handle(Tick(), 0.0) == [Request(1, 1, None)]
+    r.handle(HeadSeen(n - 1, "replay"), 0.0)
+    r.handle(Replay(B(1, n - 1), 1), 0.0)
+    assert r.state is State.MERGED and r.next_seq == n
+    return r
+
+
+def test_replay_only_merges_at_the_sidecars_head_and_keeps_its_request() -> None:
+    r = Reconciler(Start.at_seq(10), replay_only=True)
+    assert r.handle(Tick(), 0.0) == [Request(1, 10, None)]
+    assert r.handle(HeadSeen(12, "replay"), 0.1) == []
+    assert r.handle(Replay(B(10, 11), 1), 0.2) == [Emit(B(10, 11), 10, 11, "replay")]
+    assert r.handle(Replay(B(12, 12), 1), 0.3) == [
+        Emit(B(12, 12), 12, 12, "replay"),
+        StateChanged(State.CATCHING_UP, State.MERGED),  # no Cancel: the request is the live tail
+    ]
+    assert r.outstanding == (Request(1, 10, None),)
+    assert r.handle(Replay(B(13, 20), 1), 0.4) == [Emit(B(13, 20), 13, 20, "replay")]  # the tail, in MERGED
+    assert r.handle(HeadSeen(20, "replay"), 0.5) == [] and r.lag == 0 and r.state is State.MERGED
+
+
+def test_replay_only_empty_journal_is_merged_at_once() -> None:
+    r = Reconciler(Start.at_seq(1), replay_only=True)
+    r.handle(Tick(), 0.0)
+    assert r.handle(HeadSeen(0, "replay"), 0.1) == [StateChanged(State.CATCHING_UP, State.MERGED)]
+
+
+def test_replay_only_behind_the_head_for_tail_grace_is_catching_up_again() -> None:
+    r = tail_at(10, tail_grace=0.1)
+    assert r.handle(HeadSeen(15, "replay"), 1.0) == []  # in flight: within the grace
+    assert r.handle(Replay(B(10, 15), 1), 1.05) == [Emit(B(10, 15), 10, 15, "replay")]
+    assert r.handle(HeadSeen(30, "replay"), 2.0) == []
+    assert r.handle(Tick(), 2.05) == []
+    assert r.handle(Tick(), 2.25) == [StateChanged(State.MERGED, State.CATCHING_UP)]  # no gap, no new request
+    assert r.outstanding == (Request(1, 1, None),) and r.stats.gaps_detected == 0
+    assert r.handle(Replay(B(16, 30), 1), 2.3) == [
+        Emit(B(16, 30), 16, 30, "replay"),
+        StateChanged(State.CATCHING_UP, State.MERGED),
+    ]
+
+
+def test_replay_only_silent_head_reports_fall_back_to_a_new_request() -> None:
+    r = tail_at(10, progress_timeout=1.0)
+    assert r.handle(Tick(), 1.0) == [
+        StateChanged(State.MERGED, State.CATCHING_UP),
+        Cancel(1),
+        Request(2, 10, None),
+    ]
+    assert r.handle(HeadSeen(9, "replay"), 1.1) == [StateChanged(State.CATCHING_UP, State.MERGED)]
+    assert r.outstanding == (Request(2, 10, None),)
+
+
+def test_replay_only_lost_connection_reissues_the_tail_in_merged() -> None:
+    r = tail_at(10)
+    assert r.handle(ReplayLost(), 0.1) == [] and r.outstanding == ()
+    assert r.handle(ReplayRestored(), 0.2) == [Request(2, 10, None)]
+    assert r.state is State.MERGED
+
+
+def test_replay_only_needs_a_known_start() -> None:
+    with pytest.raises(ValueError, match=r"Start.at_seq\(head \+ 1\)"):
+        Reconciler(Start.latest(), replay_only=True)
+
+
+def test_with_multicast_a_head_beyond_n_is_a_tail_gap_not_catching_up() -> None:
+    """The replay-only guards stay out of the multicast machine's way."""
+    r = merged_at(10, tail_grace=0.0)
+    assert r.handle(HeadSeen(12, "A"), 0.1) == [
+        StateChanged(State.MERGED, State.RECOVERING),
+        Request(1, 10, 12),
+    ]
+
+
 def test_catching_up_overflow_drops_held_live_but_keeps_replaying() -> None:
     limit = 3 * (100 + HELD_OVERHEAD_BYTES)
     r = Reconciler(Start.at_seq(1), buffer_limit_bytes=limit)
