@@ -102,7 +102,7 @@ class ReplayLink:
         self._on_state = on_state
         self._catchup: ReplayClient | None = None
         self._catchup_id: int | None = None
-        self._fill: ReplayClient | None = None
+        self._fill_conn: ReplayClient | None = None
         self._fill_ids: deque[int] = deque()  # fill request ids in the order the sidecar answers them
         self._datagrams: DatagramFills | None = None  # for the current sidecar, made when first needed
         self._probe: tuple[ReplayClient, Generator[None, Answer, int]] | None = None
@@ -212,7 +212,7 @@ class ReplayLink:
         dead one may never fail by itself."""
         assert self._directory is not None
         info = self._directory.lookup(self._stream)
-        connected = self._catchup is not None or self._fill is not None
+        connected = self._catchup is not None or self._fill_conn is not None
         if connected and info is not None and info.sidecars and self.endpoint not in info.sidecars:
             self._lost(now, f"{self.endpoint} is no longer announced; {info.sidecar} is")
 
@@ -225,7 +225,7 @@ class ReplayLink:
 
     def _clients(self) -> tuple[ReplayClient, ...]:
         probe = self._probe[0] if self._probe is not None else None
-        return tuple(c for c in (probe, self._catchup, self._fill) if c is not None)
+        return tuple(c for c in (probe, self._catchup, self._fill_conn) if c is not None)
 
     def _take(self, client: ReplayClient, now: float) -> None:
         try:
@@ -299,9 +299,9 @@ class ReplayLink:
     def _fetch(self, request_id: int, lo: int, hi: int) -> None:
         """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
         try:
-            if self._fill is None:
-                self._fill = self._connect()
-            self._fill.fetch(lo, hi, self._pattern)
+            if self._fill_conn is None:
+                self._fill_conn = self._connect()
+            self._fill_conn.fetch(lo, hi, self._pattern)
             self._fill_ids.append(request_id)
         except ReplayError as exc:
             self._lost(time.monotonic(), exc.reason)
@@ -324,8 +324,8 @@ class ReplayLink:
             self._datagrams = None
         if self._datagrams is None:
             self._datagrams = DatagramFills(address, self._stream, keys=self._keys, errors=self.send_errors)
-            if self._fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
-                self._fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
+            if self._fill_conn is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
+                self._fill_conn = self._connect()  # under loss can take a second (the SYN's retransmission timer)
             now = time.monotonic()
             for rid, lo, hi in moved:
                 if not self._datagrams.ask(rid, lo, hi, now):
@@ -362,7 +362,7 @@ class ReplayLink:
     def _close_connections(self) -> None:
         for client in self._clients():
             client.close()
-        self._catchup = self._fill = self._probe = None
+        self._catchup = self._fill_conn = self._probe = None
         self._catchup_id = None
         self._fill_ids.clear()
         if self._datagrams is not None:
@@ -391,7 +391,7 @@ class ReplayLink:
             self._ask_start()
             return
         try:
-            self._fill = self._connect()
+            self._fill_conn = self._connect()
         except ReplayError:  # no endpoint known yet
             self._reconnect_at = now + self._sidecars.backoff.next()
             return
