@@ -110,7 +110,7 @@ class ReplayLink:
         self._on_state = on_state
         self._catchup: ReplayClient | None = None
         self._catchup_id: int | None = None
-        self._fill: ReplayClient | None = None
+        self._fill_conn: ReplayClient | None = None
         self._fill_ids: deque[int] = deque()  # fill request ids (or HEAD_PROBE) in the order the sidecar answers
         self._head_every = head_every
         self._head_at = 0.0  # when the head is next asked
@@ -224,7 +224,7 @@ class ReplayLink:
         dead one may never fail by itself."""
         assert self._directory is not None
         info = self._directory.lookup(self._stream)
-        connected = self._catchup is not None or self._fill is not None
+        connected = self._catchup is not None or self._fill_conn is not None
         if connected and info is not None and info.sidecars and self.endpoint not in info.sidecars:
             self._lost(now, f"{self.endpoint} is no longer announced; {info.sidecar} is")
 
@@ -239,7 +239,7 @@ class ReplayLink:
         """The connections, the fill one before the catch-up: a head report taken in before the data of a turn
         (after the application was away) is not mistaken for silence."""
         probe = self._probe[0] if self._probe is not None else None
-        return tuple(c for c in (probe, self._fill, self._catchup) if c is not None)
+        return tuple(c for c in (probe, self._fill_conn, self._catchup) if c is not None)
 
     def _take(self, client: ReplayClient, now: float) -> None:
         try:
@@ -320,12 +320,12 @@ class ReplayLink:
         self._head_at = now + self._head_every
         if HEAD_PROBE in self._fill_ids:
             return
-        if self._fill is None:
+        if self._fill_conn is None:
             try:
-                self._fill = self._connect()  # asked at the next report, once its handshake is over
+                self._fill_conn = self._connect()  # asked at the next report, once its handshake is over
             except ReplayError as exc:
                 self._lost(now, exc.reason)
-        elif self._fill.ready and FEATURE_RANGE in self._fill.features:
+        elif self._fill_conn.ready and FEATURE_RANGE in self._fill_conn.features:
             self._fetch(HEAD_PROBE, B.MAX_SEQ, B.MAX_SEQ)
 
     # --- connections -----------------------------------------------------------------------------------
@@ -333,9 +333,9 @@ class ReplayLink:
     def _fetch(self, request_id: int, lo: int, hi: int) -> None:
         """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
         try:
-            if self._fill is None:
-                self._fill = self._connect()
-            self._fill.fetch(lo, hi, self._pattern)
+            if self._fill_conn is None:
+                self._fill_conn = self._connect()
+            self._fill_conn.fetch(lo, hi, self._pattern)
             self._fill_ids.append(request_id)
         except ReplayError as exc:
             self._lost(time.monotonic(), exc.reason)
@@ -358,8 +358,8 @@ class ReplayLink:
             self._datagrams = None
         if self._datagrams is None:
             self._datagrams = DatagramFills(address, self._stream, keys=self._keys, errors=self.send_errors)
-            if self._fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
-                self._fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
+            if self._fill_conn is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
+                self._fill_conn = self._connect()  # under loss can take a second (the SYN's retransmission timer)
             now = time.monotonic()
             for rid, lo, hi in moved:
                 if not self._datagrams.ask(rid, lo, hi, now):
@@ -396,7 +396,7 @@ class ReplayLink:
     def _close_connections(self) -> None:
         for client in self._clients():
             client.close()
-        self._catchup = self._fill = self._probe = None
+        self._catchup = self._fill_conn = self._probe = None
         self._catchup_id = None
         self._fill_ids.clear()
         if self._datagrams is not None:
@@ -425,7 +425,7 @@ class ReplayLink:
             self._ask_start()
             return
         try:
-            self._fill = self._connect()
+            self._fill_conn = self._connect()
         except ReplayError:  # no endpoint known yet
             self._reconnect_at = now + self._sidecars.backoff.next()
             return

@@ -176,7 +176,7 @@ class Follower:
         self._replay = replay
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
-        self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals reconciled first)
+        self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals rejoined to the leader's first)
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)

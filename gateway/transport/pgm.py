@@ -29,6 +29,10 @@ Counters (`PgmReceiver.stats`): repairs received are the RDATA packets delivered
 buffer), unrecoverable losses the count OpenPGM reports with each reset (`lost_count`). The NAK counters live
 in OpenPGM's private peer structures, which its public API does not expose: NAKs are seen on the wire
 (tshark, docs/pgm.md) or inferred (a repair received means a NAK went out).
+
+Size: about 770 lines, kept whole: libpgm's ctypes binding (option names, structure layouts, one socket), the
+settings and both I/O loops (native and Python) with their sender and receiver are the one way to drive one
+library, tested as one in the lab (tests/lab/test_pgm.py); its packetising rules are gateway.wire.apdu.
 """
 
 from __future__ import annotations

@@ -1,9 +1,17 @@
-"""The table form of the client's protocol machines (the opening, the ingest session), after the reconciler's.
+"""The table form every protocol machine of the project shares, after h11's _state.py and the reconciler.
 
-Each machine is a class whose state changes only through its table: per state a `Row` of event handlers (they
+A machine is a class whose state changes only through its table: per state a `Row` of event handlers (they
 change data, never the state) and transitions `Go(guard, target, action)` in priority order, re-evaluated after
 the handler and after the row's timers until none fires. `settle` runs one event through a table;
 `describe` renders a table as Markdown, which the machine's doc embeds and a test keeps equal.
+
+An event's kind, the key of `Row.on`, is its class unless the machine passes another (`settle(kind=...)`): a
+machine that answers "any other command" alike passes a base class for those, one whose inputs are enum
+members passes the member.
+
+It sits at the bottom of the layers and imports nothing of the project, so that every machine can use it: the
+servers' handshake (gateway.wire.handshake), the reconciler, the client's sessions, the gateway's ingest and the
+sidecar's sessions.
 """
 
 from __future__ import annotations
@@ -27,20 +35,25 @@ class Go(NamedTuple, Generic[M, S]):
 class Row(NamedTuple, Generic[M, S]):
     """Everything one state does."""
 
-    #: event kind -> handler (None: the event means nothing here beyond running the timers); kinds not listed
-    #: are ignored in this state
-    on: Mapping[type, Callable[[M, Any], None] | None]
+    #: event kind -> handler (None: the event means nothing here beyond running the transitions and timers);
+    #: kinds not listed are ignored in this state
+    on: Mapping[Any, Callable[[M, Any], None] | None]
     #: the transitions, first whose guard holds wins
     go: tuple[Go[M, S], ...] = ()
     #: run after every event, before the transitions are looked at again
     timers: tuple[Callable[[M], None], ...] = ()
 
 
-def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object) -> S:
-    """Run `event` through `table` from `state`: the handler, the transitions, the timers, the transitions again;
-    the state it ends in."""
+def always(machine: object) -> bool:
+    """The guard of a transition every event of its state takes."""
+    return True
+
+
+def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object, kind: object = None) -> S:
+    """Run `event` (of `kind`, by default its class) through `table` from `state`: the handler, the transitions,
+    the timers, the transitions again; the state it ends in."""
     row = table[state]
-    handler = row.on.get(type(event))
+    handler = row.on.get(type(event) if kind is None else kind)
     if handler is not None:
         handler(machine, event)
     for timers_run in (False, True):
@@ -59,13 +72,19 @@ def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object) ->
     return state
 
 
-def describe(table: Mapping[S, Row[M, S]], events: tuple[type, ...]) -> str:
-    """`table` as two Markdown tables: the handler of each event per state, then the transitions and timers."""
+def describe(table: Mapping[S, Row[M, S]], events: tuple[object, ...], names: Mapping[Any, str] | None = None) -> str:
+    """`table` as two Markdown tables: the handler of each event kind per state, then the transitions and timers.
+    A kind is shown by `names[kind]`, else by its class name or enum member name."""
 
     def name(method: Callable[..., Any] | None) -> str:
         return "—" if method is None else f"`{method.__name__.lstrip('_')}`"
 
-    lines = ["| state | " + " | ".join(e.__name__ for e in events) + " |", "|---" * (len(events) + 1) + "|"]
+    def label(kind: object) -> str:
+        if names and kind in names:
+            return names[kind]
+        return kind.name if isinstance(kind, Enum) else getattr(kind, "__name__", str(kind))
+
+    lines = ["| state | " + " | ".join(label(e) for e in events) + " |", "|---" * (len(events) + 1) + "|"]
     for state, row in table.items():
         cells = [name(row.on[kind]) if kind in row.on else "ignored" for kind in events]
         lines.append(f"| {state.name} | " + " | ".join(cells) + " |")
