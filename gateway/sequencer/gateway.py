@@ -41,11 +41,13 @@ from gateway.discovery.registrar import node_registrar
 from gateway.errors import ConfigError
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
+from gateway.journal.promotion import read_promotion, write_promotion
 from gateway.journal.syncer import Syncer
 from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
 from gateway.replication.group import GroupConfig, GroupNode, NodeHost
 from gateway.replication.strategy import Replication, Solo
+from gateway.sequencer import mirroring as MR
 from gateway.sequencer.channels import plan
 from gateway.sequencer.config import GatewayConfig
 from gateway.sequencer.ingest_ready import ingest_ready
@@ -67,7 +69,7 @@ from gateway.wire.streamkey import AUTH, message
 
 log = logging.getLogger(__name__)
 
-GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER, P.FEATURE_MIRROR})
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
@@ -104,6 +106,7 @@ class Gateway:
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
+        self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
         self.sessions: dict[bytes, _Session] = {}
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
@@ -421,6 +424,10 @@ class Gateway:
                 self.reply(identity, P.PingOk())
             case P.Publish() | P.PublishBatch() if self._refusing():
                 self._reject(identity, self._uncommitted_reason, kind="uncommitted")
+            case P.Mirror() | P.Promote() | P.PublishBatch() if P.FEATURE_MIRROR in session.features:
+                self._mirror_command(identity, session.stream, cmd)
+            case P.Publish() | P.PublishBatch() if (refusal := self._mirror_refusal(session.stream)) is not None:
+                self._reject(identity, refusal, kind="mirror")
             case P.Publish(key=key, body=body):
                 self._publish(identity, session, key.encode(), bytes(body))
             case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
@@ -545,13 +552,14 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0, *, verbatim: bool = False) -> bytes | None:
         """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
 
-        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
+        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it.
+        `verbatim`: a mirror's batch, journaled with the source's sequences and times (`_append`)."""
         if not self._writable(lane, batch.count):
             return None
-        sealed = self._append(lane, batch)
+        sealed = self._append(lane, batch, verbatim)
         if sealed is None:
             return None
         self._owe_confirms(lane, batch.count, dups)
@@ -574,10 +582,11 @@ class Gateway:
             return False
         return True
 
-    def _append(self, lane: Lane, batch: B.Batch) -> bytes | None:
-        """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
+    def _append(self, lane: Lane, batch: B.Batch, verbatim: bool = False) -> bytes | None:
+        """Sequence and journal the batch (`verbatim`: as it is); the sealed bytes, or None (its publishers were
+        refused)."""
         try:
-            sealed = lane.writer.append(batch)
+            sealed = lane.writer.append_replica(batch) if verbatim else lane.writer.append(batch)
         except OSError as exc:
             if exc.errno in DISK_FULL:
                 self._refuse_unjournaled(lane, batch.count, self._disk_full(lane, exc), "journal-full")
@@ -671,6 +680,65 @@ class Gateway:
             identity, first, n = lane.confirms.popleft()
             self.reply(identity, P.PublishOk(first, n))
 
+    # --- mirror streams (docs/mirroring.md; the rules are gateway.sequencer.mirroring's) -----------------
+
+    def _mirror_rules(self, stream: str) -> MR.MirrorRules:
+        if stream not in self.config.mirror:
+            return MR.MirrorRules(stream, MR.Role.PRIMARY)
+        promoted = read_promotion(self.config.journal / stream)
+        return MR.MirrorRules(stream, MR.Role.MIRROR if promoted is None else MR.Role.PROMOTED, promoted)
+
+    def _mirror_refusal(self, stream: str) -> str | None:
+        """Why an ordinary publisher may not write `stream` (a mirror's), or None."""
+        rules = self.mirrors[stream]
+        if rules.role is MR.Role.PRIMARY:  # the hot path: the table accepts them there
+            return None
+        verdict = rules.on(MR.PublisherBatch())
+        return verdict.reason if isinstance(verdict, MR.Refuse) else None
+
+    def _mirror_command(self, identity: bytes, stream: str, cmd: P.Command) -> None:
+        """MIRROR, PROMOTE or a mirror's PUBLISH-BATCH, as the stream's rules say."""
+        lane, rules = self.lanes[stream], self.mirrors[stream]
+        head = lane.writer.last_seq
+        batch = None
+        if isinstance(cmd, P.PublishBatch):
+            try:
+                batch = B.Batch.parse(bytes(cmd.batch))
+            except B.BatchError as exc:
+                self._reject(identity, f"bad mirror PUBLISH-BATCH: {exc.reason}")
+                return
+            if not batch.dense or batch.count == 0:
+                self._reject(
+                    identity, "a mirror PUBLISH-BATCH must be a dense, non-empty batch of the source's journal"
+                )
+                return
+            verdict = rules.on(MR.MirrorBatch(batch.first_seq, head))
+        else:
+            verdict = rules.on(MR.Hello(head) if isinstance(cmd, P.Mirror) else MR.Promote(head))
+        if isinstance(verdict, MR.Persist):
+            try:
+                write_promotion(lane.writer.directory, verdict.head)
+            except OSError as exc:
+                self._reject(
+                    identity, f"the promotion could not be persisted ({exc}): stream {stream} is still a mirror"
+                )
+                return
+            log.warning("stream %s: promoted at sequence %d; mirror batches refused from now on", stream, verdict.head)
+            verdict = rules.on(MR.Promoted(verdict.head))
+        match verdict:
+            case MR.Refuse(reason=reason):
+                self._reject(identity, reason, kind="mirror")
+            case MR.Resume(head=at):
+                self.reply(identity, P.MirrorOk(at))
+            case MR.PromotedAt(head=at):
+                self.reply(identity, P.PromoteOk(at))
+            case MR.Accept() if batch is not None:
+                self._flush(lane)
+                lane.owe(identity, batch.count, P.FEATURE_CONFIRM in self.sessions[identity].features)
+                self.metrics.streams[stream].published.inc(batch.count)
+                if self._journal(lane, batch, verbatim=True) is not None:
+                    lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
+
     # --- plain PUB ingest -----------------------------------------------------------------------------
 
     def _drain_xsub(self, limit: int = 4096) -> None:
@@ -694,6 +762,9 @@ class Gateway:
                 continue
             if not self.replication.leading:
                 self.metrics.rejected.labels("not-leader").inc()
+                continue
+            if self._mirror_refusal(next(iter(self.lanes))) is not None:
+                self.metrics.rejected.labels("mirror").inc()
                 continue
             self._publish(None, None, key, body)
 
