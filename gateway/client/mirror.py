@@ -109,6 +109,7 @@ class Mirror:
             source = c.sources[self._round % len(c.sources)]
             target = c.targets[self._round % len(c.targets)]
             self._round += 1
+            progress = self.status.mirrored_records
             try:
                 self._mirror(source, target, until)
                 return
@@ -116,6 +117,8 @@ class Mirror:
                 raise MirrorError(f"the source refused the mirror: {exc}") from None
             except (ReplayError, PublishError) as exc:
                 self.status.resumes += 1
+                if self.status.mirrored_records > progress:  # that round did mirror: a new fault, a short wait
+                    backoff = BACKOFF_MIN_S
                 log.warning("mirror of %s: %s; resuming from the mirror site's head in %.1f s", c.stream, exc, backoff)
             self._sleep(backoff, until)
             backoff = min(backoff * 2, BACKOFF_MAX_S)

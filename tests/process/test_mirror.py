@@ -59,6 +59,13 @@ class Sites:
     def log(self, name: str = "mirror") -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
+    def wait_started(self, name: str) -> None:
+        """Until the mirror `name` has learnt the mirror site's head and subscribed at the source."""
+        deadline = time.monotonic() + WAIT_S
+        while "from sequence" not in self.log(name):
+            assert time.monotonic() < deadline, self.log(name)
+            time.sleep(0.05)
+
     def wait_mirrored(self, head: int) -> None:
         deadline = time.monotonic() + WAIT_S
         while JournalReader(self.b_root, STREAM).last_seq < head:
@@ -134,18 +141,43 @@ def test_the_mirror_copies_sequence_for_sequence_and_resumes_after_kill_9(sites:
     assert got == [(i, b"record %d" % i) for i in range(1, sites.sent + 1)]
 
 
+def test_the_mirror_resumes_across_restarts_of_either_site(sites: Sites) -> None:
+    """kill -9 of the mirror site's gateway, then of the source's sidecar, each restarted at its address."""
+    sites.publish(2000)
+    mirror = sites.mirror()
+    try:
+        sites.wait_mirrored(300)
+        sites.b.kill9()
+        sites.publish(500)
+        sites.b.restart()
+        sites.wait_mirrored(2300)
+        sites.a_side.kill9()
+        sites.publish(500)
+        sites.a_side.start()
+        sites.publish(500)
+        sites.wait_mirrored(sites.sent)
+        assert mirror.poll() is None, sites.log()
+    finally:
+        assert stop(mirror) == 0, sites.log()
+    sites.assert_equal_journals()
+    assert "resumes=0" not in sites.log().splitlines()[-1], sites.log()
+
+
 def test_two_mirrors_at_once_duplicate_nothing(sites: Sites) -> None:
     sites.publish(1000)
     first, second = sites.mirror("first"), sites.mirror("second")
     try:
-        for _ in range(10):
+        sites.wait_started("first")
+        sites.wait_started("second")
+        for _ in range(10):  # live: each batch reaches both mirrors, and both send it
             sites.publish(300)
         sites.wait_mirrored(sites.sent)
         time.sleep(0.5)  # anything either still sends is refused, not journaled
     finally:
-        stop(first)
-        stop(second)
+        codes = stop(first), stop(second)
+    assert codes == (0, 0), sites.log("first") + sites.log("second")
     sites.assert_equal_journals()
+    assert "not contiguous: this mirror's head is" in sites.log("first") + sites.log("second"), "they raced"
 
 
 def test_an_ordinary_publisher_at_the_mirror_site_is_refused(sites: Sites) -> None:
