@@ -132,6 +132,11 @@ class DataLoss(ZepsError, RuntimeError):
         self.lo, self.hi, self.reason = lo, hi, reason
 
 
+class MirrorError(ZepsError, RuntimeError):
+    """A site mirror cannot go on without a gap or a fork (records gone at the source, a promoted or non-mirror
+    target, a gateway without mirroring); the message says which records or why, and the fix."""
+
+
 class DiscoveryError(ZepsError, RuntimeError):
     """Nothing announced what a client looked for within its deadline; the message says where it listened."""
 

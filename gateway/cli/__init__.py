@@ -15,6 +15,7 @@ MODULES = (
     "history",
     "journal",
     "keygen",
+    "mirror",
     "publish",
     "replay",
     "snapshot",

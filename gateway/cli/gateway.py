@@ -42,6 +42,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="TOML file with the same settings (keys as the long options)")
     p.add_argument("--stream", action="append", type=stream_name, help="stream to serve (repeatable)")
     p.add_argument("--journal", type=journal_root, help="journal root directory")
+    p.add_argument(
+        "--mirror",
+        action="append",
+        type=stream_name,
+        metavar="STREAM",
+        help="serve STREAM (one of --stream) as a mirror of another site's: written by `zeps mirror` only, with the "
+        "source's sequences; publishers refused until `zeps mirror promote` (repeatable; docs/mirroring.md)",
+    )
     p.add_argument("--ingest", type=tcp_endpoint, help="ZEPS endpoint for publishers, e.g. tcp://127.0.0.1:5570")
     p.add_argument("--ingest-pub", type=tcp_endpoint, help="XSUB endpoint for plain ZeroMQ PUB publishers")
     p.add_argument(
@@ -187,7 +195,8 @@ def _gateway_config(args: argparse.Namespace) -> GatewayConfig:
         discovery=discovery,
         etcd=Cluster(discovery_opts.etcd_urls(given.get("etcd")), tls_opts.etcd_tls(args)),
         peer_tls=tls_opts.peer_tls(args),
-        node=args.node if args.etcd and args.node else "",  # --etcd and --node: a node of a group (docs/ha.md)
+        node=args.node if args.etcd and args.node else "",
+        mirror=list(args.mirror or []),  # --etcd and --node: a node of a group (docs/ha.md)
         **({"ha_suspect_s": given["suspect_ms"] / 1000} if "suspect_ms" in given else {}),
         **{k: given[k] for k in _PASSED_ON if k in given},
     )

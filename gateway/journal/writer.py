@@ -250,16 +250,19 @@ class JournalWriter:
         self._put(data, batch.count, ts)
         return data
 
-    def append_replica(self, batch: Batch) -> None:
-        """Journal a batch sequenced by a leader, verbatim (its sequences and journal time kept): a follower's
-        copy of the leader's journal. It must continue this journal's sequences."""
+    def append_replica(self, batch: Batch) -> bytes:
+        """Journal a batch sequenced elsewhere, verbatim (its sequences and journal time kept): a follower's copy
+        of the leader's journal, a mirror's of the source site's. It must continue this journal's sequences.
+        Returns the bytes journaled."""
         if self._closed:
             raise JournalError(f"journal writer of {self.stream!r} is closed: open a new one")
         if batch.first_seq != self._next_seq:
             raise JournalError(
                 f"replica batch of {self.stream!r} starts at {batch.first_seq}, this journal's next is {self._next_seq}"
             )
-        self._put(bytes(batch), batch.count, batch.ts_ns)
+        data = bytes(batch)
+        self._put(data, batch.count, batch.ts_ns)
+        return data
 
     def _put(self, data: bytes, count: int, ts: int) -> None:
         if self._size and self._size + len(data) > self._segment_bytes:

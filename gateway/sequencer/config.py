@@ -57,6 +57,7 @@ class GatewayConfig:
     ha_suspect_s: float = 0.3  # a leader that answers nothing this long is deposed by its followers
     peer_endpoint: str = ""  # a node's link for its followers' acks; "": the ingest's address, a free port
     peer_tls: PeerTls | None = None  # a node's TLS on the peer link (gateway.transport.tls); None: plain TCP
+    mirror: list[str] = field(default_factory=list)  # streams mirrored from another site (docs/mirroring.md)
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -67,6 +68,9 @@ class GatewayConfig:
             raise ConfigError(f"node {self.node!r} of a replicated group needs --etcd URL: its coordinator")
         if self.node and not self.replay_endpoint:
             raise ConfigError("a node (--node) needs --replay-endpoint: its followers copy its journal from there")
+        for name in self.mirror:
+            if name not in self.streams:
+                raise ConfigError(f"--mirror {name}: not a stream of this gateway; add --stream {name}")
         if self.ingest_pub and len(self.streams) != 1:
             raise ConfigError("--ingest-pub carries no stream name: use it with exactly one --stream")
         if self.peer_endpoint:

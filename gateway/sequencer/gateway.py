@@ -46,12 +46,14 @@ from gateway.discovery.registrar import node_registrar
 from gateway.errors import ConfigError
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
+from gateway.journal.promotion import read_promotion, write_promotion
 from gateway.journal.syncer import Syncer
 from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
 from gateway.replication.group import GroupConfig, GroupNode, NodeHost
 from gateway.replication.strategy import Replication, Solo
 from gateway.sequencer import ingest as I
+from gateway.sequencer import mirroring as MR
 from gateway.sequencer.channels import plan
 from gateway.sequencer.config import GatewayConfig
 from gateway.sequencer.ingest_ready import ingest_ready
@@ -96,6 +98,7 @@ class Gateway:
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
+        self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
@@ -413,6 +416,8 @@ class Gateway:
                     self.metrics.streams[stream].publishers.inc()
                 case I.Left(stream):
                     self.metrics.streams[stream].publishers.dec()
+                case I.Mirror(identity, stream, command, confirm):
+                    self._mirror_command(identity, stream, command, confirm)
                 case I.Farewell(identity):
                     # Best effort: the session is over and nothing is owed; a client that closes right after
                     # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
@@ -467,13 +472,14 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0) -> bytes | None:
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0, *, verbatim: bool = False) -> bytes | None:
         """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
 
-        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it."""
+        `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it.
+        `verbatim`: a mirror's batch, journaled with the source's sequences and times (`_append`)."""
         if not self._writable(lane, batch.count):
             return None
-        sealed = self._append(lane, batch)
+        sealed = self._append(lane, batch, verbatim)
         if sealed is None:
             return None
         self._owe_confirms(lane, batch.count, dups)
@@ -496,10 +502,11 @@ class Gateway:
             return False
         return True
 
-    def _append(self, lane: Lane, batch: B.Batch) -> bytes | None:
-        """Sequence and journal the batch; the sealed bytes, or None (its publishers were refused)."""
+    def _append(self, lane: Lane, batch: B.Batch, verbatim: bool = False) -> bytes | None:
+        """Sequence and journal the batch (`verbatim`: as it is); the sealed bytes, or None (its publishers were
+        refused)."""
         try:
-            sealed = lane.writer.append(batch)
+            sealed = lane.writer.append_replica(batch) if verbatim else lane.writer.append(batch)
         except OSError as exc:
             if exc.errno in DISK_FULL:
                 self._refuse_unjournaled(lane, batch.count, self._disk_full(lane, exc), "journal-full")
@@ -576,6 +583,65 @@ class Gateway:
             identity, first, n = lane.confirms.popleft()
             self.reply(identity, P.PublishOk(first, n))
 
+    # --- mirror streams (docs/mirroring.md; the rules are gateway.sequencer.mirroring's) -----------------
+
+    def _mirror_rules(self, stream: str) -> MR.MirrorRules:
+        if stream not in self.config.mirror:
+            return MR.MirrorRules(stream, MR.Role.PRIMARY)
+        promoted = read_promotion(self.config.journal / stream)
+        return MR.MirrorRules(stream, MR.Role.MIRROR if promoted is None else MR.Role.PROMOTED, promoted)
+
+    def mirror_refusal(self, stream: str) -> str | None:
+        """The ingest's Gate: why an ordinary publisher may not write `stream` (a mirror's), or None."""
+        rules = self.mirrors[stream]
+        if rules.role is MR.Role.PRIMARY:  # the hot path: the table accepts them there
+            return None
+        verdict = rules.on(MR.PublisherBatch())
+        return verdict.reason if isinstance(verdict, MR.Refuse) else None
+
+    def _mirror_command(self, identity: bytes, stream: str, cmd: P.Command, confirm: bool) -> None:
+        """MIRROR, PROMOTE or a mirror's PUBLISH-BATCH, as the stream's rules say."""
+        lane, rules = self.lanes[stream], self.mirrors[stream]
+        head = lane.writer.last_seq
+        batch = None
+        if isinstance(cmd, P.PublishBatch):
+            try:
+                batch = B.Batch.parse(bytes(cmd.batch))
+            except B.BatchError as exc:
+                self._reject(identity, f"bad mirror PUBLISH-BATCH: {exc.reason}")
+                return
+            if not batch.dense or batch.count == 0:
+                self._reject(
+                    identity, "a mirror PUBLISH-BATCH must be a dense, non-empty batch of the source's journal"
+                )
+                return
+            verdict = rules.on(MR.MirrorBatch(batch.first_seq, head))
+        else:
+            verdict = rules.on(MR.Hello(head) if isinstance(cmd, P.Mirror) else MR.Promote(head))
+        if isinstance(verdict, MR.Persist):
+            try:
+                write_promotion(lane.writer.directory, verdict.head)
+            except OSError as exc:
+                self._reject(
+                    identity, f"the promotion could not be persisted ({exc}): stream {stream} is still a mirror"
+                )
+                return
+            log.warning("stream %s: promoted at sequence %d; mirror batches refused from now on", stream, verdict.head)
+            verdict = rules.on(MR.Promoted(verdict.head))
+        match verdict:
+            case MR.Refuse(reason=reason):
+                self._reject(identity, reason, kind="mirror")
+            case MR.Resume(head=at):
+                self.reply(identity, P.MirrorOk(at))
+            case MR.PromotedAt(head=at):
+                self.reply(identity, P.PromoteOk(at))
+            case MR.Accept() if batch is not None:
+                self._flush(lane)
+                lane.owe(identity, batch.count, confirm)
+                self.metrics.streams[stream].published.inc(batch.count)
+                if self._journal(lane, batch, verbatim=True) is not None:
+                    lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
+
     # --- plain PUB ingest -----------------------------------------------------------------------------
 
     def _drain_xsub(self, limit: int = 4096) -> None:
@@ -599,6 +665,9 @@ class Gateway:
                 continue
             if not self.replication.leading:
                 self.metrics.rejected.labels("not-leader").inc()
+                continue
+            if self.mirror_refusal(next(iter(self.lanes))) is not None:
+                self.metrics.rejected.labels("mirror").inc()
                 continue
             self._enqueue(None, next(iter(self.lanes.values())), key, body, False)
 

@@ -19,10 +19,15 @@ Rules
    c. an attached client's command goes through its session's handshake, which answers EXTEND;
    d. a leader that holds all the uncommitted batches it may and has too few in-sync followers to commit them
       refuses PUBLISH and PUBLISH-BATCH (`uncommitted`): waiting would not end by itself;
-   e. a record or a batch over the size limit is refused; a PUBLISH-BATCH (with 'batch' granted) must be a
+   e. a stream served as a mirror of another site's (docs/mirroring.md) refuses ordinary PUBLISH and
+      PUBLISH-BATCH (`mirror`): its records come from its mirror session only;
+   f. a record or a batch over the size limit is refused; a PUBLISH-BATCH (with 'batch' granted) must be a
       dense, non-empty batch numbered from 0, with a producer header only under 'producer', and continue its
       producer where the journal has it (`out-of-order` otherwise: the client re-sends from the gap);
-   f. SUBSCRIBE, SUBSCRIBE-TIME, FETCH and CREDIT are the replay sidecar's, named in the answer; anything else
+   g. a mirror session's MIRROR, PROMOTE and PUBLISH-BATCH (after a and d for the batch) go to the stream's
+      mirror rules (gateway.sequencer.mirroring), which the gateway applies: they need the journal's head and
+      its promotion record;
+   h. SUBSCRIBE, SUBSCRIBE-TIME, FETCH and CREDIT are the replay sidecar's, named in the answer; anything else
       is not allowed here.
 4. Never silent: every refusal is a `Refuse` action, counted by its kind and answered with INVALID.
 5. Bounded: an ATTACH beyond `max_clients` first ends the sessions silent for `client_timeout` (ROUTER sockets
@@ -38,10 +43,13 @@ ATTACHED
     A session on one stream with its own handshake. PUBLISH queues a record on the stream's lane (`Enqueue`);
     PUBLISH-BATCH has its batch sequenced whole (`Sequence`); both are owed PUBLISH-OK when 'confirm' was
     granted. PING gets PING-OK. A second ATTACH starts over (perhaps on another stream). DETACH ends the session,
-    answered DETACH-OK best effort: DETACHED.
+    answered DETACH-OK best effort: DETACHED. An EXTEND that is granted 'mirror': MIRRORING.
+MIRRORING
+    The session of `zeps mirror`, writing another site's stream here sequence for sequence: MIRROR (where to
+    resume), PROMOTE and its PUBLISH-BATCHes are the stream's mirror rules' to judge (`Mirror`). A second
+    ATTACH starts over as a publisher: ATTACHED; DETACH: DETACHED.
 
-A node that steps down ends every session with its reason (`end_all`). A session kind with rules of its own
-(a mirror of another site's stream, say) is one more state with its row, entered by its own ATTACH.
+A node that steps down ends every session with its reason (`end_all`).
 """
 
 from __future__ import annotations
@@ -61,12 +69,13 @@ from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
 
-GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER})
+GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER, P.FEATURE_MIRROR})
 
 
 class Phase(Enum):
     DETACHED = "detached"
     ATTACHED = "attached"
+    MIRRORING = "mirroring"
 
 
 class Gate(Protocol):
@@ -77,6 +86,9 @@ class Gate(Protocol):
 
     def uncommitted_refusal(self) -> str | None:
         """Why publishes are refused for want of in-sync followers (rule 3d), or None."""
+
+    def mirror_refusal(self, stream: str) -> str | None:
+        """Why an ordinary publisher may not write `stream`, a mirror's (rule 3e), or None."""
 
 
 class LaneView(Protocol):
@@ -140,7 +152,17 @@ class Sequence(NamedTuple):
     confirm: bool
 
 
-Action = Reply | Refuse | Farewell | Joined | Left | Enqueue | Sequence
+class Mirror(NamedTuple):
+    """A mirror session's MIRROR, PROMOTE or PUBLISH-BATCH on `stream`, for its mirror rules (rule 3g); the
+    client is owed a confirm of an accepted batch if `confirm`."""
+
+    identity: bytes
+    stream: str
+    command: P.Command
+    confirm: bool
+
+
+Action = Reply | Refuse | Farewell | Joined | Left | Enqueue | Sequence | Mirror
 
 
 @dataclass(slots=True)
@@ -172,9 +194,15 @@ class Ingest:
         if session is not None:
             session.last_seen = now
         self._identity, self._session, self._now, self._out = identity, session, now, []
-        phase = Phase.DETACHED if session is None else Phase.ATTACHED
-        machine.settle(self, TRANSITIONS, phase, cmd, KINDS.of(cmd))
+        machine.settle(self, TRANSITIONS, self._phase(), cmd, KINDS.of(cmd))
         return self._out
+
+    def _phase(self) -> Phase:
+        """The identity's phase, from its session: none, a publisher's, or one granted 'mirror'."""
+        session = self.sessions.get(self._identity)
+        if session is None:
+            return Phase.DETACHED
+        return Phase.MIRRORING if P.FEATURE_MIRROR in session.handshake.features else Phase.ATTACHED
 
     def end_all(self, reason: str) -> list[Action]:
         """The node stopped leading: every session ends, told `reason`."""
@@ -225,8 +253,10 @@ class Ingest:
         self._out.append(Reply(self._identity, P.PingOk()))
 
     def _publish(self, cmd: P.Publish) -> None:
-        """3a, 3c, 3d, then the record's size."""
+        """3a, 3c, 3d, 3e, then the record's size."""
         if self._refused_by_leadership() or not self._negotiated(cmd) or self._refused_uncommitted():
+            return
+        if self._refused_as_mirror():
             return
         key, body = cmd.key.encode(), bytes(cmd.body)
         if len(body) > (limit := self.config.max_message_bytes):
@@ -237,8 +267,10 @@ class Ingest:
         self._out.append(Enqueue(self._identity, session.stream, key, body, confirm))
 
     def _publish_batch(self, cmd: P.PublishBatch) -> None:
-        """3a, 3c, 3d, then the batch (3e), which must have been granted."""
+        """3a, 3c, 3d, 3e, then the batch (3f), which must have been granted."""
         if self._refused_by_leadership() or not self._negotiated(cmd) or self._refused_uncommitted():
+            return
+        if self._refused_as_mirror():
             return
         session = self._attached
         features = session.handshake.features
@@ -268,6 +300,17 @@ class Ingest:
         confirm = P.FEATURE_CONFIRM in features
         self._out.append(Sequence(self._identity, session.stream, batch, confirm))
 
+    def _mirror(self, cmd: P.Command) -> None:
+        """3g: MIRROR, PROMOTE, or a PUBLISH-BATCH after 3a, 3c and 3d."""
+        batch = isinstance(cmd, P.PublishBatch)
+        if batch and self._refused_by_leadership():
+            return
+        if not self._negotiated(cmd) or (batch and self._refused_uncommitted()):
+            return
+        session = self._attached
+        confirm = P.FEATURE_CONFIRM in session.handshake.features
+        self._out.append(Mirror(self._identity, session.stream, cmd, confirm))
+
     def _detach(self, cmd: P.Detach) -> None:
         self._negotiated(cmd)
         del self.sessions[self._identity]
@@ -292,6 +335,12 @@ class Ingest:
     def _has_none(self) -> bool:
         return self._identity not in self.sessions
 
+    def _mirrors(self) -> bool:
+        return self._phase() is Phase.MIRRORING
+
+    def _publishes(self) -> bool:
+        return self._phase() is Phase.ATTACHED
+
     # --- the handlers' parts ----------------------------------------------------------------------------
 
     @property
@@ -307,6 +356,12 @@ class Ingest:
         refusal = self.gate.refusal()
         if refusal is not None:
             self._refuse(refusal, "not-leader")
+        return refusal is not None
+
+    def _refused_as_mirror(self) -> bool:
+        refusal = self.gate.mirror_refusal(self._attached.stream)
+        if refusal is not None:
+            self._refuse(refusal, "mirror")
         return refusal is not None
 
     def _refused_uncommitted(self) -> bool:
@@ -344,7 +399,8 @@ Go = machine.Go[Ingest, Phase]
 Row = machine.Row[Ingest, Phase]
 I = Ingest  # noqa: E741
 _SIDECAR = (P.Subscribe, P.SubscribeTime, P.Fetch, P.Credit)
-KINDS = H.CommandKinds(P.Attach, P.Extend, P.Ping, P.Publish, P.PublishBatch, P.Detach, *_SIDECAR)
+_MIRROR = (P.Mirror, P.Promote)
+KINDS = H.CommandKinds(P.Attach, P.Extend, P.Ping, P.Publish, P.PublishBatch, *_MIRROR, P.Detach, *_SIDECAR)
 EVENT_KINDS = KINDS.events
 
 TRANSITIONS: dict[Phase, Row] = {
@@ -353,7 +409,7 @@ TRANSITIONS: dict[Phase, Row] = {
             P.Attach: I._attach,
             P.Publish: I._publish_before_attach,
             P.PublishBatch: I._publish_before_attach,
-            **dict.fromkeys((P.Extend, P.Ping, P.Detach, *_SIDECAR, P.Command), I._before_attach),
+            **dict.fromkeys((P.Extend, P.Ping, *_MIRROR, P.Detach, *_SIDECAR, P.Command), I._before_attach),
         },
         go=(Go(I._has_session, Phase.ATTACHED),),
     ),
@@ -364,11 +420,25 @@ TRANSITIONS: dict[Phase, Row] = {
             P.Ping: I._pong,
             P.Publish: I._publish,
             P.PublishBatch: I._publish_batch,
+            **dict.fromkeys(_MIRROR, I._refuse_command),  # 'mirror' not granted
             P.Detach: I._detach,
             **dict.fromkeys(_SIDECAR, I._send_to_sidecar),
             P.Command: I._refuse_command,
         },
-        go=(Go(I._has_none, Phase.DETACHED),),
+        go=(Go(I._has_none, Phase.DETACHED), Go(I._mirrors, Phase.MIRRORING)),
+    ),
+    Phase.MIRRORING: Row(
+        on={
+            P.Attach: I._attach,
+            P.Extend: I._extend,
+            P.Ping: I._pong,
+            P.Publish: I._publish,
+            **dict.fromkeys((P.PublishBatch, *_MIRROR), I._mirror),
+            P.Detach: I._detach,
+            **dict.fromkeys(_SIDECAR, I._send_to_sidecar),
+            P.Command: I._refuse_command,
+        },
+        go=(Go(I._has_none, Phase.DETACHED), Go(I._publishes, Phase.ATTACHED)),
     ),
 }
 del I

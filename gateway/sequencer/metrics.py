@@ -22,7 +22,8 @@ from gateway.transport.send_errors import SendErrors
 # not-leader (a publish to a follower node of a group), uncommitted (to a leader below --min-insync whose
 # uncommitted batches are at their limit),
 # forged-ack (a REPLICA-ACK on the peer link whose mac the leader's ack key did not make: not from the group),
-# out-of-order (a producer's batch after a gap: an earlier batch of it was refused and comes again first).
+# out-of-order (a producer's batch after a gap: an earlier batch of it was refused and comes again first),
+# mirror (a publisher to a mirror stream, or a mirror batch not contiguous, fenced or to a stream not a mirror).
 REJECTED_KINDS = (
     "auth",
     "no-signature",
@@ -34,6 +35,7 @@ REJECTED_KINDS = (
     "uncommitted",
     "forged-ack",
     "out-of-order",
+    "mirror",
 )
 # Records accepted and then refused because the journal did not take them: journal-full (out of disk space),
 # journal (another write error).

@@ -34,6 +34,10 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
     25 REPLICA-COMMIT  stream:s epoch:8 sequence:8 head:8            S  (the leader to its followers, HA)
     26 REPLICA-BATCH   stream:s epoch:8 batch:chunk                  S  (the leader to its followers, HA)
+    27 MIRROR                                                  C       mirror
+    28 MIRROR-OK       head:8                                  S       mirror
+    29 PROMOTE                                                 C       mirror
+    30 PROMOTE-OK      head:8                                  S       mirror
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -91,6 +95,9 @@ FEATURE_PRODUCER: Final = "producer"  # PUBLISH-BATCH may carry FLAG_PRODUCER: t
 # A sidecar of a replicated group's node serves committed records only (docs/ha.md); a session granted this is
 # served to the journal's end: a follower gateway copying its leader's journal (the leader's commit waits for it).
 FEATURE_UNCOMMITTED: Final = "uncommitted"
+# A session granted this is a site mirror (docs/mirroring.md): its PUBLISH-BATCHes carry the source site's journal
+# batches, sequences and times kept, and it may ask the stream's head (MIRROR) or promote the stream (PROMOTE).
+FEATURE_MIRROR: Final = "mirror"
 FEATURES: Final = frozenset(
     {
         FEATURE_BATCH,
@@ -100,6 +107,7 @@ FEATURES: Final = frozenset(
         FEATURE_SNAPSHOT,
         FEATURE_PRODUCER,
         FEATURE_UNCOMMITTED,
+        FEATURE_MIRROR,
     }
 )
 
@@ -344,8 +352,33 @@ class ReplicaBatch(Command):
     batch: Chunk
 
 
+@_command
+class Mirror(Command):
+    """This session mirrors its stream from another site (docs/mirroring.md): where does the stream's journal end
+    here? Answered with MIRROR-OK, or INVALID (not a mirror stream here; promoted)."""
+
+
+@_command
+class MirrorOk(Command):
+    """The mirror stream's journal ends at `head`: the next mirror batch must start at head + 1."""
+
+    head: Number8
+
+
+@_command
+class Promote(Command):
+    """Make this mirror stream the primary (docs/mirroring.md): publishers accepted, mirror batches never again."""
+
+
+@_command
+class PromoteOk(Command):
+    """The stream was promoted at `head` (now, or before): publishes continue at head + 1."""
+
+    head: Number8
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 27+ are free.
+# Ids 31+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -373,6 +406,10 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (24, "REPLICA-ACK", ReplicaAck, None, "client"),
     (25, "REPLICA-COMMIT", ReplicaCommit, None, "server"),
     (26, "REPLICA-BATCH", ReplicaBatch, None, "server"),
+    (27, "MIRROR", Mirror, FEATURE_MIRROR, "client"),
+    (28, "MIRROR-OK", MirrorOk, FEATURE_MIRROR, "server"),
+    (29, "PROMOTE", Promote, FEATURE_MIRROR, "client"),
+    (30, "PROMOTE-OK", PromoteOk, FEATURE_MIRROR, "server"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

@@ -24,12 +24,13 @@ import pytest
 import zmq
 from support.certs import make_certs
 from support.etcd import EtcdCluster, EtcdProcess
-from support.servers import assert_exactly_once, free_port, journal_records
+from support.servers import GatewayProcess, assert_exactly_once, free_port, journal_records, side
 
 from gateway import EtcdDirectory, Subscriber
 from gateway import Publisher as Client
 from gateway.client.ingest_session import CONFIRM_STALL_S
 from gateway.errors import PublishError
+from gateway.journal.crosscheck import check_group
 from gateway.journal.epochs import read_epochs
 from gateway.replication.group import group_key
 from gateway.replication.insync_keeper import REPORT_EVERY_S
@@ -918,3 +919,44 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
     finally:
         pub.close()
         cluster.kill()
+
+
+def test_a_mirror_site_that_is_a_group_journals_the_source_on_every_node_across_a_failover(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """Site mirroring (docs/mirroring.md) into a replicated group: mirror batches take the leader's ordinary path
+    (journaled, copied by the followers); after the leader is killed the mirror resumes at the new leader's head."""
+    source_root = tmp_path / "source"
+    source_root.mkdir()
+    source = GatewayProcess(source_root, streams=(STREAM,))
+    nodes = start_group(tmp_path, etcd, 2, "--mirror", STREAM)
+    log = open(tmp_path / "mirror.log", "ab")  # noqa: SIM115 (the child keeps it)
+    mirror = None
+    try:
+        with side(source_root) as sidecar:
+            to = ",".join(n.ingest for n in nodes)
+            mirror = subprocess.Popen([*ZEPS, "mirror", "-v", "--source", sidecar.endpoint, "--to", to, "--stream",
+                                       STREAM, "--timeout", "2s"], stderr=log)  # fmt: skip
+            sent = 0
+            for victim_killed in (False, True):
+                with Client(source.ingest, STREAM, confirm=True, timeout=20) as pub:
+                    for i in range(sent + 1, sent + 1001):
+                        pub.publish("k", f"record-{i}".encode())
+                    assert pub.flush() == sent + 1000
+                sent += 1000
+                survivors = [n for n in nodes if n.procs]
+                deadline = time.monotonic() + 60
+                while min(len(n.records()) for n in survivors) < sent:
+                    assert time.monotonic() < deadline and mirror.poll() is None, (tmp_path / "mirror.log").read_text()
+                    time.sleep(0.1)
+                result = check_group([source_root, *(n.journal for n in survivors)], STREAM)
+                assert result.violation is None and result.checked == sent, result.plain()
+                if not victim_killed:
+                    leader(etcd, nodes)[0].kill9()
+    finally:
+        if mirror is not None:
+            mirror.send_signal(signal.SIGTERM)
+            assert mirror.wait(15) == 0, (tmp_path / "mirror.log").read_text()
+        source.stop()
+        for node in nodes:
+            node.kill9()

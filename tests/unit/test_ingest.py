@@ -21,12 +21,16 @@ class Gate:
     def __init__(self) -> None:
         self.not_leading: str | None = None
         self.uncommitted: str | None = None
+        self.mirrored: dict[str, str] = {}  # stream -> why publishers may not write it
 
     def refusal(self) -> str | None:
         return self.not_leading
 
     def uncommitted_refusal(self) -> str | None:
         return self.uncommitted
+
+    def mirror_refusal(self, stream: str) -> str | None:
+        return self.mirrored.get(stream)
 
 
 def core(**config: object) -> tuple[I.Ingest, Gate]:
@@ -182,3 +186,32 @@ def test_a_producers_batch_after_a_gap_is_refused_out_of_order() -> None:
     assert isinstance(action, I.Sequence)
     reason, kind = refusal(ingest.handle(A, P.PublishBatch(batch(producer=(7, 5))), 1.0))
     assert kind == "out-of-order" and "re-send from 3" in reason
+
+
+# --- mirror sessions (docs/mirroring.md) ----------------------------------------------------------------
+
+
+def test_a_mirror_stream_refuses_publishers_and_its_mirror_session_hands_its_commands_on() -> None:
+    ingest, gate = attached("batch", "confirm")
+    gate.mirrored["s"] = "stream s is a mirror of another site"
+    assert refusal(ingest.handle(A, P.Publish("k", b"v"), 1.0)) == ("stream s is a mirror of another site", "mirror")
+    assert refusal(ingest.handle(A, P.PublishBatch(batch()), 1.0))[1] == "mirror"
+    assert refusal(ingest.handle(A, P.Mirror(), 1.0))[1] == "invalid"  # 'mirror' not granted: not allowed
+
+    mirror, gate = attached("batch", "confirm", "mirror", identity=b"m")
+    gate.mirrored["s"] = "stream s is a mirror of another site"
+    for cmd in (P.Mirror(), P.Promote(), P.PublishBatch(batch())):
+        assert mirror.handle(b"m", cmd, 1.0) == [I.Mirror(b"m", "s", cmd, True)]
+    gate.not_leading = "not the leader"
+    assert refusal(mirror.handle(b"m", P.PublishBatch(batch()), 1.0)) == ("not the leader", "not-leader")
+
+
+def test_a_mirror_session_that_attaches_again_is_a_publisher() -> None:
+    ingest, _ = attached("batch", "mirror")
+    assert ingest.handle(A, P.Mirror(), 1.0) == [I.Mirror(A, "s", P.Mirror(), False)]
+    assert ingest.handle(A, P.Attach(P.PROTOCOL, P.VERSION, "t"), 2.0) == [
+        I.Left("s"),
+        I.Joined("t"),
+        I.Reply(A, P.AttachOk()),
+    ]
+    assert refusal(ingest.handle(A, P.Mirror(), 2.0))[1] == "invalid"

@@ -63,6 +63,10 @@ SPEC = {
     ),
     25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8), ("head", N8)], None),
     26: ("REPLICA-BATCH", [("stream", S), ("epoch", N8), ("committed", N8), ("batch", C)], None),
+    27: ("MIRROR", [], "mirror"),
+    28: ("MIRROR-OK", [("head", N8)], "mirror"),
+    29: ("PROMOTE", [], "mirror"),
+    30: ("PROMOTE-OK", [("head", N8)], "mirror"),
 }
 
 
@@ -71,7 +75,7 @@ def test_table_matches_the_grammar() -> None:
     assert got == SPEC
     for cmd_id, spec in COMMANDS.items():
         assert (cmd_id, spec.name, spec.feature) == (spec.cls.ID, spec.cls.NAME, spec.cls.FEATURE)
-    assert {"batch", "confirm", "range", "time", "snapshot", "producer", "uncommitted"} == p.FEATURES
+    assert {"batch", "confirm", "range", "time", "snapshot", "producer", "uncommitted", "mirror"} == p.FEATURES
     assert {s.feature for s in COMMANDS.values()} - {None} <= p.FEATURES
 
 
@@ -212,7 +216,7 @@ def test_mutated_frames_are_rejected_or_canonical(cmd: p.Command, mutations: lis
         (b"\xaa\xa4\x08", "bad signature"),
         (b"\xaa\xa5", "truncated frame: signature but no command id"),
         (b"\xaa\xa5\x63", "unknown command 99"),
-        (b"\xaa\xa5\x1c", "unknown command 28"),
+        (b"\xaa\xa5\x1f", "unknown command 31"),
         (b"\xaa\xa5\x08abc", "trailing 3 bytes after PING"),
         (
             b"\xaa\xa5\x07" + bytes(8) + b"\x00\x00\x00\x01\xf4" + bytes(12),

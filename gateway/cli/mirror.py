@@ -1,0 +1,141 @@
+"""`zeps mirror`: copy a stream from one site's sidecar(s) into another site's gateway; `zeps mirror promote`:
+make the mirror site the primary (docs/mirroring.md)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+from gateway.cli import keyopts
+from gateway.cli.options import Parser, duration, host_port, positive, say, stream_name, tcp_endpoint
+
+
+def endpoints(text: str) -> list[str]:
+    """tcp://H:P[,tcp://H:P...]: several endpoints of one site (sidecars, or the nodes of a group)."""
+    return [tcp_endpoint(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    p: Parser = commands.add_parser(
+        "mirror",
+        help="copy a stream from one site's replay sidecar into another site's gateway, sequence for sequence",
+        description="Reads --stream from the source site's sidecar(s) (catch-up, then the live tail) and writes "
+        "its journal batches, sequences and times kept, into the gateway at --to, which serves the stream with "
+        "--mirror. Resumes from that gateway's head after any restart; exits 1 naming the records if the source "
+        "no longer holds what the mirror needs. `zeps mirror promote` makes the mirror site the primary.",
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        type=endpoints,
+        metavar="ENDPOINT[,...]",
+        help="the source site's replay sidecar(s), e.g. tcp://a-gw:5571 (repeatable, comma-separated)",
+    )
+    p.add_argument(
+        "--to",
+        action="append",
+        type=endpoints,
+        metavar="ENDPOINT[,...]",
+        help="the mirror site's gateway ingest(s), e.g. tcp://b-gw:5570 (a group's nodes: several)",
+    )
+    p.add_argument("--stream", type=stream_name, help="the stream to mirror")
+    p.add_argument("--window", type=positive, default=64, help="batches sent and not yet confirmed, at most (64)")
+    p.add_argument("--timeout", type=duration, default=5.0, help="longest wait for any answer (default 5s)")
+    p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics (zeps_mirror_*) at HOST:PORT")
+    p.add_argument("--log-every", type=duration, default=10.0, help="a status line this often, with -v (10s)")
+    keyopts.add_client_options(p)
+    p.add_argument("--to-curve-server", metavar="FILE",
+                   help="CURVE: the mirror site's gateway's public NAME.key (default: --curve-server)")  # fmt: skip
+    p.require("source", "to", "stream")
+    p.set_defaults(handler=_run)
+    actions = p.add_subparsers(dest="mirror_command", metavar="ACTION")
+    promote: Parser = actions.add_parser(
+        "promote",
+        help="make the mirror site the stream's primary (disaster recovery)",
+        description="Turns the mirror at --gateway into the primary: publishers are accepted and sequences "
+        "continue from the mirrored head. Refused while the source sidecar given by --source still answers "
+        "(unless --force). The promotion is persisted in that gateway's journal: from then on it refuses "
+        "every mirror batch. Prints the sequence it was promoted at.",
+    )
+    promote.add_argument("--stream", type=stream_name, required=True, help="the mirrored stream")
+    promote.add_argument("--gateway", type=endpoints, required=True, metavar="ENDPOINT[,...]",
+                         help="the mirror site's gateway ingest (the nodes of a group: several)")  # fmt: skip
+    promote.add_argument("--source", type=endpoints, metavar="ENDPOINT[,...]",
+                         help="the source site's sidecar(s): promotion is refused while one answers")  # fmt: skip
+    promote.add_argument("--force", action="store_true", help="promote even if the source answers (or is not named)")
+    promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for any answer (default 3s)")
+    keyopts.add_client_options(promote)
+    promote.check(_source_or_force)
+    promote.set_defaults(handler=_promote)
+
+
+def _source_or_force(args: argparse.Namespace) -> str | None:
+    if not args.source and not args.force:
+        return "name the source's sidecar (--source, which must no longer answer) or promote with --force"
+    return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from gateway.client.mirror import Mirror, MirrorConfig
+    from gateway.client.mirror_metrics import MirrorMetrics
+    from gateway.transport.curve import client_keys
+
+    source_curve = keyopts.client_curve(args)
+    target_curve = client_keys(args.curve_key, args.to_curve_server) if args.to_curve_server else source_curve
+    config = MirrorConfig(
+        stream=args.stream,
+        sources=tuple(e for group in args.source for e in group),
+        targets=tuple(e for group in args.to for e in group),
+        source_curve=source_curve,
+        target_curve=target_curve,
+        window=args.window,
+        timeout_s=args.timeout,
+        log_s=args.log_every,
+    )
+    mirror = Mirror(config)
+    metrics = MirrorMetrics(mirror) if args.metrics else None
+    if metrics is not None:
+        metrics.serve(args.metrics)
+    signal.signal(signal.SIGTERM, lambda *_: mirror.stop())
+    signal.signal(signal.SIGINT, lambda *_: mirror.stop())
+    say(args, f"zeps mirror: stream {args.stream} from {','.join(config.sources)} to {','.join(config.targets)}")
+    try:
+        mirror.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return 0
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from gateway.client.mirror_target import MirrorTarget
+    from gateway.client.replay_client import ReplayClient
+    from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
+
+    curve = keyopts.client_curve(args)
+    for source in [] if args.force else args.source:
+        try:
+            with ReplayClient(source, args.stream, timeout=args.timeout, curve=curve, fail_unreachable=True) as client:
+                client.wait_ready()
+        except ReplayRefused:
+            pass  # it answers (and refuses): still there
+        except ReplayError:
+            continue  # down, unreachable or silent: as a source that is gone looks
+        raise MirrorError(
+            f"the source sidecar at {source} still answers: promoting now would fork stream {args.stream}. Promote "
+            "once the source site is gone, or stop its publishers and add --force"
+        )
+    error: PublishError | None = None
+    for endpoint in args.gateway:
+        target = MirrorTarget(endpoint, args.stream, timeout_s=args.timeout, curve=curve)
+        try:
+            head = target.promote()
+        except PublishError as exc:  # not the leader, no answer: the next node
+            error = exc
+            continue
+        finally:
+            target.close()
+        print(f"stream {args.stream} promoted at sequence {head} at {endpoint}; publishes continue at {head + 1}")
+        return 0
+    assert error is not None
+    raise error

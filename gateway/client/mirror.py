@@ -1,0 +1,222 @@
+"""`zeps mirror`: one site's stream copied into another site's gateway, sequence for sequence (docs/mirroring.md).
+
+The mirror reads stream S from the source site's replay sidecar(s) over TCP (catch-up, then the live tail: one
+SUBSCRIBE) and writes the journal's batches, as they are, into the mirror site's gateway (a stream served with
+--mirror), which journals them verbatim and multicasts them on its own LAN. Nothing is kept here: where to
+resume is the mirror site's journal head, which the gateway tells every new session (MIRROR-OK), and the gateway
+accepts only the batch that continues it. So a restart of anything (this process, either gateway, a sidecar)
+resumes exactly, and a second mirror started by mistake has its batches refused instead of duplicated.
+
+Rounds: a round opens a session with one target endpoint (gateway.client.mirror_target), learns the head H,
+subscribes at one source sidecar after H, and forwards each batch once it starts at the next sequence; at most
+`window` batches wait for their PUBLISH-OK. A failure worth retrying (no answer, a closed connection, a batch
+refused) ends the round; the next one, after a backoff, takes the next source and target endpoint in turn
+(several sidecars of the source, the nodes of a replicated mirror site). A final failure ends the mirror with
+MirrorError: records gone at the source (TRIMMED, or a first batch beyond H + 1: exactly which are named, nothing
+is skipped in silence), a target that was promoted or is no mirror, a source that refuses the stream.
+
+Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`;
+`status` holds the heads and lag, read by the metrics (gateway.client.mirror_metrics) and a log line every `log_s`.
+Threading: one thread runs `run()`; the metrics' HTTP thread only reads `status` (ints and floats, each whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import zmq
+
+from gateway.client.mirror_target import MirrorTarget
+from gateway.client.replay_client import ReplayClient
+from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
+from gateway.transport.curve import CurveClientKeys
+from gateway.wire import batch as B
+from gateway.wire import protocol as P
+
+log = logging.getLogger(__name__)
+
+SOURCE_FEATURES = (P.FEATURE_BATCH, P.FEATURE_RANGE)
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+
+
+@dataclass(frozen=True)
+class MirrorConfig:
+    stream: str
+    sources: tuple[str, ...]  # the source site's replay sidecars
+    targets: tuple[str, ...]  # the mirror site's gateway ingest(s)
+    source_curve: CurveClientKeys | None = None
+    target_curve: CurveClientKeys | None = None
+    window: int = 64  # batches sent and not confirmed yet, at most
+    timeout_s: float = 5.0  # any answer (an opening, MIRROR-OK, the oldest confirm) waits at most this long
+    probe_s: float = 1.0  # the source's head is asked this often
+    log_s: float = 10.0  # a status line this often (INFO)
+
+
+@dataclass
+class MirrorStatus:
+    """What the mirror knows, for metrics and logs; written by the mirror's thread only."""
+
+    head: int = 0  # the mirror site's head, as confirmed
+    source_head: int = 0
+    lag_seconds: float = 0.0  # age of the oldest source record not confirmed at the mirror site (see lag())
+    mirrored_records: int = 0
+    mirrored_batches: int = 0
+    resumes: int = 0  # rounds started after a failure
+    last_ts_ns: int = 0  # journal time of the last batch confirmed
+    in_flight: deque[tuple[int, int]] = field(default_factory=deque)  # (last_seq, ts_ns) sent, not confirmed
+
+    @property
+    def lag_records(self) -> int:
+        return max(0, self.source_head - self.head)
+
+    def lag(self, now_ns: int) -> None:
+        """Seconds behind: 0 when level; else the age of the oldest batch in flight or, while catching up with
+        none in flight, of the last one confirmed (an upper bound). Journal times are the source's clock."""
+        if self.lag_records == 0:
+            self.lag_seconds = 0.0
+        else:
+            oldest = self.in_flight[0][1] if self.in_flight else self.last_ts_ns
+            self.lag_seconds = max(0.0, (now_ns - oldest) / 1e9) if oldest else 0.0
+
+
+class Mirror:
+    """The mirror of one stream (the module docstring). `run()` until stopped, or MirrorError."""
+
+    def __init__(self, config: MirrorConfig, *, ctx: zmq.Context | None = None) -> None:
+        if not config.sources or not config.targets:
+            raise ValueError("a mirror needs at least one source sidecar and one target gateway")
+        self.config = config
+        self.ctx = ctx or zmq.Context.instance()
+        self.status = MirrorStatus()
+        self._stopping = False
+        self._round = 0
+        self._next_log = 0.0
+        self._source = ""  # the sidecar of this round
+        self._sent_at = 0.0  # when the oldest batch in flight was sent, or the last confirm came
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Mirror until `until()` or stop(); MirrorError when it cannot go on without a gap or a fork."""
+        backoff = BACKOFF_MIN_S
+        while not (self._stopping or until()):
+            c = self.config
+            source = c.sources[self._round % len(c.sources)]
+            target = c.targets[self._round % len(c.targets)]
+            self._round += 1
+            progress = self.status.mirrored_records
+            try:
+                self._mirror(source, target, until)
+                return
+            except ReplayRefused as exc:
+                raise MirrorError(f"the source refused the mirror: {exc}") from None
+            except (ReplayError, PublishError) as exc:
+                self.status.resumes += 1
+                if self.status.mirrored_records > progress:  # that round did mirror: a new fault, a short wait
+                    backoff = BACKOFF_MIN_S
+                log.warning("mirror of %s: %s; resuming from the mirror site's head in %.1f s", c.stream, exc, backoff)
+            self._sleep(backoff, until)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _sleep(self, seconds: float, until: Callable[[], bool]) -> None:
+        end = time.monotonic() + seconds
+        while not (self._stopping or until()) and time.monotonic() < end:
+            time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+    def _mirror(self, source: str, target_ep: str, until: Callable[[], bool]) -> None:
+        """One round: returns when stopped; raises at the first failure."""
+        c, st = self.config, self.status
+        target = MirrorTarget(target_ep, c.stream, timeout_s=c.timeout_s, curve=c.target_curve, ctx=self.ctx)
+        client = None
+        self._source = source
+        try:
+            st.head = target.mirror()
+            st.in_flight.clear()
+            client = ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=c.timeout_s,
+                                  curve=c.source_curve, ctx=self.ctx, fail_unreachable=True)  # fmt: skip
+            client.subscribe("", st.head)  # 0: from the first retained, which must then be 1
+            log.info("mirror of %s: %s -> %s from sequence %d", c.stream, source, target_ep, st.head + 1)
+            self._forward(client, target, until)
+        finally:
+            target.close()
+            if client is not None:
+                client.close()
+
+    def _forward(self, client: ReplayClient, target: MirrorTarget, until: Callable[[], bool]) -> None:
+        c, st = self.config, self.status
+        expected = st.head + 1
+        probe, next_probe = -1, 0.0
+        poller = zmq.Poller()
+        poller.register(target.sock, zmq.POLLIN)
+        while not (self._stopping or until()):
+            now = time.monotonic()
+            if client.ready and now >= next_probe:
+                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), now + c.probe_s
+            room = len(st.in_flight) < c.window
+            poller.register(client.sock, zmq.POLLIN if room else 0)
+            poller.poll(50 if client.ready else 10)
+            while (last := target.confirmed(0)) is not None:
+                self._confirmed(last)
+            if st.in_flight and time.monotonic() - self._sent_at > c.timeout_s:
+                raise PublishError(f"the gateway at {target.endpoint} confirmed nothing for {c.timeout_s:g} s")
+            while room and (event := client.recv(0)) is not None:
+                match event:
+                    case B.Batch() if event.count:
+                        expected = self._send(target, event, expected)
+                    case P.Trimmed(requested=lo, first_retained=first):
+                        raise self._gone(lo, first - 1, first)
+                    case P.FetchEnd(request_id=rid, last=head) if rid == probe:
+                        st.source_head = max(st.source_head, head)
+                room = len(st.in_flight) < c.window
+            self._report(time.monotonic())
+
+    def _send(self, target: MirrorTarget, batch: B.Batch, expected: int) -> int:
+        """Forward the part of `batch` from `expected` on; the next sequence expected."""
+        st = self.status
+        if batch.last_seq < expected:
+            return expected  # had it already (the sidecar's first batch may start before)
+        if batch.first_seq > expected:
+            raise self._gone(expected, batch.first_seq - 1, batch.first_seq)
+        if batch.first_seq < expected:
+            batch = B.Batch.parse(batch.part(expected, batch.last_seq), check_crc=False)
+        target.send(batch.buf)
+        if not st.in_flight:
+            self._sent_at = time.monotonic()
+        st.in_flight.append((batch.last_seq, batch.ts_ns))
+        st.source_head = max(st.source_head, batch.last_seq)
+        return batch.last_seq + 1
+
+    def _confirmed(self, last: int) -> None:
+        st = self.status
+        while st.in_flight and st.in_flight[0][0] <= last:
+            seq, ts = st.in_flight.popleft()
+            st.mirrored_batches += 1
+            st.mirrored_records += seq - st.head
+            st.head, st.last_ts_ns = seq, ts
+        self._sent_at = time.monotonic()
+
+    def _gone(self, lo: int, hi: int, first: int) -> MirrorError:
+        return MirrorError(
+            f"mirror of stream {self.config.stream}: records {lo}..{hi} are gone from the source's journal at "
+            f"{self._source} (its first retained is {first}); nothing was skipped: the mirror site's head stays "
+            f"{lo - 1}. "
+            "Fix: keep a longer retention at the source (--retention-bytes, --retention-s), or start the mirror "
+            "site from a copy of the source's journal"
+        )
+
+    def _report(self, now: float) -> None:
+        st = self.status
+        st.lag(time.time_ns())
+        if now < self._next_log:
+            return
+        self._next_log = now + self.config.log_s
+        log.info(
+            "mirror stream=%s head=%d source_head=%d lag_records=%d lag_seconds=%.3f mirrored_records=%d resumes=%d",
+            self.config.stream, st.head, st.source_head, st.lag_records, st.lag_seconds, st.mirrored_records,
+            st.resumes,
+        )  # fmt: skip
