@@ -289,7 +289,7 @@ class Ingest:
     def _has_session(self) -> bool:
         return self._identity in self.sessions
 
-    def _has_none(self) -> bool:
+    def _session_ended(self) -> bool:
         return self._identity not in self.sessions
 
     # --- the handlers' parts ----------------------------------------------------------------------------
@@ -368,7 +368,7 @@ TRANSITIONS: dict[Phase, Row] = {
             **dict.fromkeys(_SIDECAR, I._send_to_sidecar),
             P.Command: I._refuse_command,
         },
-        go=(Go(I._has_none, Phase.DETACHED),),
+        go=(Go(I._session_ended, Phase.DETACHED),),
     ),
 }
 del I
