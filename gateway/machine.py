@@ -56,20 +56,26 @@ def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object, ki
     handler = row.on.get(type(event) if kind is None else kind)
     if handler is not None:
         handler(machine, event)
-    for timers_run in (False, True):
-        if timers_run:
-            for timer in row.timers:
-                timer(machine)
-        for _ in range(len(table) + 1):
-            go = next((go for go in row.go if go.guard(machine)), None)
-            if go is None:
-                break
-            state, row = go.target, table[go.target]
-            if go.action is not None:
-                go.action(machine)
-        else:
-            raise RuntimeError(f"{type(machine).__name__}: transitions cycle in {state!r}, a bug in its table")
+    state, row = _transitions(machine, table, state, row)
+    if row.timers:  # without timers nothing changed since the transitions were looked at
+        for timer in row.timers:
+            timer(machine)
+        state, row = _transitions(machine, table, state, row)
     return state
+
+
+def _transitions(machine: M, table: Mapping[S, Row[M, S]], state: S, row: Row[M, S]) -> tuple[S, Row[M, S]]:
+    """Take the first transition whose guard holds, from each state reached, until none does."""
+    for _ in range(len(table) + 1):
+        for go in row.go:
+            if go.guard(machine):
+                state, row = go.target, table[go.target]
+                if go.action is not None:
+                    go.action(machine)
+                break
+        else:
+            return state, row
+    raise RuntimeError(f"{type(machine).__name__}: transitions cycle in {state!r}, a bug in its table")
 
 
 def describe(table: Mapping[S, Row[M, S]], events: tuple[object, ...], names: Mapping[Any, str] | None = None) -> str:

@@ -332,7 +332,7 @@ class Ingest:
     def _has_session(self) -> bool:
         return self._identity in self.sessions
 
-    def _has_none(self) -> bool:
+    def _session_ended(self) -> bool:
         return self._identity not in self.sessions
 
     def _mirrors(self) -> bool:
@@ -425,7 +425,7 @@ TRANSITIONS: dict[Phase, Row] = {
             **dict.fromkeys(_SIDECAR, I._send_to_sidecar),
             P.Command: I._refuse_command,
         },
-        go=(Go(I._has_none, Phase.DETACHED), Go(I._mirrors, Phase.MIRRORING)),
+        go=(Go(I._session_ended, Phase.DETACHED), Go(I._mirrors, Phase.MIRRORING)),
     ),
     Phase.MIRRORING: Row(
         on={
@@ -438,7 +438,7 @@ TRANSITIONS: dict[Phase, Row] = {
             **dict.fromkeys(_SIDECAR, I._send_to_sidecar),
             P.Command: I._refuse_command,
         },
-        go=(Go(I._has_none, Phase.DETACHED), Go(I._publishes, Phase.ATTACHED)),
+        go=(Go(I._session_ended, Phase.DETACHED), Go(I._publishes, Phase.ATTACHED)),
     ),
 }
 del I
