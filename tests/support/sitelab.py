@@ -8,7 +8,7 @@ site S runs on S-gw, with feedlab's stream ("feed") and its multicast groups on 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,16 @@ WAN_CAPPED = Impairment(delay_ms=30, loss_pct=1, rate_kbit=100_000)  # the same 
 
 
 @contextlib.contextmanager
-def two_sites(wan: Impairment | None = WAN, name: str | None = None) -> Iterator[Sites]:
-    """The two sites, up with ``wan`` on both directions (None: a perfect WAN); down at the end, pass or fail.
-    Fails, never skips, without root."""
-    with Sites(A_HOSTS, B_HOSTS, name, wan=wan) as sites:
+def two_sites(
+    wan: Impairment | None = WAN,
+    name: str | None = None,
+    *,
+    a: Sequence[str] = A_HOSTS,
+    b: Sequence[str] = B_HOSTS,
+) -> Iterator[Sites]:
+    """The two sites with hosts ``a`` and ``b``, up with ``wan`` on both directions (None: a perfect WAN); down
+    at the end, pass or fail. Fails, never skips, without root."""
+    with Sites(a, b, name, wan=wan) as sites:
         yield sites
 
 
