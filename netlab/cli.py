@@ -261,8 +261,8 @@ def cmd_sites_up(args: argparse.Namespace) -> int:
     sites = Sites(args.a, args.b, args.name, wan=wan, persistent=True).up()
     for lab in (sites.a, sites.b):
         _print_lab(lab.to_record())
-    wan = f"{sites.b.name}/{ROUTER}"
-    print(f"WAN: the link of {wan} (out: a-to-b, in: b-to-a); change it with: netlab impair {wan} --dir both ...")
+    link = f"{sites.b.name}/{ROUTER}"
+    print(f"WAN: the link of {link} (out: a-to-b, in: b-to-a); change it with: netlab impair {link} --dir both ...")
     return 0
 
 
