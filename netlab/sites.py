@@ -170,8 +170,8 @@ class Sites:
         for lab in (self.b, self.a):  # the router's namespace first: its processes go before site A's links
             try:
                 lab.down()
-            except LabError as exc:
-                errors.append(str(exc))
+            except Exception as exc:  # the other lab goes down all the same
+                errors.append(f"{lab.name}: {exc}")
         if errors:
             raise LabError("; ".join(errors))
 
