@@ -244,8 +244,8 @@ class ReplayClient:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
         if self.handshake.unreachable:
             raise ReplayError(
-                f"nothing listens at {self.endpoint} (connection refused): is `zeps replay` running there, and is "
-                "the endpoint right?"
+                f"nothing listens at {self.endpoint} (connection refused): is `zeps replay` running there? Check "
+                "the endpoint too"
             )
         if self.opening.expired(now):
             why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
