@@ -87,8 +87,8 @@ class ReplayClient:
         """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s).
 
         endpoint: the sidecar's tcp://HOST:PORT (`zeps replay --bind`). stream: the stream's name (raises
-        ProtocolError for one the protocol cannot carry). features: the extensions to ask for (gateway.wire.
-        protocol's FEATURE_* names; by default batch, range and time); what was granted is `features` once
+        ProtocolError for one the protocol cannot carry). features: the extensions to ask for, by name
+        (`gateway.wire.protocol.FEATURES`; by default batch, range and time); what was granted is `features` once
         `ready`, and a request needing one not granted raises NotGranted. window: bytes of credit granted
         up front and topped up as recv() hands answers out: how much the server may send ahead of the caller.
         curve: CURVE client keys, for a sidecar that requires them. ctx: the ZeroMQ context (default: the
@@ -244,8 +244,8 @@ class ReplayClient:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
         if self.handshake.unreachable:
             raise ReplayError(
-                f"nothing listens at {self.endpoint} (connection refused): is `zeps replay` running there, and is "
-                "the endpoint right?"
+                f"nothing listens at {self.endpoint} (connection refused): is `zeps replay` running there? Check "
+                "the endpoint too"
             )
         if self.opening.expired(now):
             why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"

@@ -108,6 +108,7 @@ class Scenario:
     keys: int = 4  # records are spread over this many keys
     p_delete: float = 0.2  # chance that a record deletes its key (an empty body)
     p_snapshot_pause: float = 0.0  # a snapshot answer pauses part-way for longer than the progress timeout
+    replay_only: bool = False  # no feeds: the sidecar's head reports (over its connection) are the heartbeats
 
     @property
     def total(self) -> int:
@@ -265,6 +266,7 @@ class World:
             tail_grace=sc.tail_grace,
             max_lag=sc.max_lag,
             lag_policy=sc.lag_policy,  # type: ignore[arg-type]
+            replay_only=sc.replay_only,
         )
         self.live = [B(f, la, 10 * (la - f + 1)) for f, la in cut(rnd, sc.history + 1, sc.total, 6)]
         self.keyed = Keyed.make(sc, rnd)
@@ -375,6 +377,9 @@ class World:
                 heapq.heappush(self.inbox, (arrival, next(self.order), Live(batch, feed)))
 
     def heartbeats(self, reliable: bool) -> None:
+        if self.sc.replay_only and self.server.up and (reliable or self.rnd.random() >= self.sc.p_heartbeat_drop):
+            arrival = self.step + (0 if reliable else self.rnd.randint(0, self.sc.max_answer_delay))
+            heapq.heappush(self.inbox, (arrival, next(self.order), HeadSeen(self.server.journal_head, "replay")))
         for feed in self.sc.feeds:
             if feed != self.sc.dead_feed and (reliable or self.rnd.random() >= self.sc.p_heartbeat_drop):
                 arrival = self.step + (0 if reliable else self.rnd.randint(0, self.sc.reorder))
@@ -412,7 +417,7 @@ class World:
             self.run_step(publish=True)
         self.server.faults = False  # quiescence: the network heals; lost requests get retried and answered
         last_progress, seen = self.step, len(self.ranges)
-        while not (self.expected == sc.total + 1 and not self.rec.outstanding):
+        while not (self.expected == sc.total + 1 and (not self.rec.outstanding or self._tailing())):
             if len(self.ranges) != seen:
                 last_progress, seen = self.step, len(self.ranges)
             if self.step - last_progress > QUIET_STEPS:
@@ -424,6 +429,10 @@ class World:
         self.quiet_steps = self.step - last_progress
         for _ in range(20):  # late and stale answers, heartbeats: nothing more may be delivered
             self.run_step(publish=False)
+
+    def _tailing(self) -> bool:
+        """Replay only: merged, the open-ended request streaming on as the live tail."""
+        return self.sc.replay_only and self.rec.state is State.MERGED
 
     def check_result(self) -> None:
         sc, rec = self.sc, self.rec
@@ -473,7 +482,8 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         }[kind]()
     )
     two_feeds = pick("two_feeds", st.booleans())
-    feeds = ("A", "B") if two_feeds else ("A",)
+    replay_only = pick("replay_only", st.just(False))
+    feeds = () if replay_only else ("A", "B") if two_feeds else ("A",)
     burst = draw(st.integers(1, 12))
     outage = None
     if pick("outage", st.booleans()):
@@ -510,6 +520,7 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         keys=draw(st.integers(1, 12)),
         p_delete=draw(st.sampled_from([0.0, 0.2, 0.5])),
         p_snapshot_pause=draw(st.sampled_from([0.0, 0.3])),
+        replay_only=replay_only,  # type: ignore[arg-type]
     )
 
 
@@ -592,6 +603,19 @@ def test_replay_lost_and_restored_mid_catch_up(sc: Scenario, seed: int) -> None:
 )
 def test_slow_consumer_shifts_to_replay_and_back(sc: Scenario, seed: int) -> None:
     simulate(sc, seed)
+
+
+@settings(PROPERTY, max_examples=300)
+@given(
+    scenarios(replay_only=True, two_feeds=False, start_kind=st.sampled_from(["earliest", "at_seq", "after_seq",
+                                                                             "snapshot"])),
+    SEEDS,
+)  # fmt: skip
+def test_replay_only_is_exactly_once_and_merged_with_the_sidecars_head(sc: Scenario, seed: int) -> None:
+    """Without multicast, under every replay fault: the same guarantee, and MERGED once caught up."""
+    world = simulate(sc, seed)
+    assert world.states[-1] is State.MERGED, world.states
+    assert world.rec.stats.records_from_live == 0
 
 
 def test_slow_consumer_scenario_really_switches_gears() -> None:
