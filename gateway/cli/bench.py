@@ -36,6 +36,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos: the group's transport")
     p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
     p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
+    p.add_argument(
+        "--rate", type=_positive(int), default=5_000, help="chaos: records a second the publisher offers (default 5000)"
+    )
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
@@ -57,6 +60,7 @@ def _run(args: argparse.Namespace) -> int:
         chaos_transport=args.transport,
         chaos_faults=args.faults,
         chaos_seed=args.seed,
+        chaos_rate=args.rate,
     )
     names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     estimate = sum(scenario(name).estimate(settings) for name in names)

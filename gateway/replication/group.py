@@ -215,7 +215,7 @@ class GroupNode:
     def tick(self, now: float) -> None:
         """Hear the followers and etcd, take or leave the lead, and advance the commit points (the gateway then
         multicasts what they let through, and calls `after_release`)."""
-        self.peers.serve(self.insync, now)
+        self.peers.serve(self.insync, now, answer=self.elector.may_act(now))  # else its followers must suspect us
         for name, outcome in self.elector.outcomes():
             if name == "insync":
                 self._written(outcome, now)
