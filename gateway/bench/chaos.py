@@ -281,14 +281,17 @@ def check(journals: list[Path], got: dict[str, Any], confirmed: list[int], head:
 
 def _outages(got: dict[str, Any], marks: list[tuple[float, int, str, int]]) -> dict[str, Any]:
     """Per fault: outage (hagroup.outage) and longest silence from the fault until OUTAGE_WINDOW_S after it or
-    the next step's first fault, whichever is first (both faults of a step share it); their p50/p99/max, per
-    kind, and the faults followed by a silence past TARGET_SILENCE_S."""
+    the next step's first fault, whichever is first (both faults of a step share it; with no delivery in it,
+    until the first one after); their p50/p99/max, per kind, and the faults followed by a silence past
+    TARGET_SILENCE_S."""
     arrived = got["arrived"]
     outages, silences, long = [], [], []
     by_kind: dict[str, tuple[int, list[float]]] = {}
     for when, before, what, step in marks:
         end = min([when + OUTAGE_WINDOW_S, *(t for t, _, _, s in marks if s > step)])
         times = [when] + [t for t in arrived if when < t <= end]
+        if len(times) == 1:  # nothing came before the next step: the silence runs to the first delivery
+            times.append(next((t for t in arrived if t > end), float("inf")))
         silence = max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
         silences.append(silence)
         outages.append(outage(got, when, before))
