@@ -49,6 +49,7 @@ JUNK_RATE = 20.0  # junk datagrams a second on the group's port
 TARGET_SILENCE_S = 1.0
 RATE = 5_000  # records a second the publisher offers (issue #30 asks for 5,000)
 CHUNK = 50  # records per publish_many call: one Python call per record tops out near 500 a second here
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"  # the clients' logs, read against the nodes'
 STEP_GAP_S = 2.0  # healthy time between a step's healing and the next step: the silences after it are measured
 
 
@@ -150,8 +151,8 @@ def campaign(
         ready, until = MP.Queue(), MP.Queue()
         multicast = f"{transport}://{lab.host('sub').ip};{lab.group(1)}:{MCAST_PORT}"
         deadline = 120.0 + 15.0 * len(steps)
-        sub = lab.start("sub", hagroup.subscribe_all, multicast, [n.replay for n in nodes.values()], STREAM, ready,
-                        until, deadline)  # fmt: skip
+        sub = lab.start("sub", subscribe, multicast, [n.replay for n in nodes.values()], STREAM, ready, until,
+                        deadline)  # fmt: skip
         ready.get(timeout=WAIT_S)
         junk = lab.start("pub", send_junk, lab.group(1), MCAST_PORT, seed, stopping, deadline)
         pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stopping, group.progress, group.offered,
@@ -197,7 +198,7 @@ def publish(ingests: list[str], stop_event: Any, progress: Any, offered: Any, ra
     confirmed). `offered` counts the records handed over, `progress` those confirmed: a Publisher confirms in
     order, so its `confirmed` count N means records 1..N. The session's reconnects are logged (time stamped, on
     stderr) to read a failover from the client's side against the nodes' logs."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(format=LOG_FORMAT)
     logging.getLogger("gateway.client").setLevel(logging.INFO)
     n = 0
     with Publisher(ingests, STREAM, confirm=True, timeout=WAIT_S) as pub:
@@ -215,6 +216,13 @@ def publish(ingests: list[str], stop_event: Any, progress: Any, offered: Any, ra
         progress.value = pub.confirmed
         assert head is not None and pub.confirmed == n
     return list(range(1, n + 1)), head
+
+
+def subscribe(*args: Any) -> dict[str, Any]:
+    """In host sub: hagroup.subscribe_all, with the Subscriber's warnings (replay links that moved, fills that
+    made no progress) time-stamped on stderr, to read against the nodes' logs."""
+    logging.basicConfig(format=LOG_FORMAT)
+    return hagroup.subscribe_all(*args)
 
 
 def send_junk(group: str, port: int, seed: int, stop_event: Any, limit_s: float) -> int:
