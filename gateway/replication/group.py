@@ -193,9 +193,10 @@ class GroupNode:
         return None if self.leading else self._refusal()
 
     def _refusal(self) -> str:
-        """Why this node takes no publishes, naming the leader to publish to."""
+        """Why this node takes no publishes, naming the leader to publish to (not one it found silent: until
+        its elector reads the key again, that would send publishers back to a leader that is gone)."""
         holder = self.elector.holder()
-        if holder is None or holder.value == self._value:
+        if holder is None or holder.value == self._value or holder.create_revision == self.elector.suspected:
             where = "none is elected yet"
         else:
             try:
