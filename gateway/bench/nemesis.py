@@ -97,7 +97,8 @@ def _fault(rng: random.Random, kind: str) -> Fault:
 @dataclass
 class Group:
     """A running group the nemesis acts on: its lab, etcd, nodes, and the log of what it did (`marks`: when
-    each fault started (time.monotonic()), the records confirmed then, what it was, in which step)."""
+    each fault started (time.monotonic()), the records the publisher had offered then, what it was, in which
+    step)."""
 
     lab: Lab
     root: Path
@@ -106,6 +107,7 @@ class Group:
     etcd: str
     stream: str
     progress: Any  # MP.Value: records the publisher has had confirmed
+    offered: Any  # MP.Value: records the publisher has handed over (numbered 1..offered)
     marks: list[tuple[float, int, str, int]] = field(default_factory=list)
     step: int = 0  # the step being applied (its marks carry it)
     restarts: list[str] = field(default_factory=list)  # exits the nemesis did not cause, found on the way
@@ -123,7 +125,7 @@ class Group:
         """Note that `fault` starts now, doing `what` (marks read "KIND: WHAT at HH:MM:SS.mmm")."""
         with self._mark_lock:
             wall = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"  # to read the nodes' logs
-            self.marks.append((time.monotonic(), self.progress.value, f"{fault.kind}: {what} at {wall}", self.step))
+            self.marks.append((time.monotonic(), self.offered.value, f"{fault.kind}: {what} at {wall}", self.step))
 
     def lock(self, name: str) -> threading.Lock:
         return self._locks.setdefault(name, threading.Lock())

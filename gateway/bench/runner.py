@@ -51,6 +51,7 @@ class Settings:
     chaos_transport: str = "udp"  # chaos scenario: the group's transport, its faults and the schedule's seed
     chaos_faults: int = 100
     chaos_seed: int | None = None  # None: drawn at random (and printed)
+    chaos_rate: int = 5_000  # records a second the chaos publisher offers
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

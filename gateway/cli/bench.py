@@ -41,6 +41,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos: the group's transport")
     p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
     p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
+    p.add_argument(
+        "--rate", type=_positive(int), default=5_000, help="chaos: records a second the publisher offers (default 5000)"
+    )
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
@@ -69,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
         chaos_transport=args.transport,
         chaos_faults=args.faults,
         chaos_seed=args.seed,
+        chaos_rate=args.rate,
     )
     estimate = sum(scenario(name).estimate(settings) for name in names)
     print(f"zeps bench {args.scenario}: about {estimate / 60:.0f} min on an idle 2-core machine", file=sys.stderr)

@@ -57,6 +57,15 @@ log = logging.getLogger(__name__)
 # misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
+# With other endpoints to try, a TCP connect unanswered this long is given up (libzmq's CONNECT_TIMEOUT; the
+# monitor's CONNECT_RETRIED makes it a drop): else a connect to a host cut off waits on the kernel's SYN
+# back-off (1 s, 3 s, 7 s), and a publisher cut from a healthy leader reaches it up to a second after the cut
+# heals. On the scale of HEARTBEAT_TIMEOUT_MS: a LAN connect takes a millisecond.
+CONNECT_TIMEOUT_MS = 500
+
+
+IDLE_S = 1.0  # the longest poll when nothing is due
+_ids = itertools.count()  # monitor addresses
 
 
 class Stop(enum.Enum):
@@ -65,10 +74,6 @@ class Stop(enum.Enum):
     NOT_ASKED = "not asked"  # run
     AFTER_DELIVERY = "after delivery"  # DETACH once everything queued is delivered (or cannot be)
     AT_ONCE = "at once"  # no DETACH, nothing more delivered
-
-
-IDLE_S = 1.0  # the longest poll when nothing is due
-_ids = itertools.count()  # monitor addresses
 
 
 class PublisherThread:
@@ -265,6 +270,8 @@ class PublisherThread:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if several:
+            sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
         if self._curve is not None:
             self._curve.apply(sock)
         self._several = several

@@ -113,6 +113,11 @@ class Elector(PolledByFd):
         """The leader key as last seen (this node's own while it leads): value, epoch, lease."""
         return self._holder
 
+    @property
+    def suspected(self) -> int:
+        """The epoch whose leader this node last found silent (0: none)."""
+        return self._suspect
+
     def suspect(self, epoch: int) -> None:
         """The leader of `epoch` went silent: revoke its lease and campaign now (if eligible)."""
         self._suspect = epoch

@@ -20,7 +20,8 @@ a leader that stops reading publishers still reads them): REPLICA-ACK(node, stre
 mac) whenever what it wrote (`sequence`) or what is as durable as its --fsync says (`durable`, after a group
 commit) moved, again every `ACK_EVERY_S` with a PING. The mac (`ack_mac`) is keyed with the secret the leader
 put in its etcd leader key: only a node that reads the group's etcd can make an ack the leader counts, not
-anyone who can reach the link (docs/ha.md). A peer link that answers nothing for `suspect_s` is a leader gone
+anyone who can reach the link (docs/ha.md). A peer link that answers nothing for `suspect_s` after our ping
+left (gateway.replication.silence: a ping still queued behind a connect is not counted) is a leader gone
 silent (killed, paused, cut off); one that the leader closed, after which its port refuses us, is a leader
 whose process exited, suspected at once. The leader answers with REPLICA-COMMIT, how far each stream is
 committed: the follower's sidecar serves that far (gateway.journal.committed), once the follower's journal is
@@ -52,6 +53,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
+from gateway.replication.silence import Silence
 from gateway.transport.link import Link, LinkSet
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
@@ -189,7 +191,7 @@ class Follower:
         self._hung_up = False  # the leader closed the link it answered on, and has not answered since
         self._exited = False  # ... and then refused a connection: its process is gone
         self.started_at = self.heard_at = time.monotonic()
-        self._unanswered_since: float | None = None  # the first ping sent since the leader last answered
+        self._silence = Silence(suspect_s)
         self._next_ack = 0.0
 
     def answering(self, now: float) -> bool:
@@ -265,13 +267,14 @@ class Follower:
 
     def tick(self, now: float) -> str:
         """Read the leader's pushes and answers (at most READ_MAX), ack and ping when due; why the leader is
-        suspected, or "": a ping of ours has had no answer for `suspect_s` (so a pause of this process alone
-        never makes it suspect), or its process exited: it closed the link it answered us on, and its port then
-        refused us (a kill -9 on a live host says so at once; a dead host or a partition says nothing, and waits
-        for `suspect_s`)."""
+        suspected, or "": a ping of ours has had no answer for `suspect_s` since it left (gateway.replication.silence:
+        so neither a pause of this process nor a connect under way makes it suspect), or its process exited: it
+        closed the link it answered us on, and its port then refused us (a kill -9 on a live host says so at once;
+        a dead host or a partition says nothing, and waits for `suspect_s`)."""
         link = self.link
         for frame in link.frames(READ_MAX):
-            self.heard_at, self._unanswered_since = now, None
+            self.heard_at = now
+            self._silence.answered()
             self._answered_on, self._hung_up = link, False
             kind = frame[2:3]
             if kind == _BATCH_ID:
@@ -287,7 +290,7 @@ class Follower:
                 elif link.refused and self._hung_up:
                     self._exited = True
             if link.untrusted:  # its process answered, if only to refuse our TLS: not a reason to suspect it
-                self._unanswered_since = None
+                self._silence.answered()
                 if not self._untrusted_logged:
                     log.warning("ha: the peer link of leader %s: %s; check this node's --peer-tls-cert, "
                                 "--peer-tls-key and --peer-tls-ca", self.leader.node, link.error)  # fmt: skip
@@ -297,14 +300,15 @@ class Follower:
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
-            if self._unanswered_since is None:
-                self._unanswered_since = now
+            self._silence.pinged()
             for stream, (written, durable) in self.acked.items():
                 self._ack(stream, written, durable)
+        if not self.link.wants_write:  # what was queued (our pings) left, or the link is gone
+            self._silence.out(now)
         self._links.refresh()
         if self._exited:
             return "exited (it closed our peer link, and its port refuses connections)"
-        if self._unanswered_since is not None and now - self._unanswered_since > self.suspect_s:
+        if self._silence.silent(now):
             return f"silent for {self.suspect_s:.2f} s"
         return ""
 

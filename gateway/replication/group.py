@@ -193,9 +193,10 @@ class GroupNode:
         return None if self.leading else self._refusal()
 
     def _refusal(self) -> str:
-        """Why this node takes no publishes, naming the leader to publish to."""
+        """Why this node takes no publishes, naming the leader to publish to (not one it found silent: until
+        its elector reads the key again, that would send publishers back to a leader that is gone)."""
         holder = self.elector.holder()
-        if holder is None or holder.value == self._value:
+        if holder is None or holder.value == self._value or holder.create_revision == self.elector.suspected:
             where = "none is elected yet"
         else:
             try:
@@ -215,7 +216,7 @@ class GroupNode:
     def tick(self, now: float) -> None:
         """Hear the followers and etcd, take or leave the lead, and advance the commit points (the gateway then
         multicasts what they let through, and calls `after_release`)."""
-        self.peers.serve(self.insync, now)
+        self.peers.serve(self.insync, now, answer=self.elector.may_act(now))  # else its followers must suspect us
         for name, outcome in self.elector.outcomes():
             if name == "insync":
                 self._written(outcome, now)

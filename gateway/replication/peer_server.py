@@ -10,8 +10,11 @@ while the gateway reads no publisher (multicast or its followers behind), and a 
 a leader look silent to the followers that would depose it.
 
 An ack counts only if its mac was made with the key this process put in its etcd leader key (`ack_key`): only
-a node of the group can make one. Every node serves the link (a follower answers pings, and takes no acks), so
-that a follower promoted to leader is reachable at once.
+a node of the group can make one. Every node serves the link (a follower takes no acks), so that a follower
+promoted to leader is reachable at once; but only a node with authority (leading, or elected and taking over)
+answers pings. Those who ping a node without it still follow it from a leader key it no longer acts on (its
+authority lapsed: cut from etcd, paused past its lease, etcd down): unanswered, they suspect it within
+`--suspect-ms` and revoke its lease, instead of waiting for etcd to expire it (its TTL, then etcd's lessor).
 
 Threading contract: used by the gateway's loop only; never waits.
 """
@@ -87,9 +90,9 @@ class PeerServer:
     def start(self) -> None:
         self._watch(self.listener, zmq.POLLIN)  # a follower's ping or ack wakes the loop
 
-    def serve(self, insync: InSync | None, now: float, limit: int = 1024) -> None:
-        """Take new connections, answer the followers' pings and count their acks into `insync` (None: this
-        node does not lead, and takes none)."""
+    def serve(self, insync: InSync | None, now: float, *, answer: bool, limit: int = 1024) -> None:
+        """Take new connections, answer the followers' pings (if `answer`: this node has authority) and count
+        their acks into `insync` (None: this node does not lead, and takes none)."""
         for link in self.listener.accept(max_frame=PEER_FRAME_MAX, max_queued=PUSH_HWM, tls=self._tls):
             self._links.add(link)
             if len(self._links) > MAX_LINKS:  # someone opens connections and sends nothing: the oldest idle goes
@@ -103,7 +106,8 @@ class PeerServer:
                     self._rejected.labels("invalid").inc()  # not a node of ours: nothing to answer
                     continue
                 if isinstance(cmd, P.Ping):
-                    link.send(P.encode(P.PingOk()))  # one lost is said again: pings come every ACK_EVERY_S
+                    if answer:
+                        link.send(P.encode(P.PingOk()))  # one lost is said again: pings come every ACK_EVERY_S
                 elif isinstance(cmd, P.ReplicaAck):
                     self._ack(insync, link, cmd, now)
                 else:
