@@ -141,9 +141,7 @@ def once(dep: Deployment, count: int, rate: float = RATE) -> dict[str, float]:
         stop(sub)
     if got["missing"] or got["disorder"]:
         raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
-    lat, journaled = array("q"), array("q")
-    lat.frombytes(got["latencies"])
-    journaled.frombytes(got["journaled"])
+    lat, journaled = runner.times(got["latencies"]), runner.times(got["journaled"])
     hops = {"journal": journaled, "deliver": array("q", (t - j for t, j in zip(lat, journaled, strict=True)))}
     out = {**runner.percentiles(lat), "max": max(lat) / 1e6, "from_replay": got["summary"]["from_replay"]}
     for hop, times in hops.items():

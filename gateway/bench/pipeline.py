@@ -57,27 +57,56 @@ def record_keys() -> list[str]:
 
 
 def publish(
-    ingest: str | list[str], count: int, rate: float, linger_ms: float = 0.0, deadline_s: float = 120.0
+    ingest: str | list[str],
+    count: int,
+    rate: float,
+    linger_ms: float = 0.0,
+    deadline_s: float = 120.0,
+    many: int = 0,
 ) -> dict:
     """In host pub: `count` records of BODY bytes over KEYS keys, paced at `rate`/s (0: as fast as taken).
 
-    Not confirmed: under a burst the gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a
-    confirming publisher could wait for ever; the subscribers check that every record arrived instead. The
-    own context is terminated before returning, which waits until ZeroMQ has handed every queued batch to
-    the gateway: a process that ends without that (multiprocessing children end with os._exit) loses them.
-    Returns the seconds and CPU seconds that took.
+    One `publish()` per record, or with `many` one `publish_many()` per `many` records (the batch publish of
+    a producer that has its records in lists: no Python per record). Not confirmed: under a burst the
+    gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a confirming publisher could wait for
+    ever; the subscribers check that every record arrived instead. The own context is terminated before
+    returning, which waits until ZeroMQ has handed every queued batch to the gateway: a process that ends
+    without that (multiprocessing children end with os._exit) loses them. Returns the seconds and CPU
+    seconds that took.
     """
     names, body = record_keys(), b"x" * BODY
     start, cpu = time.perf_counter(), time.process_time()
     with zmq.Context() as ctx, Publisher(ingest, STREAM, timeout=deadline_s, linger_ms=linger_ms, ctx=ctx) as pub:
-        for i in range(count):
-            pub.publish(names[i % KEYS], body)
-            if rate and i % 10 == 9:
-                ahead = start + (i + 1) / rate - time.perf_counter()
-                if ahead > 0:
-                    time.sleep(ahead)
+        if many:
+            _publish_many(pub, names, body, count, rate, many, start)
+        else:
+            for i in range(count):
+                pub.publish(names[i % KEYS], body)
+                if rate and i % 10 == 9:
+                    _pace(start, i + 1, rate)
         pub.flush()
     return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+
+
+def _publish_many(
+    pub: Publisher, names: list[str], body: bytes, count: int, rate: float, many: int, start: float
+) -> None:
+    """`count` records in calls of `many` (the keys in the same rotation as one by one), paced per call."""
+    keys = (names * (many // KEYS + 1))[:many]  # many is a multiple of KEYS in the benchmarks: the rotation holds
+    bodies = [body] * many
+    done = 0
+    while done < count:
+        n = min(many, count - done)
+        pub.publish_many(keys if n == many else keys[:n], bodies if n == many else bodies[:n])
+        done += n
+        if rate:
+            _pace(start, done, rate)
+
+
+def _pace(start: float, done: int, rate: float) -> None:
+    ahead = start + done / rate - time.perf_counter()
+    if ahead > 0:
+        time.sleep(ahead)
 
 
 def subscribe(
@@ -103,7 +132,7 @@ def subscribe(
     tuning = Tuning(rate_kbps=rate_kbps)
     with Subscriber(STREAM, multicast=multicast, replay=replay, start="latest", tuning=tuning) as sub:
         ready.put(await_position(sub))
-        got = missing = disorder = 0
+        got = missing = disorder = deliveries = 0
         first = expect = None
         t_first = 0.0
         deadline, cpu = time.monotonic() + deadline_s, time.process_time()
@@ -121,10 +150,12 @@ def subscribe(
             disorder += lo != expect or hi - lo + 1 != n
             expect = hi + 1
             got += n
+            deliveries += 1
         return {
             "records": got,
             "missing": count - got,
             "disorder": disorder,
+            "deliveries": deliveries,
             "first": first,
             "seconds": time.perf_counter() - t_first,
             "cpu": time.process_time() - cpu,

@@ -55,6 +55,7 @@ from gateway.sequencer.output import REFUSED_MULTICAST, McastOutput
 from gateway.sequencer.producers import ProducerTable
 from gateway.sequencer.recovery import recover
 from gateway.transport.curve import TcpGuard
+from gateway.transport.descriptors import make_room
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
@@ -72,6 +73,7 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
+SPARE_FDS = 256  # descriptors besides the publishers' connections: journals, multicast, peers, ZeroMQ's own
 
 
 @dataclass
@@ -105,6 +107,8 @@ class Gateway:
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
         self.sessions: dict[bytes, _Session] = {}
+        if (short := make_room(config.max_clients + SPARE_FDS)) is not None:  # a descriptor per publisher
+            log.warning("--max-clients %d: %s; publishers past the limit will not connect", config.max_clients, short)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
@@ -490,7 +494,7 @@ class Gateway:
 
     def _publish_batch(self, identity: bytes, session: _Session, raw: P.Buffer) -> None:
         try:
-            batch = B.Batch.parse(bytes(raw))
+            batch = B.Batch.parse(raw)  # a view of the received frame: sequencing copies it once
         except B.BatchError as exc:
             self._reject(identity, f"bad PUBLISH-BATCH: {exc.reason}")
             return
