@@ -2,11 +2,11 @@
 publisher at the same total rate.
 
 One lab: host pub runs the publishers, host gw the gateway and sidecar (epgm://, default settings), host sub a
-reconciling `Subscriber` taking `next_batch()`. Many: `PUBLISHERS` Publishers (one connection each, default
-settings), spread over `PROCESSES` processes on pub, each publishing `RATE_EACH` records/s (100-byte bodies),
+reconciling `Subscriber` taking `next_batch()`. Many: 1,000 Publishers (one connection each, default
+settings), spread over 4 processes on pub, each publishing 10 records/s (100-byte bodies),
 their turns interleaved so that the gateway sees an even stream; every one is attached before the first
 record, so the run measures publishing, not connecting. One: a single Publisher at the same total rate, in
-the same lab and run. Each case publishes for `SECONDS`. Latency is the subscriber's clock at delivery minus
+the same lab and run, right before. Each case publishes for 20 s. Latency is the subscriber's clock at delivery minus
 the record's publish time (one machine, one clock); the gateway's CPU time (user + system, all threads, from
 /proc) over the case, divided by its records, is its cost per record. Every record must arrive, in order.
 
@@ -55,7 +55,11 @@ PUBLISHERS = 1_000
 PROCESSES = 4
 RATE_EACH = 10.0  # records/s per small publisher
 SECONDS = 20.0  # of publishing per case (quick: 2 s)
-FDS_PER_PUBLISHER = 8  # in a publishing process: TCP socket, ZeroMQ sockets' mailboxes, monitor, eventfd
+# ZeroMQ sockets per Publisher in a publishing process: its DEALER and its monitor's pair, and while it reconnects
+# the ones closing (libzmq's reaper frees them later): seen to exceed 4 per Publisher ("Too many open files" from
+# the context's socket limit) in a reconnect storm on a loaded machine.
+SOCKETS_PER_PUBLISHER = 16
+FDS_PER_PUBLISHER = 2 * SOCKETS_PER_PUBLISHER + 1  # a mailbox and a connection per socket; the IO thread's eventfd
 TARGET_CPU_RATIO = 2.0
 TARGET_P99_MS = 2.0
 COLUMNS = ("p50", "p99")
@@ -220,7 +224,7 @@ def publish_small(
     that took (attaching excluded)."""
     names, body = pipeline.record_keys(), b"x" * BODY
     ctx = zmq.Context()
-    ctx.set(zmq.MAX_SOCKETS, publishers * 4 + 64)  # each Publisher: its socket and its monitor's pair
+    ctx.set(zmq.MAX_SOCKETS, publishers * SOCKETS_PER_PUBLISHER + 64)
     pubs: list[Publisher] = []
     try:
         for _ in range(publishers):
