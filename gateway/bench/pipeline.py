@@ -6,22 +6,24 @@ reconciling subscribers in other lab hosts. The functions run in lab hosts are m
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from gateway.bench.runner import BODY, KEYS, STREAM
+from gateway.bench import BenchError
+from gateway.bench.runner import BODY, KEYS, STREAM, cpu_seconds, stop
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
 from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment
-from netlab import Lab
+from netlab import MP, Lab
 
 RATE_KBPS = 1_000_000  # PGM rate, both sides: ~900k records/s of 100-byte bodies, above every target
 READY_S = 30.0
@@ -164,6 +166,29 @@ def subscribe(
             "latencies": lat.tobytes(),
             "journaled": journaled.tobytes(),
         }
+
+
+def delivered(
+    dep: Deployment, count: int, publish: Callable[[], Any], timeout: float = 300.0, **how: Any
+) -> tuple[dict, Any, float]:
+    """A reconciling subscriber (`subscribe`, with `how`) on host sub of `dep`, positioned on the live feed
+    before `publish()` runs; its result, once every one of the `count` records arrived in order (BenchError if
+    not), what `publish()` returned, and the gateway's CPU seconds from then until the last record arrived.
+    The subscriber is stopped, by pid, whatever happens."""
+    ready = MP.Queue()
+    sub = dep.lab.start("sub", functools.partial(subscribe, dep.for_host("sub"), dep.replay, count, ready, **how))
+    try:
+        if ready.get(timeout=READY_S + 30) == "AWAIT_LIVE":
+            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+        cpu = cpu_seconds(dep.gateway_pid)
+        published = publish()
+        got = sub.result(timeout=timeout)
+        cpu = cpu_seconds(dep.gateway_pid) - cpu
+    finally:
+        stop(sub)
+    if got["missing"] or got["disorder"]:
+        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    return got, published, cpu
 
 
 def await_position(sub: Subscriber) -> str:

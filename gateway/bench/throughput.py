@@ -32,7 +32,7 @@ from typing import Any
 
 import zmq
 
-from gateway.bench import BenchError, pipeline, replay
+from gateway.bench import pipeline, replay
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -210,21 +210,10 @@ def zeps_runs(
 def zeps_once(
     dep: Deployment, count: int, rate_kbps: int, per_record: bool, columnar: bool = False, many: int = 0
 ) -> dict[str, float]:
-    lab, ready = dep.lab, MP.Queue()
-    subscribe = functools.partial(pipeline.subscribe, rate_kbps=rate_kbps, per_record=per_record, columnar=columnar)
-    sub = lab.start("sub", functools.partial(subscribe, dep.for_host("sub"), dep.replay, count, ready))
-    try:
-        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
-            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
-        gw_cpu = cpu_seconds(dep.gateway_pid)
-        publish = functools.partial(pipeline.publish, many=many)
-        pub = lab.run("pub", publish, dep.ingest, count, 0.0, timeout=300)
-        got = sub.result(timeout=300)
-        gw_cpu = cpu_seconds(dep.gateway_pid) - gw_cpu
-    finally:
-        stop(sub)
-    if got["missing"] or got["disorder"]:
-        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    publish = functools.partial(dep.lab.run, "pub", functools.partial(pipeline.publish, many=many), dep.ingest, count,
+                                0.0, timeout=300)  # fmt: skip
+    got, pub, gw_cpu = pipeline.delivered(dep, count, publish, rate_kbps=rate_kbps, per_record=per_record,
+                                          columnar=columnar)  # fmt: skip
     return {
         "rate": got["records"] / got["seconds"],
         "publish_rate": count / pub["seconds"],
