@@ -10,11 +10,12 @@ the same lab and run, right before. Each case publishes for 20 s. Latency is the
 the record's publish time (one machine, one clock); the gateway's CPU time (user + system, all threads, from
 /proc) over the case, divided by its records, is its cost per record. Every record must arrive, in order.
 
-The gateway runs with its defaults but `--max-clients` 2,048. The default, 1,024, lets the 1,000 publishers
-in while none reconnects; but a publisher whose connection drops (its ZMTP heartbeat unanswered for 500 ms,
-as happens on a loaded machine) reconnects as a new ROUTER identity, and its old session counts against the
-limit until it has been silent for `--client-timeout` (60 s): the table counts those reconnects. The gateway
-raises its soft open-files limit to fit `--max-clients` connections (gateway.transport.descriptors); a
+The gateway runs with its defaults but `--max-clients` 4,000 and `--client-timeout` 10 s. The default limit,
+1,024, lets the 1,000 publishers in while none reconnects; but a publisher whose connection drops (its ZMTP
+heartbeat unanswered for 500 ms, as happens on a loaded machine) reconnects as a new ROUTER identity, and its
+old session counts against the limit until it has been silent for `--client-timeout` (60 s by default): at load
+average 12-16, over 1,000 reconnects came within a minute of attaching. The table counts the reconnects.
+The gateway raises its soft open-files limit to fit `--max-clients` connections (gateway.transport.descriptors); a
 publishing process holds a few descriptors per Publisher (its socket, ZeroMQ mailboxes, the IO thread's
 eventfd), and the benchmark raises its own limit the same way (its processes inherit it), failing with the fix
 named if it cannot.
@@ -65,8 +66,11 @@ LATE_S = 120.0  # how long after its last record a case may take to deliver ever
 ATTACH_S = 180.0  # for every publisher to attach: 1,000 take 5-20 s on a loaded 2-core machine
 # Room for the sessions of connections that dropped: a publisher whose connection drops (its ZMTP heartbeat, 500
 # ms, unanswered on a loaded machine) reconnects as a new ROUTER identity, and the old session counts against the
-# limit until it has been silent for --client-timeout (60 s).
-MAX_CLIENTS = 2 * PUBLISHERS
+# limit until it has been silent for --client-timeout (60 s by default). Seen at load average 12-16: over 1,000
+# reconnects within a minute of attaching 1,000 publishers. So: room for 4,000, and at that limit the sessions
+# silent for 10 s make room (never a publishing one: each publishes every 0.1 s).
+MAX_CLIENTS = 4 * PUBLISHERS
+CLIENT_TIMEOUT = "10s"
 CASES = ("one publisher", f"{PUBLISHERS:,} publishers")
 
 
@@ -83,7 +87,8 @@ def run(settings: Settings) -> Result:
     if (short := make_room(PUBLISHERS // PROCESSES * FDS_PER_PUBLISHER + 256)) is not None:
         raise BenchError(f"the fan-in benchmark's publishing processes: {short}")
     failures: list[str] = []
-    options = pipeline.gateway_options(pipeline.RATE_KBPS, "--max-clients", str(MAX_CLIENTS))
+    options = pipeline.gateway_options(pipeline.RATE_KBPS, "--max-clients", str(MAX_CLIENTS),
+                                       "--client-timeout", CLIENT_TIMEOUT)  # fmt: skip
     with pipeline.deployed(["sub"], tmp=settings.tmp, options=options) as dep:
         stats = repeat(settings.runs, progress, f"one, then {PUBLISHERS:,} publishers, {count:,} records at "
                        f"{total_rate:,.0f}/s", lambda _: _both(dep, count, seconds), failures)  # fmt: skip
