@@ -12,7 +12,19 @@ from types import ModuleType
 
 from gateway.errors import ZepsError
 
-SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover", "chaos")
+SCENARIOS = (
+    "throughput",
+    "fanout",
+    "fanin",
+    "replay",
+    "latency",
+    "recovery",
+    "norm",
+    "memory",
+    "sink",
+    "failover",
+    "chaos",
+)
 
 
 class BenchError(ZepsError, RuntimeError):

@@ -19,10 +19,9 @@ import functools
 import time
 from array import array
 
-from gateway.bench import BenchError, norm, pipeline, runner, versus_nats
-from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, repeat, stop
+from gateway.bench import norm, pipeline, runner, versus_nats
+from gateway.bench.runner import Plot, Progress, Result, Settings, Stat, Table, Target, repeat
 from gateway.tools.deployment import Deployment
-from netlab import MP
 from netlab.impair import Impairment, clear, impair
 
 TITLE = "Latency: publish -> delivery at 10,000 records/s, with and without 1% loss"
@@ -132,22 +131,10 @@ def _label(loss: float, fsync: str, feeds: int, transport: str) -> str:
 def once(dep: Deployment, count: int, rate: float = RATE) -> dict[str, float]:
     """One run of `count` records through `dep` at `rate`/s: percentiles, max (ms), the records replay filled,
     and the hop breakdown: publish -> journal and journal -> delivery at p50 and p99 (ms)."""
-    lab, ready = dep.lab, MP.Queue()
-    sub = lab.start("sub", functools.partial(pipeline.subscribe, dep.for_host("sub"), dep.replay, count, ready,
-                                             latency=True))  # fmt: skip
-    try:
-        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
-            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
-        publish = functools.partial(pipeline.publish, linger_ms=LINGER_MS)
-        lab.run("pub", publish, dep.ingest, count, rate, timeout=300)
-        got = sub.result(timeout=300)
-    finally:
-        stop(sub)
-    if got["missing"] or got["disorder"]:
-        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
-    lat, journaled = array("q"), array("q")
-    lat.frombytes(got["latencies"])
-    journaled.frombytes(got["journaled"])
+    publish = functools.partial(pipeline.publish, linger_ms=LINGER_MS)
+    run = functools.partial(dep.lab.run, "pub", publish, dep.ingest, count, rate, timeout=300)
+    got, _, _ = pipeline.delivered(dep, count, run, latency=True)
+    lat, journaled = runner.times(got["latencies"]), runner.times(got["journaled"])
     hops = {"journal": journaled, "deliver": array("q", (t - j for t, j in zip(lat, journaled, strict=True)))}
     out = {**runner.percentiles(lat), "max": max(lat) / 1e6, "from_replay": got["summary"]["from_replay"]}
     for hop, times in hops.items():

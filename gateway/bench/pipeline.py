@@ -6,22 +6,24 @@ reconciling subscribers in other lab hosts. The functions run in lab hosts are m
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from gateway.bench.runner import BODY, KEYS, STREAM
+from gateway.bench import BenchError
+from gateway.bench.runner import BODY, KEYS, STREAM, cpu_seconds, stop
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
 from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment
-from netlab import Lab
+from netlab import MP, Lab
 
 RATE_KBPS = 1_000_000  # PGM rate, both sides: ~900k records/s of 100-byte bodies, above every target
 READY_S = 30.0
@@ -57,27 +59,56 @@ def record_keys() -> list[str]:
 
 
 def publish(
-    ingest: str | list[str], count: int, rate: float, linger_ms: float = 0.0, deadline_s: float = 120.0
+    ingest: str | list[str],
+    count: int,
+    rate: float,
+    linger_ms: float = 0.0,
+    deadline_s: float = 120.0,
+    many: int = 0,
 ) -> dict:
     """In host pub: `count` records of BODY bytes over KEYS keys, paced at `rate`/s (0: as fast as taken).
 
-    Not confirmed: under a burst the gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a
-    confirming publisher could wait for ever; the subscribers check that every record arrived instead. The
-    own context is terminated before returning, which waits until ZeroMQ has handed every queued batch to
-    the gateway: a process that ends without that (multiprocessing children end with os._exit) loses them.
-    Returns the seconds and CPU seconds that took.
+    One `publish()` per record, or with `many` one `publish_many()` per `many` records (the batch publish of
+    a producer that has its records in lists: no Python per record). Not confirmed: under a burst the
+    gateway's ROUTER drops PUBLISH-OK answers (docs/benchmarks.md), so a confirming publisher could wait for
+    ever; the subscribers check that every record arrived instead. The own context is terminated before
+    returning, which waits until ZeroMQ has handed every queued batch to the gateway: a process that ends
+    without that (multiprocessing children end with os._exit) loses them. Returns the seconds and CPU
+    seconds that took.
     """
     names, body = record_keys(), b"x" * BODY
     start, cpu = time.perf_counter(), time.process_time()
     with zmq.Context() as ctx, Publisher(ingest, STREAM, timeout=deadline_s, linger_ms=linger_ms, ctx=ctx) as pub:
-        for i in range(count):
-            pub.publish(names[i % KEYS], body)
-            if rate and i % 10 == 9:
-                ahead = start + (i + 1) / rate - time.perf_counter()
-                if ahead > 0:
-                    time.sleep(ahead)
+        if many:
+            _publish_many(pub, names, body, count, rate, many, start)
+        else:
+            for i in range(count):
+                pub.publish(names[i % KEYS], body)
+                if rate and i % 10 == 9:
+                    _pace(start, i + 1, rate)
         pub.flush()
     return {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+
+
+def _publish_many(
+    pub: Publisher, names: list[str], body: bytes, count: int, rate: float, many: int, start: float
+) -> None:
+    """`count` records in calls of `many` (the keys in the same rotation as one by one), paced per call."""
+    keys = (names * (many // KEYS + 1))[:many]  # many is a multiple of KEYS in the benchmarks: the rotation holds
+    bodies = [body] * many
+    done = 0
+    while done < count:
+        n = min(many, count - done)
+        pub.publish_many(keys if n == many else keys[:n], bodies if n == many else bodies[:n])
+        done += n
+        if rate:
+            _pace(start, done, rate)
+
+
+def _pace(start: float, done: int, rate: float) -> None:
+    ahead = start + done / rate - time.perf_counter()
+    if ahead > 0:
+        time.sleep(ahead)
 
 
 def subscribe(
@@ -103,7 +134,7 @@ def subscribe(
     tuning = Tuning(rate_kbps=rate_kbps)
     with Subscriber(STREAM, multicast=multicast, replay=replay, start="latest", tuning=tuning) as sub:
         ready.put(await_position(sub))
-        got = missing = disorder = 0
+        got = missing = disorder = deliveries = 0
         first = expect = None
         t_first = 0.0
         deadline, cpu = time.monotonic() + deadline_s, time.process_time()
@@ -121,10 +152,12 @@ def subscribe(
             disorder += lo != expect or hi - lo + 1 != n
             expect = hi + 1
             got += n
+            deliveries += 1
         return {
             "records": got,
             "missing": count - got,
             "disorder": disorder,
+            "deliveries": deliveries,
             "first": first,
             "seconds": time.perf_counter() - t_first,
             "cpu": time.process_time() - cpu,
@@ -133,6 +166,29 @@ def subscribe(
             "latencies": lat.tobytes(),
             "journaled": journaled.tobytes(),
         }
+
+
+def delivered(
+    dep: Deployment, count: int, publish: Callable[[], Any], timeout: float = 300.0, **how: Any
+) -> tuple[dict, Any, float]:
+    """A reconciling subscriber (`subscribe`, with `how`) on host sub of `dep`, positioned on the live feed
+    before `publish()` runs; its result, once every one of the `count` records arrived in order (BenchError if
+    not), what `publish()` returned, and the gateway's CPU seconds from then until the last record arrived.
+    The subscriber is stopped, by pid, whatever happens."""
+    ready = MP.Queue()
+    sub = dep.lab.start("sub", functools.partial(subscribe, dep.for_host("sub"), dep.replay, count, ready, **how))
+    try:
+        if ready.get(timeout=READY_S + 30) == "AWAIT_LIVE":
+            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+        cpu = cpu_seconds(dep.gateway_pid)
+        published = publish()
+        got = sub.result(timeout=timeout)
+        cpu = cpu_seconds(dep.gateway_pid) - cpu
+    finally:
+        stop(sub)
+    if got["missing"] or got["disorder"]:
+        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    return got, published, cpu
 
 
 def await_position(sub: Subscriber) -> str:

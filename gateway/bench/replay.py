@@ -49,6 +49,7 @@ from gateway.mcast import Tuning
 from gateway.tools.deployment import Deployment
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire.columns import Columns
 from netlab import Lab
 
 TITLE = "Replay: journal -> one Python client, and a late joiner catching up"
@@ -90,8 +91,9 @@ def _first(template: B.Batch, n: int) -> B.Batch:
 
 
 @contextmanager
-def sidecar(root: Path, *options: str) -> Iterator[str]:
-    """`zeps replay` on loopback serving `root` (with more `options`); its endpoint. Stopped (by pid) on exit."""
+def sidecar(root: Path, *options: str) -> Iterator[tuple[str, int]]:
+    """`zeps replay` on loopback serving `root` (with more `options`); its endpoint and pid. Stopped (by pid) on
+    exit."""
     cmd = [sys.executable, "-m", "gateway.cli", "replay", "--journal", str(root), "--bind", "tcp://127.0.0.1:0"]
     cmd += options
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -101,27 +103,33 @@ def sidecar(root: Path, *options: str) -> Iterator[str]:
         match = re.search(r" at (tcp://\S+)", line)
         if not match:
             raise BenchError(f"zeps replay did not start: {line!r}")
-        yield match.group(1)
+        yield match.group(1), proc.pid
     finally:
         stop_process(proc)
 
 
-def replay_rate(endpoint: str, records: int, features: tuple[str, ...]) -> dict[str, float]:
-    """Records/s for one client reading the whole stream from the start, walking every record."""
+def replay_rate(endpoint: str, records: int, features: tuple[str, ...], *, columnar: bool = False) -> dict[str, float]:
+    """Records/s for one client reading the whole stream from the start, walking every record (`columnar`:
+    taking each batch as columns, no object per record), and the client's CPU seconds per record."""
     with ReplayClient(endpoint, STREAM, features=features, window=16 << 20) as client:
         start, deadline = time.perf_counter(), time.monotonic() + DEADLINE_S
+        cpu = time.process_time()
         client.subscribe()
         got = 0
         while got < records and time.monotonic() < deadline:
             event = client.recv(timeout=5)
             if isinstance(event, B.Batch):
-                for _ in event.raw():
-                    got += 1
+                if columnar:
+                    got += len(Columns(event, event.first_seq, event.last_seq))
+                else:
+                    for _ in event.raw():
+                        got += 1
             elif isinstance(event, P.Deliver):
                 got += 1
             elif event is None:
                 raise BenchError(f"the sidecar stopped sending after {got} of {records} records")
-        return {"rate": got / (time.perf_counter() - start)}
+        seconds = time.perf_counter() - start
+        return {"rate": got / seconds, "cpu_per_record": (time.process_time() - cpu) / max(got, 1)}
 
 
 def run(settings: Settings) -> Result:
@@ -135,7 +143,7 @@ def run(settings: Settings) -> Result:
         root = Path(tmp)
         progress(f"writing a journal of {records:,} records")
         write_journal(root, records)
-        with sidecar(root) as endpoint:
+        with sidecar(root) as (endpoint, _):
             batched = repeat(settings.runs, progress, f"ZEPS replay of {records:,} records, DELIVER-BATCH",
                              lambda _: replay_rate(endpoint, records, (P.FEATURE_BATCH,)), failures)  # fmt: skip
             plain = repeat(1, progress, f"ZEPS replay of {records // 25:,} records, DELIVER",

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import unittest.mock
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -167,6 +168,13 @@ def percentiles(ns: Sequence[int], which: Sequence[float] = PERCENTILES) -> dict
     """{"p50": ms, ...}: the percentiles `which` of the times `ns` (nanoseconds), in ms."""
     ms = sorted(x / 1e6 for x in ns)
     return {f"p{p:g}": ms[min(len(ms) - 1, int(len(ms) * p / 100))] for p in which}
+
+
+def times(data: bytes) -> array:
+    """Times in ns as the benchmarks' subscribers return them: the bytes of an array("q")."""
+    out = array("q")
+    out.frombytes(data)
+    return out
 
 
 @contextlib.contextmanager

@@ -83,7 +83,7 @@ def in_process(root: Path, stream: str, time_limit: float) -> dict[str, float]:
 def over_tcp(root: Path, stream: str, keys: int, time_limit: float) -> dict[str, float]:
     """A sidecar process and one client receiving the snapshot of every key."""
     deadline = time.monotonic() + time_limit
-    with sidecar(root) as endpoint:
+    with sidecar(root) as (endpoint, _):
         features = (*DEFAULT_FEATURES, P.FEATURE_SNAPSHOT)
         with ReplayClient(endpoint, stream, features=features, window=16 << 20, timeout=time_limit) as client:
             start = time.perf_counter()

@@ -3,10 +3,17 @@
 ZEPS: a `Publisher` on host pub sends `count` records (100-byte bodies, 100 keys) as fast as the gateway
 takes them; the gateway on gw journals and multicasts them; a `Subscriber` on sub merges multicast and
 replay. The rate is records / (last - first arrival) at the subscriber, counted only when every sequence
-arrived (zero missing after reconciliation). The same pipeline runs once more with ZEPS_PURE_PYTHON=1 in
-every process: the record loops (gateway.wire.record_loops) in Python instead of compiled, to show what the
-C extension wins; and once with the subscriber taking each batch as columns (`Delivery.columns()`: arrays of
-sequences, times and key/body offsets, no object per record).
+arrived (zero missing after reconciliation). One row per way the application ends take the records: one
+`publish()` per record, and the subscriber walking each `next_batch()` with `raw()` (views), or taking
+one `Received` per record with `next()`, or each batch as columns (`Delivery.columns()`: arrays of
+sequences, times and key/body offsets, no object per record); then the batch publish, `publish_many()` of
+1,000 records a call, into `next_batch().columns()`: no Python per record at either end. The first row
+runs once more with ZEPS_PURE_PYTHON=1 in every process: the record loops (gateway.wire.record_loops) in
+Python instead of compiled, to show what the C extension wins.
+
+Replay into one client, columnar: a journal written with `JournalWriter` directly (the gateway's ~60 KB
+batches), served by `zeps replay` on loopback, read from sequence 1 by one `ReplayClient` that takes each
+batch (CRC checked) as columns. CPU per record is the sidecar's and the client's.
 
 Baseline, same lab, same PGM rate: a producer PUSHes one message per record to a relay on gw that does
 `PULL.recv_multipart() -> PUB.send_multipart()` over epgm, one message at a time, no journal; a plain SUB
@@ -18,12 +25,14 @@ from __future__ import annotations
 
 import functools
 import struct
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import zmq
 
-from gateway.bench import BenchError, pipeline
+from gateway.bench import pipeline, replay
 from gateway.bench.runner import (
     BODY,
     KEYS,
@@ -35,43 +44,56 @@ from gateway.bench.runner import (
     Table,
     Target,
     cpu_seconds,
+    need_disk,
     python_record_loops,
     repeat,
     stop,
 )
 from gateway.mcast import Endpoint, Tuning
 from gateway.tools.deployment import Deployment
+from gateway.wire import protocol as P
 from netlab import MP, Lab
 
 TITLE = "Throughput: publish -> gateway -> epgm -> reconciled subscriber"
 RELAY_PORT = 5590
+MANY = 1_000  # records per publish_many() call in the batch-publish row (a multiple of KEYS)
 _INDEX = struct.Struct("<Q")
 _WARMUP = b"w"
 
 
 def estimate(settings: Settings) -> float:
-    return 20 + settings.runs * (8 if settings.quick else 45)
+    return 30 + settings.runs * (10 if settings.quick else 60)
+
+
+# The ZEPS rows: (how the application ends take the records, zeps_runs' keywords). Names in the tables.
+WAYS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("Subscriber.next_batch()", {}),
+    ("Subscriber.next()", {"per_record": True}),
+    ("Subscriber.next_batch().columns()", {"columnar": True}),
+    ("Publisher.publish_many(), Subscriber.next_batch().columns()", {"columnar": True, "many": MANY}),
+)
+PURE = "Subscriber.next_batch(), record loops in Python"
+REPLAY = "ZEPS replay into one client, columnar (DELIVER-BATCH, Delivery columns)"
 
 
 def run(settings: Settings) -> Result:
     progress = Progress("throughput")
     count, raw_count = settings.size(2_000_000, 20_000), settings.size(500_000, 5_000)
+    replay_count = settings.size(5_000_000, 50_000)
     failures: list[str] = []
-    ours = zeps_runs(settings, progress, "epgm", count, failures)
-    per_record = zeps_runs(settings, progress, "epgm", count // 4, failures, per_record=True)
-    columnar = zeps_runs(settings, progress, "epgm", count, failures, columnar=True)
+    zeps: dict[str, dict[str, list[float]]] = {}
+    for name, how in WAYS:
+        n = count // 4 if how.get("per_record") else count
+        zeps[name] = zeps_runs(settings, progress, "epgm", n, failures, label=name, **how)
     with python_record_loops():  # every process of the pipeline, gateway included
-        pure = zeps_runs(settings, progress, "epgm", count, failures, label=", record loops in Python")
+        zeps[PURE] = zeps_runs(settings, progress, "epgm", count, failures, label=PURE)
     with Lab(["pub", "gw", "sub"]) as lab:  # the same topology, nothing of ours running on it
         raw = repeat(settings.runs, progress, f"raw relay, {raw_count:,} messages",
                      lambda _: relay_once(lab, raw_count), failures)  # fmt: skip
-    rate, raw_rate = Stat.of(ours.get("rate"), "records/s"), Stat.of(raw.get("rate"), "msg/s")
-    zeps = (
-        ("next_batch()", ours),
-        ("next()", per_record),
-        ("next_batch().columns()", columnar),
-        ("next_batch(), record loops in Python", pure),
-    )
+    replayed = replay_runs(settings, progress, replay_count, failures)
+    rates = {name: Stat.of(m.get("rate"), "records/s") for name, m in zeps.items()}
+    rate, raw_rate = rates[WAYS[0][0]], Stat.of(raw.get("rate"), "msg/s")
+    many, replay_rate = rates[WAYS[3][0]], Stat.of(replayed.get("rate"), "records/s")
     ratio = rate.median / raw_rate.median
     return Result(
         "throughput",
@@ -84,13 +106,13 @@ def run(settings: Settings) -> Result:
                 ("system", "delivered", "publisher", "missing", "records from replay"),
                 [
                     (
-                        f"ZEPS, Subscriber.{name}",
-                        Stat.of(m.get("rate"), "records/s"),
+                        f"ZEPS, {name}",
+                        rates[name],
                         Stat.of(m.get("publish_rate"), "records/s"),
                         Stat.of(m.get("missing")),
                         Stat.of(m.get("from_replay")),
                     )
-                    for name, m in zeps
+                    for name, m in zeps.items()
                 ]
                 + [
                     (
@@ -104,13 +126,45 @@ def run(settings: Settings) -> Result:
             ),
             Table(
                 "CPU µs per record (user + system, all threads), by process",
-                ("subscriber API", "publisher", "gateway", "subscriber"),
-                [(name, *(Stat.of(m.get(key), digits=2) for key in ("pub_us", "gw_us", "sub_us"))) for name, m in zeps],
+                ("API", "publisher", "gateway", "subscriber"),
+                [
+                    (name, *(Stat.of(m.get(key), digits=2) for key in ("pub_us", "gw_us", "sub_us")))
+                    for name, m in zeps.items()
+                ],
+            ),
+            Table(
+                f"replay: a journal of {replay_count:,} records ({BODY}-byte bodies, ~60 KB batches) -> `zeps replay` "
+                "on loopback -> one ReplayClient from sequence 1, each batch taken as columns",
+                ("system", "records", "rate", "sidecar CPU µs/record", "client CPU µs/record"),
+                [
+                    (
+                        REPLAY,
+                        f"{replay_count:,}",
+                        replay_rate,
+                        Stat.of(replayed.get("sidecar_us"), digits=2),
+                        Stat.of(replayed.get("client_us"), digits=2),
+                    )
+                ],
             ),
         ],
         targets=[
             Target("at least 4x the raw relay's rate", f"{ratio:.1f}x", ratio >= 4),
             Target("at least 250,000 records/s", str(rate), rate.median >= 250_000),
+            Target(
+                "issue #32: at least 1,000,000 records/s with next_batch() and raw()",
+                str(rate),
+                rate.median >= 1_000_000,
+            ),
+            Target(
+                "issue #32: at least 1,500,000 records/s with publish_many() and columns()",
+                str(many),
+                many.median >= 1_500_000,
+            ),
+            Target(
+                "issue #32: replay into one client, columnar, at least 3,000,000 records/s",
+                str(replay_rate),
+                replay_rate.median >= 3_000_000,
+            ),
         ],
         plots=[
             Plot(
@@ -119,11 +173,8 @@ def run(settings: Settings) -> Result:
                 "",
                 "records/s",
                 {
-                    "ZEPS next_batch()": ([0], [rate.median]),
-                    "ZEPS next()": ([1], [Stat.of(per_record.get("rate")).median]),
-                    "ZEPS next_batch(), Python loops": ([2], [Stat.of(pure.get("rate")).median]),
-                    "ZEPS columns()": ([3], [Stat.of(columnar.get("rate")).median]),
-                    "raw pyzmq relay": ([4], [raw_rate.median]),
+                    **{f"ZEPS {name}": ([i], [r.median]) for i, (name, r) in enumerate(rates.items())},
+                    "raw pyzmq relay": ([len(rates)], [raw_rate.median]),
                 },
                 kind="bar",
             )
@@ -144,33 +195,25 @@ def zeps_runs(
     rate_kbps: int = pipeline.RATE_KBPS,
     per_record: bool = False,
     columnar: bool = False,
-    label: str = "",
+    many: int = 0,
+    label: str = "Subscriber.next_batch()",
 ) -> dict[str, list[float]]:
-    """The ZEPS half, shared with the NORM scenario: per run, rates, missing records and CPU per record."""
+    """The ZEPS half, shared with the NORM scenario: per run, rates, missing records and CPU per record.
+    `per_record`, `columnar`: the subscriber's API (pipeline.subscribe); `many`: the publisher's batch size
+    for publish_many() (0: publish() per record)."""
     options = pipeline.gateway_options(rate_kbps)
-    api = ("next()" if per_record else "next_batch().columns()" if columnar else "next_batch()") + label
     with pipeline.deployed(["sub"], tmp=settings.tmp, transport=transport, options=options) as dep:
-        return repeat(settings.runs, progress, f"ZEPS over {transport}, {count:,} records, {api}",
-                      lambda _: zeps_once(dep, count, rate_kbps, per_record, columnar), failures)  # fmt: skip
+        return repeat(settings.runs, progress, f"ZEPS over {transport}, {count:,} records, {label}",
+                      lambda _: zeps_once(dep, count, rate_kbps, per_record, columnar, many), failures)  # fmt: skip
 
 
 def zeps_once(
-    dep: Deployment, count: int, rate_kbps: int, per_record: bool, columnar: bool = False
+    dep: Deployment, count: int, rate_kbps: int, per_record: bool, columnar: bool = False, many: int = 0
 ) -> dict[str, float]:
-    lab, ready = dep.lab, MP.Queue()
-    subscribe = functools.partial(pipeline.subscribe, rate_kbps=rate_kbps, per_record=per_record, columnar=columnar)
-    sub = lab.start("sub", functools.partial(subscribe, dep.for_host("sub"), dep.replay, count, ready))
-    try:
-        if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
-            raise BenchError("the subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
-        gw_cpu = cpu_seconds(dep.gateway_pid)
-        pub = lab.run("pub", pipeline.publish, dep.ingest, count, 0.0, timeout=300)
-        got = sub.result(timeout=300)
-        gw_cpu = cpu_seconds(dep.gateway_pid) - gw_cpu
-    finally:
-        stop(sub)
-    if got["missing"] or got["disorder"]:
-        raise BenchError(f"the reconciled subscriber missed {got['missing']} records: {got['summary']}")
+    publish = functools.partial(dep.lab.run, "pub", functools.partial(pipeline.publish, many=many), dep.ingest, count,
+                                0.0, timeout=300)  # fmt: skip
+    got, pub, gw_cpu = pipeline.delivered(dep, count, publish, rate_kbps=rate_kbps, per_record=per_record,
+                                          columnar=columnar)  # fmt: skip
     return {
         "rate": got["records"] / got["seconds"],
         "publish_rate": count / pub["seconds"],
@@ -182,6 +225,30 @@ def zeps_once(
         "pub_us": pub["cpu"] / count * 1e6,
         "gw_us": gw_cpu / count * 1e6,
         "sub_us": got["cpu"] / count * 1e6,
+    }
+
+
+# --- replay into one client ---------------------------------------------------------------------------------
+
+
+def replay_runs(settings: Settings, progress: Progress, records: int, failures: list[str]) -> dict[str, list[float]]:
+    """A journal of `records` written directly, served by a sidecar on loopback, read columnar from sequence 1."""
+    need_disk(settings.tmp, records * 125, "the throughput benchmark's replay row")
+    with tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=settings.tmp) as tmp:
+        progress(f"writing a journal of {records:,} records")
+        replay.write_journal(Path(tmp), records)
+        with replay.sidecar(Path(tmp)) as (endpoint, pid):
+            return repeat(settings.runs, progress, f"replay of {records:,} records into one client, columnar",
+                          lambda _: _replay_once(endpoint, pid, records), failures)  # fmt: skip
+
+
+def _replay_once(endpoint: str, pid: int, records: int) -> dict[str, float]:
+    before = cpu_seconds(pid)
+    got = replay.replay_rate(endpoint, records, (P.FEATURE_BATCH,), columnar=True)
+    return {
+        "rate": got["rate"],
+        "sidecar_us": (cpu_seconds(pid) - before) / records * 1e6,
+        "client_us": got["cpu_per_record"] * 1e6,
     }
 
 

@@ -12,11 +12,10 @@ delivery minus the publish time (one machine, one clock). The ratios are ZEPS ov
 from __future__ import annotations
 
 import functools
-from array import array
 from collections.abc import Callable
 
 from gateway.bench import BenchError, nats, pipeline
-from gateway.bench.runner import PERCENTILES, Progress, Settings, Stat, Table, Target, percentiles, repeat, stop
+from gateway.bench.runner import PERCENTILES, Progress, Settings, Stat, Table, Target, percentiles, repeat, stop, times
 from gateway.tools.deployment import Deployment
 from netlab import MP, Lab
 
@@ -71,9 +70,7 @@ def _nats_once(lab: Lab, url: str, n: int, rate: float, jetstream: bool, run: in
         stop(sub)
     if not got["records"]:
         raise BenchError(f"the NATS subscriber got none of {n} messages")
-    lat = array("q")
-    lat.frombytes(got["latencies"])
-    return {**percentiles(lat, PERCENTILES), "received": got["records"] / n * 100}
+    return {**percentiles(times(got["latencies"]), PERCENTILES), "received": got["records"] / n * 100}
 
 
 def tables(stats: Stats) -> list[Table]:

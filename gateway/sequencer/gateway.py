@@ -63,6 +63,7 @@ from gateway.sequencer.output import McastOutput, fan_out
 from gateway.sequencer.producers import ProducerTable
 from gateway.sequencer.recovery import recover
 from gateway.transport.curve import TcpGuard
+from gateway.transport.descriptors import make_room
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
@@ -78,6 +79,7 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
+SPARE_FDS = 256  # descriptors besides the publishers' connections: journals, multicast, peers, ZeroMQ's own
 
 
 class Gateway:
@@ -99,6 +101,8 @@ class Gateway:
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
+        if (short := make_room(config.max_clients + SPARE_FDS)) is not None:  # a descriptor per publisher
+            log.warning("--max-clients %d: %s; publishers past the limit will not connect", config.max_clients, short)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a

@@ -278,7 +278,7 @@ class Ingest:
             self._not_allowed(cmd)
             return
         try:
-            batch = B.Batch.parse(bytes(cmd.batch))
+            batch = B.Batch.parse(cmd.batch)  # a view of the received frame: sequencing copies it once
         except B.BatchError as exc:
             self._refuse(f"bad PUBLISH-BATCH: {exc.reason}")
             return

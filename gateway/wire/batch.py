@@ -311,8 +311,13 @@ def resequence(batch: Batch, first_seq: int, ts_ns: int) -> bytes:
     """Give a dense publisher batch its sequences and journal time: a new header, the records copied."""
     if not batch.dense or batch.count == 0:
         raise BatchError("only a dense, non-empty batch can be sequenced")
-    # The producer header, if any, is copied with the records.
-    return _seal([batch.buf[HEADER_SIZE:]], batch.count, first_seq, first_seq + batch.count - 1, ts_ns, batch.flags)
+    # One copy (the join): the header is packed first, its CRC carried on over the records (the producer
+    # header, if any, is copied with them). The gateway sequences every batch so: each copy of ~60 KB costs.
+    body = batch.buf[HEADER_SIZE:]
+    last = first_seq + batch.count - 1
+    head = HEADER.pack(MAGIC, VERSION, batch.flags, batch.nbytes, 0, batch.count, first_seq, last, ts_ns)
+    crc = crc32c(body, value=crc32c(head[_CRC_FROM:], gil_release_mode=_KEEP_GIL), gil_release_mode=_KEEP_GIL)
+    return b"".join((head[:8], _LENGTH.pack(crc), head[_CRC_FROM:], body))
 
 
 def assemble(

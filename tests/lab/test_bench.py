@@ -44,8 +44,17 @@ def test_scenario_quick(name: str, tmp_path: Path) -> None:
         assert {row[1] for row in peers.rows} == {"ZEPS udp://", "NATS core", "NATS JetStream"}
         assert len(ratios.rows) == 3 and all(cell != "n/a" for row in ratios.rows for cell in row[1:])
         assert {t.issue for t in result.targets} == {None, 32}  # #8's bounds and #32's comparison
-    if name == "throughput":
-        assert "ZEPS, Subscriber.next_batch().columns()" in [row[0] for row in result.tables[0].rows]
+    if name == "throughput":  # issue #32's rows: columns, the batch publish, replay into one client columnar
+        rates, cpu, replayed = result.tables
+        assert {"ZEPS, Subscriber.next_batch().columns()", "ZEPS, Publisher.publish_many(), Subscriber.next_batch()"
+                ".columns()"} <= {row[0] for row in rates.rows}  # fmt: skip
+        assert len(cpu.rows) == len(rates.rows) - 1  # every ZEPS row has its CPU per record (the relay has none)
+        assert all(cell.median > 0 for row in cpu.rows for cell in row[1:])
+        assert replayed.rows[0][2].median > 0 and replayed.rows[0][3].median > 0
+    if name == "fanin":  # 1,000 publishers got in with the gateway's defaults, and every record arrived
+        (table,) = result.tables
+        assert [row[0] for row in table.rows] == ["one publisher", "1,000 publishers"]
+        assert all(row[3].median > 0 for row in table.rows)  # the gateway's CPU per record, both cases
     assert not _my_labs()  # every lab it made is gone
     assert not any(tmp_path.iterdir())  # temporary journals and stores removed
 
