@@ -56,6 +56,13 @@ class Sites:
                 "--to", self.b.ingest, "--stream", STREAM, "--timeout", "3s", "--log-every", "1s", *extra]  # fmt: skip
         return subprocess.Popen(argv, stderr=log)
 
+    def mirror_once(self, n: int) -> None:
+        """Publish n records at the source, mirror them, stop the mirror."""
+        self.publish(n)
+        mirror = self.mirror()
+        self.wait_mirrored(self.sent)
+        assert stop(mirror) == 0, self.log()
+
     def log(self, name: str = "mirror") -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
 
@@ -195,10 +202,7 @@ def test_an_ordinary_publisher_at_the_mirror_site_is_refused(sites: Sites) -> No
 
 
 def test_a_batch_that_does_not_continue_the_head_is_refused_naming_both(sites: Sites) -> None:
-    sites.publish(10)
-    mirror = sites.mirror()
-    sites.wait_mirrored(10)
-    stop(mirror)
+    sites.mirror_once(10)
     with JournalReader(sites.a_root, STREAM).cursor(1) as cursor:
         old = cursor.next_batch()  # starts at 1: B's head is 10
     assert old is not None
@@ -264,10 +268,7 @@ def test_promotion_is_refused_while_the_source_answers_and_fences_it_for_good(si
 
 
 def test_promotion_with_the_source_down_needs_no_force(sites: Sites) -> None:
-    sites.publish(200)
-    mirror = sites.mirror()
-    sites.wait_mirrored(200)
-    stop(mirror)
+    sites.mirror_once(200)
     sites.a_side.stop()
     dead = f"tcp://127.0.0.1:{free_port()}"  # and a sidecar that never was
     done = zeps("mirror", "promote", "--stream", STREAM, "--gateway", sites.b.ingest,
