@@ -276,3 +276,11 @@ def test_promotion_with_the_source_down_needs_no_force(sites: Sites) -> None:
     assert done.returncode == 0, done.stderr
     assert "promoted at sequence 200" in done.stdout
     sites.a_side.start()  # for the fixture's stop
+
+
+def test_a_mirror_into_a_stream_that_is_no_mirror_stops_naming_the_option(sites: Sites) -> None:
+    sites.publish(5)
+    done = zeps("mirror", "-q", "--source", sites.a_side.endpoint, "--to", sites.a.ingest, "--stream", STREAM)
+    assert done.returncode == 1, done.stderr
+    assert f"stream {STREAM} is not a mirror at this gateway: start the gateway with --mirror {STREAM}" in done.stderr
+    assert head_of(sites.a_root) == 5
