@@ -53,9 +53,9 @@ class MirrorTarget:
         self.opening = Opening(stream, WANTED, attach_s=timeout_s, extend_s=None)
         self._send(self.opening.start(time.monotonic()))
 
-    def mirror(self) -> int:
-        """MIRROR: the stream's head there (the next batch must start at head + 1)."""
-        return self._ask(P.Mirror(), P.MirrorOk).head
+    def mirror(self) -> P.MirrorOk:
+        """MIRROR: the stream's head there (the next batch must start at head + 1) and its journal time."""
+        return self._ask(P.Mirror(), P.MirrorOk)
 
     def promote(self) -> int:
         """PROMOTE: the sequence the stream was promoted at (now, or before)."""
