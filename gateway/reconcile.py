@@ -36,7 +36,7 @@ Whatever the source, a batch is judged by its coverage alone:
 
 * ``last_seq < N``: a duplicate (the other feed, a retransmit, a replay overlapping live): dropped.
 * ``first_seq <= N <= last_seq``: delivered from N to ``last_seq``; held batches that have become
-  contiguous are delivered after it (the drain).
+  contiguous are delivered after it (``deliver_due``).
 * ``first_seq > N``: held (a min-heap on ``first_seq``, bounded in bytes) until N reaches it; the range in
   between is missing and must come from replay.
 
@@ -78,6 +78,16 @@ RECOVERING
 CLOSED
     Every request cancelled; every later event ignored.
 
+Replay only (``replay_only=True``: a subscriber without multicast). The open-ended request is the one source,
+history then the live tail, and catching up does not cancel it. The IO layer asks the sidecar for its head
+(a FETCH beyond every sequence: its FETCH-END names the head) several times per ``progress_timeout`` and
+hands each answer on as ``HeadSeen(head, "replay")``. Those reports are this mode's heartbeats: they raise
+the head and the live edge, and their silence is live silence. Merged means the multicast rule with them:
+CATCHING_UP moves to MERGED (``met_head``; the request streams on) once N passes the last head reported
+while reports are not silent; MERGED returns to CATCHING_UP (``fell_behind``; the request streams on) once a
+reported head has stayed beyond N for ``tail_grace`` (where multicast would see a tail loss), and falls back
+as below. The position must be known when it starts, so not ``Start.latest()``: that is the head + 1.
+
 MERGED and RECOVERING fall back to CATCHING_UP (held batches dropped, requests cancelled, one open-ended
 request from N) when the buffer overflows, when the lag exceeds ``max_lag`` with
 ``lag_policy="replay"`` (the slow consumer shifts to low gear instead of losing data), or when the live
@@ -103,7 +113,7 @@ it elsewhere would need memory for data that a live request is delivering anyway
 
 ``ReplayTrimmed(request_id, first_retained)`` is informational: the replay server sends it before the retained
 part of the same answer. The range lost is reported as ``Loss`` at N, or held as a loss marker that the
-drain reports when N reaches it. An answer whose coverage jumps ahead of its own request's coverage
+delivery of what is due reports when N reaches it. An answer whose coverage jumps ahead of its own request's coverage
 means the same (replay answers are contiguous, and a subscription from the first retained record is
 never sent TRIMMED): the range jumped over is reported with reason "skipped".
 
@@ -172,6 +182,30 @@ Emit(batch=B(18, 18), lo=18, hi=18, source='replay')
 StateChanged(old=RECOVERING, new=MERGED)
 >>> r.next_seq, r.head, r.lag, r.stats.losses
 (19, 18, 0, 1)
+
+Without multicast the sidecar's head reports stand in for heartbeats, and the open-ended request is the live
+tail: merging keeps it.
+
+>>> t = Reconciler(Start.at_seq(1), replay_only=True)
+>>> show(t.handle(Tick(), now=0.0))
+Request(request_id=1, lo=1, hi=None, filtered=False, snapshot=False)
+>>> show(t.handle(HeadSeen(4, "replay"), now=0.01))
+>>> show(t.handle(Replay(B(1, 4), 1), now=0.02))
+Emit(batch=B(1, 4), lo=1, hi=4, source='replay')
+StateChanged(old=CATCHING_UP, new=MERGED)
+
+The sidecar reports 9; the stream stays behind it for longer than ``tail_grace``, so it is catching up again.
+
+>>> show(t.handle(HeadSeen(9, "replay"), now=0.03))
+>>> show(t.handle(Tick(), now=0.2))
+StateChanged(old=MERGED, new=CATCHING_UP)
+>>> show(t.handle(Replay(B(5, 9), 1), now=0.21))
+Emit(batch=B(5, 9), lo=5, hi=9, source='replay')
+StateChanged(old=CATCHING_UP, new=MERGED)
+
+Size: about 930 lines, kept whole: a third is this docstring (the rules, the theory of operation and its
+doctest); the rest is one machine whose handlers, guards, timers and actions share its state, with its table.
+The parts that keep data (held buffer, requests, position, vocabulary) are gateway.merge already.
 """
 
 from __future__ import annotations
@@ -180,7 +214,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.merge import machine
+from gateway import machine
 from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
 from gateway.merge.requests import Fetch, RequestScheduler, RetryPolicy, SilenceWatch
@@ -296,7 +330,7 @@ class Start:
 
 class _Stream:
     """N and everything that moves it: each batch judged by its coverage alone (see the theory of
-    operation), held ones drained once N reaches them, losses reported in their place. ``out`` is the
+    operation), held ones delivered once N reaches them, losses reported in their place. ``out`` is the
     current event's action list; ``overflowed``: something had to be held and did not fit."""
 
     __slots__ = ("held", "out", "overflowed", "pos", "requests", "stats")
@@ -314,7 +348,7 @@ class _Stream:
             return True
         if batch.first_seq <= n:
             self.emit(batch, n, batch.last_seq, source)
-            self.drain()
+            self.deliver_due()
             return True
         return self.hold(batch, source)
 
@@ -330,7 +364,7 @@ class _Stream:
             return True
         return self.held.hold(batch, source)
 
-    def drain(self) -> None:
+    def deliver_due(self) -> None:
         """Deliver (or report lost) every held item that N has reached."""
         held, pos = self.held, self.pos
         while held.lowest <= pos.next:
@@ -354,7 +388,7 @@ class _Stream:
             return
         if lo == n:
             self.lose(lo, top, reason)
-            self.drain()
+            self.deliver_due()
         elif not self.held.hold_loss(lo, top, reason):
             self.stats.buffer_overflows += 1
             self.overflowed = True
@@ -403,9 +437,16 @@ class Reconciler:
         tail_grace: float = 0.1,
         max_lag: int | None = None,
         lag_policy: Literal["replay", "raise"] = "replay",
+        replay_only: bool = False,
     ) -> None:
         if gap_grace < 0 or tail_grace < 0:
             raise ValueError("Reconciler: gap_grace and tail_grace must be >= 0 seconds")
+        if replay_only and start.kind == "latest":
+            raise ValueError(
+                "Reconciler: replay_only has no live batch to fix the position: ask the sidecar for its head and "
+                "start at Start.at_seq(head + 1)"
+            )
+        self._replay_only = replay_only  # no multicast: the open-ended request is the live tail (theory of operation)
         self._gap_grace = gap_grace
         self._tail_grace = tail_grace
         self._stats = ReconcilerStats()
@@ -422,6 +463,7 @@ class Reconciler:
         self._stream = _Stream(self._pos, self._held, self._requests, self._stats)
         self._closing = False
         self._fell_back = False  # since the last fall-back, no live batch has shown where live is
+        self._behind = False  # replay only, MERGED: the head has been beyond N for tail_grace
         self._silence = SilenceWatch(self._policy)
         self._now = 0.0
         self._epoch = 0  # the newest epoch a heartbeat carried
@@ -586,7 +628,7 @@ class Reconciler:
                 self._stats.live_skipped += 1
 
     def _take_snapshot(self, ev: Replay) -> None:
-        """A snapshot batch: delivered if it continues the snapshot at N; nothing held is drained (only
+        """A snapshot batch: delivered if it continues the snapshot at N; nothing held is delivered (only
         SnapshotDone makes full data due). A gap in a snapshot's coverage fails it."""
         batch, fetch, pos = ev.batch, self._requests.find(ev.request_id), self._pos
         if fetch is None:
@@ -675,9 +717,22 @@ class Reconciler:
         return not fetches or (self._pos.next != 0 and fetches[0].request is None)
 
     def _met_live(self) -> bool:
-        """Replay has passed what live has shown, and live is alive (else MERGED would fall back at once)."""
+        """With multicast: replay has passed what live has shown, and live is alive (else MERGED would fall back
+        at once)."""
+        return not self._replay_only and self._passed_live_edge()
+
+    def _met_head(self) -> bool:
+        """Replay only: N has passed the head the sidecar last reported, and it reported within progress_timeout
+        (the multicast rule, with the sidecar's head reports for heartbeats)."""
+        return self._replay_only and self._passed_live_edge()
+
+    def _passed_live_edge(self) -> bool:
         edge = self._pos.live_edge
         return edge is not None and self._pos.next > edge and not self._live_silent()
+
+    def _fell_behind(self) -> bool:
+        """Replay only: the sidecar's head has been beyond N for tail_grace (`watch_tail` saw it)."""
+        return self._behind
 
     def _buffer_overflowed(self) -> bool:
         return self._stream.overflowed
@@ -704,9 +759,13 @@ class Reconciler:
             self._stats.stalls += 1
 
     def _watch_tail(self) -> None:
-        """A head beyond the frontier for tail_grace is a tail loss: register the gap."""
+        """A head beyond the frontier for tail_grace: with multicast a tail loss (register the gap); replay only,
+        where the open-ended request is still streaming it, the stream has fallen behind (`fell_behind`)."""
         if tail := self._pos.tail_lost(self._now, self._tail_grace):
-            self._register_gap(*tail, self._now)
+            if self._replay_only:
+                self._behind = True
+            else:
+                self._register_gap(*tail, self._now)
 
     def _pump_requests(self) -> None:
         self._requests.pump(self._now, self._pos.next, self._pos.head, self._out)
@@ -716,14 +775,19 @@ class Reconciler:
     def _merge(self) -> None:
         """Live takes over: cancel what replay was streaming; everything below N is accounted."""
         self._requests.cancel_all(self._out)
+        self._follow_tail()
+
+    def _follow_tail(self) -> None:
+        """Everything below N is accounted; an open-ended request left streams on (replay only: the live tail)."""
         self._pos.frontier = self._pos.next - 1
         self._pos.tail_since = None
+        self._behind = False
 
     def _after_snapshot(self) -> None:
         """Continue as from Start.at_seq(N): one open-ended request from N; held live that N reached is due."""
         self._requests.cancel_all(self._out)
         self._requests.open(self._pos.next)
-        self._stream.drain()
+        self._stream.deliver_due()
 
     def _fall_back(self) -> None:
         """Low gear: forget held data and gaps, stream everything from N over replay."""
@@ -826,7 +890,7 @@ TRANSITIONS: dict[State, Row] = {
             Tick: None,
             **_REPLAY_LINK_AND_CLOSE,
         },
-        go=(_CLOSE, Go(R._met_live, MERGED, R._merge)),
+        go=(_CLOSE, Go(R._met_live, MERGED, R._merge), Go(R._met_head, MERGED, R._follow_tail)),
         timers=(R._pump_requests,),
     ),
     MERGED: Row(
@@ -840,8 +904,8 @@ TRANSITIONS: dict[State, Row] = {
             Tick: None,
             **_REPLAY_LINK_AND_CLOSE,
         },
-        go=(_CLOSE, *_FALL_BACK, Go(R._gap_pending, RECOVERING)),
-        timers=(R._watch_tail,),
+        go=(_CLOSE, *_FALL_BACK, Go(R._fell_behind, CATCHING_UP), Go(R._gap_pending, RECOVERING)),
+        timers=(R._pump_requests, R._watch_tail),
     ),
     RECOVERING: Row(
         on={

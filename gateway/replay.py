@@ -43,11 +43,13 @@ from gateway.journal.committed import MarkReader, open_mark
 from gateway.journal.layout import list_segments, seg_path
 from gateway.sidecar.fills import FillAnswerer, FillLimits, FillPort
 from gateway.sidecar.metrics import ReplayMetrics
+from gateway.sidecar.session import Phase as SessionPhase
 from gateway.sidecar.session import Session
 from gateway.sidecar.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
 from gateway.wire import announce as A
+from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.streamkey import StreamKey
@@ -367,13 +369,12 @@ class ReplayServer:
             self._on_command(identity, cmd, now)
 
     def _on_command(self, identity: bytes, cmd: P.Command, now: float) -> None:
+        """ATTACH opens the stream's journal here; a client without a session gets the handshake's answer; every
+        other command is its Session's (gateway.sidecar.session, whose table holds the rules)."""
         session = self.sessions.get(identity)
         match cmd:
             case P.Attach(version=version, stream=stream):
                 self._attach(identity, version, stream, now)
-            case P.Detach() if session is not None:
-                self._end(session, "detach")
-                self._send_now(identity, P.encode(P.DetachOk()))
             case _ if session is None:
                 answer = H.detached(cmd)  # the one handshake (gateway.wire.handshake)
                 if isinstance(answer.reply, P.Invalid):
@@ -386,9 +387,13 @@ class ReplayServer:
                 except Exception as exc:  # the journal, asked for a position, may fail: this session only
                     self._fail(session, exc)
                     return
+                if session.phase is SessionPhase.DETACHED:
+                    self._end(session, "detach")
+                    self._send_now(identity, P.encode(P.DetachOk()))
+                    return
                 if not accepted:
                     self.metrics.rejected.labels("command").inc()
-                elif isinstance(cmd, P.Fetch):
+                elif isinstance(cmd, P.Fetch) and cmd.first != B.MAX_SEQ:  # beyond every sequence: the head, no repair
                     self.metrics.stream(session.stream).fetches.inc()
                 self._answer(session)
 

@@ -19,17 +19,24 @@ from typing import Any
 from netlab import dockerlab, packets, state
 from netlab import impair as impair_mod
 from netlab import lab as lab_mod
+from netlab import sites as sites_mod
 from netlab.dockerlab import DockerLab
-from netlab.lab import Lab, LabError, down_all
+from netlab.lab import ExtraMissing, Lab, LabError, down_all
+from netlab.sites import ROUTER, Sites
 
 
 def _hosts_arg(value: str) -> int | list[str]:
     """``--hosts 3`` (h1..h3) or ``--hosts pub,sub1,sub2``."""
     if value.isdigit():
         return int(value)
+    return _names_arg(value)
+
+
+def _names_arg(value: str) -> list[str]:
+    """``pub,sub1,sub2``."""
     names = [n for n in value.split(",") if n]
     if not names:
-        raise argparse.ArgumentTypeError("give a host count or comma-separated host names")
+        raise argparse.ArgumentTypeError("give comma-separated host names")
     return names
 
 
@@ -170,8 +177,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 128 - code if code < 0 else code
 
 
-def cmd_impair(args: argparse.Namespace) -> int:
-    lab, host = _load_host(args.host)
+def _impairment_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The Impairment fields given on the command line (see `_impairment_options`)."""
     fields = {
         "loss_pct": args.loss,
         "loss_burst": args.burst,
@@ -181,7 +188,12 @@ def cmd_impair(args: argparse.Namespace) -> int:
         "duplicate_pct": args.duplicate,
         "rate_kbit": None if args.rate is None else max(1, round(args.rate)),
     }
-    given = {k: v for k, v in fields.items() if v is not None}
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def cmd_impair(args: argparse.Namespace) -> int:
+    lab, host = _load_host(args.host)
+    given = _impairment_fields(args)
     if args.clear and given:
         raise LabError("--clear removes every impairment; give it alone (with --dir at most)")
     if args.clear:
@@ -243,6 +255,28 @@ def cmd_inject(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sites_up(args: argparse.Namespace) -> int:
+    given = _impairment_fields(args)
+    wan = impair_mod.Impairment(**given) if given else None
+    sites = Sites(args.a, args.b, args.name, wan=wan, persistent=True).up()
+    for lab in (sites.a, sites.b):
+        _print_lab(lab.to_record())
+    link = f"{sites.b.name}/{ROUTER}"
+    print(f"WAN: the link of {link} (out: a-to-b, in: b-to-a); change it with: netlab impair {link} --dir both ...")
+    return 0
+
+
+def cmd_sites_down(args: argparse.Namespace) -> int:
+    names = sites_mod.present(args.name)
+    if not names:
+        raise LabError(f"no sites named {args.name!r} (labs {' and '.join(sites_mod.lab_names(args.name))}); "
+                       "see netlab status")  # fmt: skip
+    for name in names:
+        Lab.load(name).down()
+    print(f"removed {', '.join(names)}")
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     if args.all and args.name:
         raise LabError("give a lab NAME or --all, not both")
@@ -257,6 +291,17 @@ def cmd_down(args: argparse.Namespace) -> int:
     if kept:
         print(f"kept labs of running programs: {', '.join(kept)} (add --force to remove them too)")
     return 0
+
+
+def _impairment_options(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """The options of an Impairment (read back by `_impairment_fields`)."""
+    parser.add_argument("--loss", type=_percent, help=f"{what}random loss, e.g. 5%%")
+    parser.add_argument("--burst", type=float, help="with --loss: mean burst length in packets (Gilbert model)")
+    parser.add_argument("--delay", type=_quantity("time", "ms"), help=f"{what}e.g. 20ms")
+    parser.add_argument("--jitter", type=_quantity("time", "ms"), help="uniform +- this, e.g. 2ms")
+    parser.add_argument("--reorder", type=_percent, help="share of packets that skip the delay, e.g. 1%%")
+    parser.add_argument("--duplicate", type=_percent, help="e.g. 1%%")
+    parser.add_argument("--rate", type=_quantity("rate", "kbit"), help=f"{what}e.g. 10mbit, 512kbit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -300,16 +345,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replaces the host's impairment in that direction; with no options, shows it.",
     )
     imp.add_argument("host", metavar="HOST", help=host_help)
-    imp.add_argument("--loss", type=_percent, help="random loss, e.g. 5%%")
-    imp.add_argument("--burst", type=float, help="with --loss: mean burst length in packets (Gilbert model)")
-    imp.add_argument("--delay", type=_quantity("time", "ms"), help="e.g. 20ms")
-    imp.add_argument("--jitter", type=_quantity("time", "ms"), help="uniform +- this, e.g. 2ms")
-    imp.add_argument("--reorder", type=_percent, help="share of packets that skip the delay, e.g. 1%%")
-    imp.add_argument("--duplicate", type=_percent, help="e.g. 1%%")
-    imp.add_argument("--rate", type=_quantity("rate", "kbit"), help="e.g. 10mbit, 512kbit")
+    _impairment_options(imp)
     imp.add_argument("--dir", choices=["in", "out", "both"], help=f"{dir_help} (default: in; --clear: both)")
     imp.add_argument("--clear", action="store_true", help="remove all impairments, partition included")
     imp.set_defaults(func=cmd_impair)
+
+    sites = sub.add_parser(
+        "sites",
+        help="two LANs (site A, site B) joined by a router over an impaired WAN",
+        description="Labs NAME-a and NAME-b; the router is host 'router' of NAME-b, its link there is the WAN.",
+    )
+    sites_sub = sites.add_subparsers(dest="sites_command", required=True, metavar="SITES_COMMAND")
+    sites_up = sites_sub.add_parser("up", help="create the two sites; they stay up after this command")
+    sites_up.add_argument("--name", default="sites", help="labs NAME-a and NAME-b (default: sites)")
+    sites_up.add_argument("--a", type=_names_arg, default=["a1", "a2"], help="site A's hosts (default a1,a2)")
+    sites_up.add_argument("--b", type=_names_arg, default=["b1", "b2"], help="site B's hosts (default b1,b2)")
+    _impairment_options(sites_up, "the WAN, both directions: ")
+    sites_up.set_defaults(func=cmd_sites_up)
+    sites_down = sites_sub.add_parser("down", help="remove both sites")
+    sites_down.add_argument("name", nargs="?", default="sites", metavar="NAME", help="(default: sites)")
+    sites_down.set_defaults(func=cmd_sites_down)
 
     drop = sub.add_parser("drop", help="drop exactly the next N packets on a host's link")
     drop.add_argument("host", metavar="HOST", help=host_help)
@@ -358,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         return int(args.func(args))
+    except ExtraMissing as exc:  # an install short of the lab extra: exit 2, as every zeps command says it
+        print(f"netlab: {exc}", file=sys.stderr)
+        return 2
     except (LabError, ValueError) as exc:
         print(f"netlab: {exc}", file=sys.stderr)
         return 1

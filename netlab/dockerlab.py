@@ -34,7 +34,7 @@ from pyroute2 import netns as pyroute2_netns
 
 from netlab import dockerimage, firewall, ns, state
 from netlab import lab as lab_mod
-from netlab.lab import EXTRA_MESSAGE, ROOT_MESSAGE, Host, Lab, LabError
+from netlab.lab import EXTRA_MESSAGE, ROOT_MESSAGE, ExtraMissing, Host, Lab, LabError
 
 try:
     import docker
@@ -61,7 +61,7 @@ def client() -> docker.DockerClient:
     """A client of the local Docker engine; LabError saying how to start it when it does not answer, or how
     to install the Docker SDK when it is missing."""
     if docker is None:
-        raise LabError(EXTRA_MESSAGE.format(what="the Docker backend", module="the docker SDK"))
+        raise ExtraMissing(EXTRA_MESSAGE.format(what="the Docker backend", module="the docker SDK"))
     try:
         engine = docker.from_env(timeout=120)
         engine.ping()

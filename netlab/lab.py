@@ -46,6 +46,10 @@ class LabError(RuntimeError):
     """A lab could not be built or removed; the message says why and what to do."""
 
 
+class ExtraMissing(LabError):
+    """An optional part needs a module of the lab extra (EXTRA_MESSAGE): an install to fix, exit 2 as in zeps."""
+
+
 @dataclass(frozen=True)
 class Host:
     """One lab host: a network namespace with one interface on the lab bridge."""
@@ -266,7 +270,6 @@ class Lab:
             state.save(self.id, self.to_record())
 
     def _build(self) -> None:
-        assert self.subnet is not None  # allocated before the build
         # Snooping is off (set at creation): without an IGMP querier on the LAN, a snooping bridge can
         # stop forwarding a group once memberships expire. Flooding is what a test LAN wants.
         with IPRoute() as ipr:
@@ -275,19 +278,46 @@ class Lab:
             ipr.link("set", index=bridge, state="up")
             for host in self._hosts.values():
                 ns.create_netns(host.netns)
-                ipr.link("add", ifname=host.veth, kind="veth", peer={"ifname": host.ifname, "net_ns_fd": host.netns})
-                veth = ipr.link_lookup(ifname=host.veth)[0]
-                _disable_ipv6(host.veth)
-                ipr.link("set", index=veth, master=bridge, state="up")
-                with IPRoute(netns=host.netns, flags=0) as inside:
-                    inside.link("set", index=inside.link_lookup(ifname="lo")[0], state="up")
-                    lan = inside.link_lookup(ifname=host.ifname)[0]
-                    inside.addr("add", index=lan, address=host.ip, prefixlen=self.subnet.prefixlen)
-                    inside.link("set", index=lan, state="up")
-                    # Without it, multicast sends fail (ENETUNREACH): a host has no default route.
-                    inside.route("add", dst="224.0.0.0/4", oif=lan)
+                self._attach(ipr, bridge, host, multicast_route=True)
         self.forward_rule = firewall.allow_bridge(self.bridge)
         state.save(self.id, self.to_record())
+
+    def _attach(self, ipr: IPRoute, bridge: int, host: Host, *, multicast_route: bool) -> None:
+        """Plug ``host``'s namespace (it exists) into the bridge: the veth pair, the address, the links up."""
+        assert self.subnet is not None  # allocated before any host is attached
+        ipr.link("add", ifname=host.veth, kind="veth", peer={"ifname": host.ifname, "net_ns_fd": host.netns})
+        veth = ipr.link_lookup(ifname=host.veth)[0]
+        _disable_ipv6(host.veth)
+        ipr.link("set", index=veth, master=bridge, state="up")
+        with IPRoute(netns=host.netns, flags=0) as inside:
+            inside.link("set", index=inside.link_lookup(ifname="lo")[0], state="up")
+            lan = inside.link_lookup(ifname=host.ifname)[0]
+            inside.addr("add", index=lan, address=host.ip, prefixlen=self.subnet.prefixlen)
+            inside.link("set", index=lan, state="up")
+            if multicast_route:
+                # Without it, multicast sends fail (ENETUNREACH): a host has no default route.
+                inside.route("add", dst="224.0.0.0/4", oif=lan)
+
+    def plug(self, name: str, netns: str, ifname: str) -> Host:
+        """Give namespace ``netns``, which this lab did not make (another lab's router, say), a leg on this LAN:
+        interface ``ifname`` at the LAN's highest free address, known here as host ``name``.
+
+        The leg's veth is named after this lab, so ``down`` removes it; the namespace stays with its owner. The
+        leg gets no multicast route (the namespace has its own LAN for that).
+        """
+        self._check_up()
+        assert self.subnet is not None  # the lab is up
+        if name in self._hosts:
+            raise ValueError(f"lab {self.name!r} has a host {name!r} already")
+        used = {h.ip for h in self._hosts.values()}
+        address = next(str(a) for a in reversed(list(self.subnet.hosts())) if str(a) not in used)
+        host = Host(_check_name("host", name), netns, ifname, address, f"{self.id}-v{len(self._hosts) + 1}")
+        with IPRoute() as ipr:
+            self._attach(ipr, ipr.link_lookup(ifname=self.bridge)[0], host, multicast_route=False)
+        with self._lock:
+            self._hosts[name] = host
+        state.save(self.id, self.to_record())
+        return host
 
     def down(self) -> None:
         """Kill the lab's processes, delete namespaces, veths, bridge, iptables rule and record. Idempotent."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.synchronize import Event
 from typing import Any, cast
 
-from netlab.lab import EXTRA_MESSAGE, Host, Lab, LabError
+from netlab.lab import EXTRA_MESSAGE, ExtraMissing, Host, Lab
 from netlab.procs import MP, HostProcess
 
 _MULTICAST = ipaddress.IPv4Network("224.0.0.0/4")
@@ -76,7 +76,7 @@ def require_scapy(what: str) -> None:
     except ImportError:
         found = False
     if not found:
-        raise LabError(EXTRA_MESSAGE.format(what=what, module="scapy"))
+        raise ExtraMissing(EXTRA_MESSAGE.format(what=what, module="scapy"))
 
 
 def _import_scapy() -> None:
@@ -380,7 +380,7 @@ def _receive(
     group: str, ports: tuple[int, ...], ready: Event, done: Event, idle: float, limit: float
 ) -> list[tuple[int, float, float]]:
     """Runs in the receiving host: record datagrams until the sender is ``done`` and ``idle`` s passed without
-    one, or ``limit`` s passed."""
+    one, or ``limit`` s passed. ``group`` may be a unicast address: the receiver's own."""
     selector = selectors.DefaultSelector()
     membership = socket.inet_aton(group) + socket.inet_aton("0.0.0.0")
     for port in ports:
@@ -388,7 +388,8 @@ def _receive(
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, 8 << 20)  # a slow reader must not look like loss
         sock.bind((group, port))
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+        if ipaddress.IPv4Address(group) in _MULTICAST:
+            sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ)
     ready.set()
@@ -406,12 +407,12 @@ def _receive(
     return arrivals
 
 
-def _send(group: str, ports: tuple[int, ...], count: int, pps: float, size: int, listening: Event) -> int:
+def _send(group: str, ports: tuple[int, ...], count: int, pps: float, size: int, ttl: int, listening: Event) -> int:
     """Runs in the sending host: once the receiver is ``listening``, ``count`` datagrams at ``pps``, paced."""
     if not listening.wait(30.0):
         raise TimeoutError("the probe receiver did not start listening within 30 s")
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+    sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
     padding = bytes(max(0, size - _PROBE.size))
     start = time.monotonic()
     for seq in range(count):
@@ -451,22 +452,27 @@ def start_probe(
     pps: float = 2000.0,
     size: int = 64,
     idle: float = 0.25,
+    ttl: int = 1,
 ) -> ProbeRun:
     """Send ``count`` numbered datagrams (``size`` bytes, at ``pps``) from ``sender`` to a multicast ``group``
     (default ``lab.group(1)``) joined by ``receiver``, round-robin over ``ports``. Returns at once; both start
     in parallel, and the sender sends once the receiver listens.
 
+    ``group`` may also be the receiver's own (unicast) address: a probe across a router. ``ttl`` is the
+    multicast TTL (1: the datagrams may not leave the LAN; more: only the routers decide).
+
     The receiver stops once the sender is done and ``idle`` s passed without a datagram: ``idle`` must exceed
     any delay being measured.
     """
-    if not 1 <= count <= 1_000_000 or pps <= 0 or not _PROBE.size <= size <= 1472 or not ports:
+    if not 1 <= count <= 1_000_000 or pps <= 0 or not _PROBE.size <= size <= 1472 or not ports or not 1 <= ttl <= 255:
         raise ValueError(
-            f"need 1-1,000,000 datagrams of {_PROBE.size}-1472 bytes, pps > 0, a port (got {count}, {size})"
+            f"need 1-1,000,000 datagrams of {_PROBE.size}-1472 bytes, pps > 0, a port, a TTL 1-255 "
+            f"(got {count}, {size}, {ttl})"
         )
     target, port_tuple = group or lab.group(1), tuple(ports)
     ready, done = MP.Event(), MP.Event()
     listening = lab.start(receiver, _receive, target, port_tuple, ready, done, idle, count / pps + idle + 60.0)
-    sending = lab.start(sender, _send, target, port_tuple, count, pps, size, ready)
+    sending = lab.start(sender, _send, target, port_tuple, count, pps, size, ttl, ready)
     return ProbeRun(sending, listening, (ready, done), Probe(count, port_tuple, size, []))
 
 

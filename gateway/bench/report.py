@@ -136,8 +136,9 @@ def markdown(results: Sequence[Result], machine: dict[str, str], *, plots: dict[
             out += [_row([str(c) for c in row]) for row in table.rows]
             out.append("")
         if r.targets:
-            out += [f"| target (issue #{r.issue}) | measured | met |", "|---|---|---|"]
-            out += [_row([t.goal, t.measured, {True: "yes", False: "**no**", None: "—"}[t.met]]) for t in r.targets]
+            out += ["| target | issue | measured | met |", "|---|---|---|---|"]
+            met = {True: "yes", False: "**no**", None: "—"}
+            out += [_row([t.goal, f"#{t.issue or r.issue}", t.measured, met[t.met]]) for t in r.targets]
             out.append("")
         for plot in r.plots:
             if plots and plot.name in plots:

@@ -109,6 +109,7 @@ class Target:
     goal: str
     measured: str
     met: bool | None
+    issue: int | None = None  # the issue that set it, when not the scenario's own (Result.issue)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.cli import extras
+
 DEFAULT_REPORT = Path("docs/benchmarks.md")
+# What a scenario needs beyond the base install, checked before anything runs: found missing at the end, it
+# would cost the whole run. The report's plots need matplotlib (the spark extra).
+NEEDS = {"recovery": ("lab", ("scapy",)), "sink": ("spark", ("pyspark", "pyarrow"))}
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,6 +53,13 @@ def _run(args: argparse.Namespace) -> int:
 
     if os.geteuid() != 0:
         raise OSError("zeps bench builds network namespaces and needs root: run it as root, e.g. with sudo")
+    names = SCENARIOS if args.scenario == "all" else (args.scenario,)
+    target = args.report or (DEFAULT_REPORT if args.scenario == "all" else None)
+    needs = [NEEDS[name] for name in names if name in NEEDS]
+    if target is not None:
+        needs.append(("spark", ("matplotlib",)))  # the report's plots
+    for extra, modules in needs:
+        extras.require(extra, *modules)
     settings = Settings(
         runs=args.runs,
         quick=args.quick,
@@ -58,7 +70,6 @@ def _run(args: argparse.Namespace) -> int:
         chaos_faults=args.faults,
         chaos_seed=args.seed,
     )
-    names = SCENARIOS if args.scenario == "all" else (args.scenario,)
     estimate = sum(scenario(name).estimate(settings) for name in names)
     print(f"zeps bench {args.scenario}: about {estimate / 60:.0f} min on an idle 2-core machine", file=sys.stderr)
     signal.signal(signal.SIGTERM, functools.partial(_interrupt, os.getpid()))  # clean up as on Ctrl-C
@@ -76,7 +87,6 @@ def _run(args: argparse.Namespace) -> int:
             results.append(Result(name, module.TITLE, "", notes=[f"**This scenario failed:** {exc}"]))
     record["load average at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(report.markdown(results, record))
-    target = args.report or (DEFAULT_REPORT if args.scenario == "all" else None)
     if target is not None:
         command = f"zeps bench {args.scenario} --runs {args.runs}" + (" --quick" if args.quick else "")
         for path in report.write(results, record, target, command, args.label):

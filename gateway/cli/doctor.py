@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.cli import discovery_opts
+from gateway.cli import discovery_opts, tls_opts
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -25,13 +25,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a transport this machine will use (repeatable): what it needs becomes required",
     )
     p.add_argument("--etcd", action="append", metavar="URL", help="check that this etcd answers (repeatable)")
+    tls_opts.add_etcd_options(p)
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from gateway.tools.doctor import check
 
-    findings = check(args.transport, discovery_opts.etcd_urls(args.etcd))
+    tls_opts.check_etcd_options(args)
+    findings = check(args.transport, discovery_opts.etcd_urls(args.etcd), tls_opts.etcd_tls(args))
     for f in findings:
         mark = "ok  " if f.ok else ("FAIL" if f.needed else "hint")
         print(f"{mark} {f.name:<16} {f.line}")

@@ -103,8 +103,8 @@ def head(args: argparse.Namespace, timeout: float) -> int:
     curve = keyopts.client_curve(args)
     for i, endpoint in enumerate(endpoints, 1):
         last = i == len(endpoints)
-        try:
-            with ReplayClient(endpoint, args.stream, timeout=timeout, curve=curve, fail_unreachable=not last) as client:
+        try:  # a one-shot question: nothing listening is an answer, not a reason to wait out the timeout
+            with ReplayClient(endpoint, args.stream, timeout=timeout, curve=curve, fail_unreachable=True) as client:
                 return probe(client, MAX_SEQ)[0].last
         except ReplayError:
             if last:

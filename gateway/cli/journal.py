@@ -65,7 +65,7 @@ class _Plan:
     left: list[Finding] = dataclasses.field(default_factory=list)  # what repair cannot fix (missing sequences)
 
     def describe(self) -> list[str]:
-        lines = [f"delete {path} (the gateway rebuilds it)" for path in self.indexes]
+        lines = [f"rebuild {path} from its segment" for path in self.indexes]
         for stream, (segment, offset) in sorted(self.cuts.items()):
             later = [p for p in segment.parent.glob("*.seg") if p.name > segment.name]
             dropped = segment.stat().st_size - offset + sum(p.stat().st_size for p in later)
@@ -95,7 +95,7 @@ def _plan(report: VerifyReport, streams: list[str] | None) -> _Plan:
 
 def _repair(args: argparse.Namespace) -> int:
     from gateway.errors import ConfigError
-    from gateway.journal import truncate_at, verify_root
+    from gateway.journal import JournalWriter, truncate_at, verify_root
 
     report = verify_root(args.dir)
     print(report.describe())
@@ -115,9 +115,12 @@ def _repair(args: argparse.Namespace) -> int:
             return 1
     for path in plan.indexes:
         path.unlink(missing_ok=True)
-        print(f"deleted {path}")
     for stream, (segment, offset) in sorted(plan.cuts.items()):
         print(truncate_at(args.dir, stream, segment.name, offset).describe())
+    for stream in sorted({path.parent.name for path in plan.indexes}):
+        JournalWriter.open(args.dir, stream).close()  # opening rebuilds a sealed segment's missing index
+    for path in plan.indexes:
+        print(f"rebuilt {path}" if path.exists() else f"deleted {path} (the active segment's: rebuilt as it grows)")
     after = verify_root(args.dir)
     print(after.describe().splitlines()[-1])
     return 0 if not _plan(after, args.stream).cuts and not _plan(after, args.stream).indexes else 1

@@ -51,6 +51,12 @@ def check_gateway_options(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--peer-tls-cert, --peer-tls-key and --peer-tls-ca are a group node's (with --etcd and --node)"
         )
+    check_etcd_options(args)
+
+
+def check_etcd_options(args: argparse.Namespace) -> None:
+    from gateway.errors import ConfigError
+
     if _given(args, ETCD) and not args.etcd:
         raise ConfigError("--etcd-ca, --etcd-cert and --etcd-key are for etcd: give --etcd https://HOST:PORT too")
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cli import extras
 from gateway.cli.options import duration, host_port
+from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
     from gateway.tools.top import Top
@@ -55,8 +56,8 @@ def _run(args: argparse.Namespace) -> int:
         print("zeps top: name at least one endpoint: --gateway, --replay or --subscriber HOST:PORT", file=sys.stderr)
         return 2
     if not args.json and not extras.importable("rich"):
-        print(f"zeps top: the live view needs rich: {extras.install('top')} (or use --json)", file=sys.stderr)
-        return 1
+        # As every command short of an extra: exit 2, one line naming it and the pip command (gateway.cli.extras).
+        raise ConfigError(f"{extras.missing('top', ('rich',))}, or use --json")
     top = Top(chosen, timeout=min(2.0, max(0.5, args.interval)))
     try:
         if args.once:

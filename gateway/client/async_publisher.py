@@ -25,7 +25,10 @@ class AsyncPublisher:
     """Same arguments, records, errors (`BadRecord`, `BufferFull`, `PublishError`) and counters as `Publisher`."""
 
     def __init__(self, sync: Publisher) -> None:
-        """Internal: use `await AsyncPublisher.attach(...)`, which attaches without blocking the loop."""
+        """Internal: use `await AsyncPublisher.attach(...)`, which attaches without blocking the loop.
+
+        sync: the `Publisher` this one drives (its IO thread does the network I/O); reachable as `self.sync`
+        for its counters and endpoints."""
         self.sync = sync
 
     @classmethod

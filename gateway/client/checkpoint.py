@@ -8,15 +8,30 @@ from pathlib import Path
 
 
 class Checkpoint:
-    """The last sequence the application finished with, kept in a file that is replaced atomically."""
+    """The last sequence the application finished with, kept in a file that is replaced atomically.
+
+    A Subscriber given `checkpoint=PATH` keeps one; an application that keeps its own position does the same:
+
+        cp = Checkpoint(Path("orders.ckpt"))
+        last = cp.load()  # None the first time
+        for rec in records_after(last or 0):  # the application's own source
+            handle(rec)
+            cp.save(rec.seq)  # written at most every every_s seconds
+        cp.save(last_seq, force=True)  # on the way out
+    """
 
     def __init__(self, path: Path, every_s: float = 0.5) -> None:
+        """path: the file (its directory must exist); written as PATH.tmp, fsynced, then renamed over PATH, so a
+        crash leaves the old sequence or the new one, never a torn one. every_s: save() writes at most this
+        often, in seconds (save(force=True) always writes)."""
         self.path = path
         self.every_s = every_s
         self.saved_at = 0.0
         self.saved: int | None = None
 
     def load(self) -> int | None:
+        """The sequence saved, or None when the file does not exist. Raises ValueError (naming the file) when it
+        holds something else, and OSError when it cannot be read."""
         try:
             return int(self.path.read_text().strip())
         except FileNotFoundError:
@@ -25,6 +40,8 @@ class Checkpoint:
             raise ValueError(f"checkpoint {self.path} does not hold a sequence number: delete it or fix it") from exc
 
     def save(self, seq: int, *, force: bool = False) -> None:
+        """Keep `seq` unless it is the one saved, or (without `force`) the last write was under `every_s` ago.
+        Raises OSError when the file cannot be written."""
         now = time.monotonic()
         if seq == self.saved or (not force and now - self.saved_at < self.every_s):
             return

@@ -7,7 +7,7 @@ Rules
    with ``now`` to `handle()` and executes the returned actions in order (`Connect`, `Send`, `Disconnect`,
    `Release`). No sockets, no clocks, no threads, no locks: the IO thread alone calls it; the application
    thread only reads its counters (each an int or a reference, written by the IO thread alone).
-2. Every state change is in TRANSITIONS (end of module), in the table form of `gateway.merge.machine`: per
+2. Every state change is in TRANSITIONS (end of module), in the table form of `gateway.machine`: per
    state the handler of each event (handlers change data, never the state), then the transitions in priority
    order, then the timers. docs/client-sessions.md embeds `describe_transitions()`; a test keeps them equal.
 3. Nothing is lost in silence: a batch handed over (`Publish`) is kept until the gateway confirms it (when it
@@ -50,10 +50,10 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from gateway import machine
 from gateway.client.endpoints import Endpoints
 from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere
 from gateway.errors import PublishError
-from gateway.merge import machine
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 

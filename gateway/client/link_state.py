@@ -3,9 +3,10 @@
 Rules
 =====
 
-1. Every change of the link's state is listed in TRANSITIONS, per state and per input; nothing else sets
-   it. The IO (gateway.client.replay_link) observes its connections and feeds an input; the table says the
-   next state. An input a state does not list leaves it where it is.
+1. Every change of the link's state is listed in TRANSITIONS, in the table form of `gateway.machine` (the
+   input is the event, and each transition's guard names the input that takes it); nothing else sets it. The
+   IO (gateway.client.replay_link) observes its connections and feeds an input; the table says the next
+   state. An input no transition of the state takes leaves it where it is.
 2. Sans-IO: no sockets, no clocks. The link acts on the state it is in (requests only while not RETRYING or
    FAILED; a reconnect only when RETRYING and its backoff is over).
 
@@ -31,6 +32,8 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
+from gateway import machine
+
 
 class LinkState(StrEnum):
     CONNECTING = "connecting"
@@ -49,23 +52,45 @@ class LinkInput(Enum):
 CONNECTING, READY, RETRYING, FAILED = LinkState
 ANSWERED, LOST, RETRY, REFUSED = LinkInput
 
-TRANSITIONS: dict[LinkState, dict[LinkInput, LinkState]] = {
-    CONNECTING: {ANSWERED: READY, LOST: RETRYING, REFUSED: FAILED},
-    READY: {LOST: RETRYING, REFUSED: FAILED},
-    RETRYING: {LOST: RETRYING, RETRY: CONNECTING, REFUSED: FAILED},
-    FAILED: {},
+
+def step(state: LinkState, given: LinkInput) -> LinkState:
+    """The state after `given` (the same state when no transition of the state's row takes it)."""
+    return machine.settle(given, TRANSITIONS, state, given, given)
+
+
+# --- guards: which input came -------------------------------------------------------------------------
+
+
+def _answered(given: LinkInput) -> bool:
+    return given is ANSWERED
+
+
+def _lost(given: LinkInput) -> bool:
+    return given is LOST
+
+
+def _retry(given: LinkInput) -> bool:
+    return given is RETRY
+
+
+def _refused(given: LinkInput) -> bool:
+    return given is REFUSED
+
+
+Go = machine.Go[LinkInput, LinkState]
+Row = machine.Row[LinkInput, LinkState]
+
+TRANSITIONS: dict[LinkState, Row] = {
+    CONNECTING: Row(
+        on={ANSWERED: None, LOST: None, REFUSED: None},
+        go=(Go(_answered, READY), Go(_lost, RETRYING), Go(_refused, FAILED)),
+    ),
+    READY: Row(on={LOST: None, REFUSED: None}, go=(Go(_lost, RETRYING), Go(_refused, FAILED))),
+    RETRYING: Row(on={LOST: None, RETRY: None, REFUSED: None}, go=(Go(_retry, CONNECTING), Go(_refused, FAILED))),
+    FAILED: Row(on={}),
 }
 
 
-def step(state: LinkState, given: LinkInput) -> LinkState:
-    """The state after `given` (the same state when the table lists nothing for it)."""
-    return TRANSITIONS[state].get(given, state)
-
-
 def describe_transitions() -> str:
-    """TRANSITIONS as a Markdown table (docs/client.md embeds this text; a test keeps them equal)."""
-    lines = ["| state | " + " | ".join(i.name for i in LinkInput) + " |", "|---" * (len(LinkInput) + 1) + "|"]
-    for state, row in TRANSITIONS.items():
-        cells = [row[i].name if i in row else "—" for i in LinkInput]
-        lines.append(f"| {state.name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    """TRANSITIONS as Markdown (docs/client.md embeds this text; a test keeps them equal)."""
+    return machine.describe(TRANSITIONS, tuple(LinkInput))

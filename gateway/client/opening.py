@@ -5,7 +5,7 @@ Rules
 
 1. Sans-IO: `start(now)` returns the ATTACH to send; the caller feeds every command the server sends while the
    session opens to `handle(cmd, now)` and does what comes back (`Reply`: send it). No sockets, no clocks.
-2. Every state change is in TRANSITIONS (end of module), in the table form of `gateway.merge.machine`;
+2. Every state change is in TRANSITIONS (end of module), in the table form of `gateway.machine`;
    docs/client-sessions.md embeds `describe_transitions()` and a test keeps them equal.
 3. The opening ends OPEN (with the features granted) or REFUSED (with the server's reason); which refusals
    are final, and what follows, is the caller's business (a Publisher tries its next endpoint, a ReplayClient
@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gateway.merge import machine
+from gateway import machine
 from gateway.wire import protocol as P
 
 

@@ -57,6 +57,16 @@ os.register_at_fork(after_in_child=_open.clear)  # a forked child has none of it
 
 
 class Publisher:
+    """Publish records to one stream of a gateway (its ingest endpoint), batched, exactly once; see the module
+    docstring for how.
+
+        with Publisher("tcp://127.0.0.1:5570", "orders", confirm=True) as pub:
+            pub.publish("eu.bund", b"101.25")
+            last_seq = pub.flush()  # journaled up to last_seq
+
+    Leaving the `with` block closes it (flush, then DETACH); an exception inside it aborts it instead.
+    """
+
     def __init__(
         self,
         endpoint: str | Sequence[str] | None,
@@ -85,6 +95,8 @@ class Publisher:
             heard on `interface` (or in `directory`) within `discovery_timeout` s, signed with `stream_key` if given.
 
         confirm: flush() waits until the gateway has journaled everything (else until it is sent).
+        batch_records, batch_bytes: a batch leaves with at most this many records, and at most this many bytes of
+            keys and bodies (capped at `max_message_bytes`): larger batches cost fewer messages, more latency.
         linger_ms: 0 (the default): a record leaves as soon as the IO thread is free, with whatever queued behind
             it (best latency when load is light, full batches when it is heavy); above 0, a partial batch waits
             up to this long for others to join it.
@@ -93,6 +105,11 @@ class Publisher:
         max_message_bytes: the gateway's --max-message-bytes: records and batches above it are refused early.
         producer: (producer_id, number of the next record) for an application that numbers its records itself
             and restarts with the same id; default a random 64-bit id numbered from 0.
+        curve: CURVE client keys (gateway.transport.curve), for a gateway whose ingest requires them.
+        ctx: the ZeroMQ context to make the socket in (default: the process's shared one).
+
+        Raises ConfigError (a ValueError) for a bad argument or endpoint, DiscoveryError when the stream is not
+        found by name, PublishError when the gateway refuses the stream or does not answer within `timeout`.
         """
         P.validate_stream_name(stream)
         for name, value in (("batch_records", batch_records), ("batch_bytes", batch_bytes)):

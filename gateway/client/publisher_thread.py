@@ -19,6 +19,7 @@ changed what the application may wait for (state, counters, budget). The thread 
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import logging
 import math
@@ -56,6 +57,16 @@ log = logging.getLogger(__name__)
 # misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
+
+
+class Stop(enum.Enum):
+    """Whether the thread is asked to stop, and how."""
+
+    NOT_ASKED = "not asked"  # run
+    AFTER_DELIVERY = "after delivery"  # DETACH once everything queued is delivered (or cannot be)
+    AT_ONCE = "at once"  # no DETACH, nothing more delivered
+
+
 IDLE_S = 1.0  # the longest poll when nothing is due
 _ids = itertools.count()  # monitor addresses
 
@@ -81,7 +92,7 @@ class PublisherThread:
         self._ctx = ctx
         self.timeout = timeout  # the Publisher's: a DETACH lingers this long, the flush at exit waits this long
         self.flush_wanted = False  # under cond
-        self.stopping: bool | None = None  # under cond. None: run; False: DETACH once delivered; True: at once
+        self.stop_asked = Stop.NOT_ASKED  # under cond
         self.closed_error: PublishError | None = None  # set by stop(): what publish() raises from then on
         self._sock: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
@@ -108,8 +119,8 @@ class PublisherThread:
         """Ask the thread to stop (after DETACH once everything is delivered, if `detach`); wait up to `join_s`
         (None: do not wait)."""
         with self.cond:
-            if self.stopping is None:
-                self.stopping = not detach
+            if self.stop_asked is Stop.NOT_ASKED:
+                self.stop_asked = Stop.AFTER_DELIVERY if detach else Stop.AT_ONCE
             if self.closed_error is None:
                 self.closed_error = PublishError("this Publisher is closed: create a new one")
         self.wake()
@@ -161,7 +172,7 @@ class PublisherThread:
                 self.cond.notify_all()
             raise
         finally:
-            detach = self.stopping is False
+            detach = self.stop_asked is Stop.AFTER_DELIVERY
             self._do(self.session.handle(Close(detach=detach), time.monotonic()))
             self._close_socket(linger=int(self.timeout * 1000) if detach else 0)
             if self._directory is not None and self._own_directory:
@@ -172,9 +183,9 @@ class PublisherThread:
     def _finished(self) -> bool:
         """Stopping, and (for a DETACH) nothing left to deliver, or no way to deliver it."""
         with self.cond:
-            if self.stopping is None:
+            if self.stop_asked is Stop.NOT_ASKED:
                 return False
-            if self.stopping or self.session.state is State.FAILED:
+            if self.stop_asked is Stop.AT_ONCE or self.session.state is State.FAILED:
                 return True
             return not self.acc.queue and not (self.session.confirming and self.session.unconfirmed)
 
@@ -193,7 +204,8 @@ class PublisherThread:
         if due is not None and due <= 0:
             self._feed(Tick())
         if self.session.state is State.READY:
-            hurry = self.flush_wanted or self.stopping is not None  # flags: a stale read costs one turn at most
+            # flags: a stale read costs one turn at most
+            hurry = self.flush_wanted or self.stop_asked is not Stop.NOT_ASKED
             batches = self.acc.take(now, hurry)
             for i, (records, payload, ttl) in enumerate(batches):
                 if self.session.state is not State.READY:  # a batch's timers found the gateway stalled, say

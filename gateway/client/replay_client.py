@@ -56,7 +56,21 @@ T = TypeVar("T")
 
 
 class ReplayClient:
-    """One session with a replay server. Not thread-safe; use one per thread."""
+    """One session with a replay server. Not thread-safe; use one per thread.
+
+    What the module's history() does, by hand:
+
+        with ReplayClient("tcp://127.0.0.1:5571", "orders") as client:
+            client.fetch(1, 100)
+            while not isinstance(event := client.recv(), FetchEnd):
+                if event is None:
+                    raise TimeoutError("the sidecar went quiet")
+                if isinstance(event, Batch):
+                    for rec in event.records():
+                        print(rec)
+
+    (`FetchEnd` is gateway.wire.protocol's, `Batch` gateway.wire.batch's.)
+    """
 
     def __init__(
         self,
@@ -71,8 +85,15 @@ class ReplayClient:
         fail_unreachable: bool = False,
     ) -> None:
         """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s).
-        `fail_unreachable`: raise ReplayError once a TCP connect fails (nothing listens), not at the deadline:
-        for a caller with other servers to try."""
+
+        endpoint: the sidecar's tcp://HOST:PORT (`zeps replay --bind`). stream: the stream's name (raises
+        ProtocolError for one the protocol cannot carry). features: the extensions to ask for, by name
+        (`gateway.wire.protocol.FEATURES`; by default batch, range and time); what was granted is `features` once
+        `ready`, and a request needing one not granted raises NotGranted. window: bytes of credit granted
+        up front and topped up as recv() hands answers out: how much the server may send ahead of the caller.
+        curve: CURVE client keys, for a sidecar that requires them. ctx: the ZeroMQ context (default: the
+        process's shared one). `fail_unreachable`: raise ReplayError once a TCP connect fails (nothing
+        listens), not at the deadline: for a caller with other servers to try, or with nothing to wait for."""
         P.validate_stream_name(stream)
         self.endpoint = endpoint
         self.stream = stream
@@ -222,7 +243,10 @@ class ReplayClient:
         if self.handshake.dropped:
             raise ReplayError(f"the connection to the replay server at {self.endpoint} ended (server killed or silent)")
         if self.handshake.unreachable:
-            raise ReplayError(f"nothing listens at {self.endpoint} (connection refused)")
+            raise ReplayError(
+                f"nothing listens at {self.endpoint} (connection refused): is `zeps replay` running there? Check "
+                "the endpoint too"
+            )
         if self.opening.expired(now):
             why = why or f"no answer within {self.timeout:.3g} s; is `zeps replay` running there?"
             raise ReplayError(attach_failed(self.stream, self.endpoint, why))
@@ -323,12 +347,23 @@ def history(
     """The records of `stream` from `first` (0: the first retained) or from journal time `since_ns`, up to
     `last` or the journal's head when the request is served, whichever comes first.
 
+    endpoint: the sidecar's tcp://HOST:PORT. pattern: only keys starting with it ("": every key). timeout:
+    seconds to wait for the handshake and then for each answer. curve: CURVE client keys, for a sidecar that
+    requires them. Yields gateway.wire.batch.Record objects (seq, ts_ns, key, body, ttl_ms), in order.
+
+    Raises ReplayError when nothing listens at `endpoint` (at once: a one-shot read has nothing to wait for)
+    or nothing answers within `timeout`; ReplayRefused (a ReplayError) when the server refuses the stream, the
+    keys or a feature (NotGranted: not a replay sidecar); a TRIMMED part is logged as a warning and skipped.
+
+        for rec in history("tcp://127.0.0.1:5571", "orders", first=1, last=100):
+            print(rec.seq, rec.key, rec.body)
+
     How the end is known: by sequence, this is one FETCH first..last, and the server ends a FETCH at the head
     with FETCH-END. By time, a FETCH beyond any sequence answers with the head alone, and a FETCH of the head
     with its journal time (nothing to do if that is before since_ns); the records then come from
     SUBSCRIBE-TIME, up to the batch whose coverage reaches the head.
     """
-    with ReplayClient(endpoint, stream, timeout=timeout, curve=curve) as client:
+    with ReplayClient(endpoint, stream, timeout=timeout, curve=curve, fail_unreachable=True) as client:
         client.require(P.FEATURE_BATCH)
         if since_ns is None:
             client.fetch(first, last, pattern)
@@ -352,9 +387,20 @@ def snapshot(
     curve: CurveClientKeys | None = None,
 ) -> Generator[B.Record, None, int]:
     """The last record of every key of `stream` under `prefixes`, in sequence order, as of one sequence N (the
-    generator's return value). Deleted keys are absent, and so are records whose TTL had run out."""
+    generator's return value). Deleted keys are absent, and so are records whose TTL had run out.
+
+    endpoint: the sidecar's tcp://HOST:PORT. prefixes: key prefixes (none: every key). timeout: seconds to wait
+    for the handshake and then for each answer. curve: CURVE client keys, for a sidecar that requires them.
+    Yields gateway.wire.batch.Record objects; raises as history() does (NotGranted: a sidecar that runs with
+    --no-snapshots).
+
+        records = snapshot("tcp://127.0.0.1:5571", "orders")
+        last = {rec.key: rec.body for rec in records}
+    """
     features = (*DEFAULT_FEATURES, P.FEATURE_SNAPSHOT)
-    with ReplayClient(endpoint, stream, features=features, timeout=timeout, curve=curve) as client:
+    with ReplayClient(
+        endpoint, stream, features=features, timeout=timeout, curve=curve, fail_unreachable=True
+    ) as client:
         client.snapshot(prefixes)
         end = yield from _records_until(client, lambda event: isinstance(event, P.SnapshotEnd))
         assert isinstance(end, P.SnapshotEnd)  # what is_end accepted

@@ -12,6 +12,10 @@ and hands every answer back as a reconciler event, attributed to its request (`e
   (`DatagramFills`: a lost TCP segment costs >= 200 ms, a lost datagram one short timer);
 - the start probe: a start that needs the sidecar's answer first (a time; the last N; "latest" without
   multicast) asks it on a connection of its own, then reports the first sequence (`on_start`);
+- the head reports of a subscriber without multicast (`head_every`): no heartbeat tells it where the live tail
+  is, so every `head_every` seconds it asks the sidecar (a FETCH beyond every sequence, on the fill connection:
+  its FETCH-END names the journal's head) and hands the answer on as `HeadSeen(head, "replay")`, one at a time;
+  the reconciler's replay-only mode is MERGED while N is past it (gateway.reconcile);
 - failure handling: a connection lost, refused or silent past its handshake deadline is closed, the
   reconciler told (`ReplayLost`), and the next sidecar tried after a capped backoff (`ReplayRestored`); a
   refusal retrying cannot cure is final (`failed`). Where it stands is `state`, a `LinkState` whose every
@@ -46,7 +50,7 @@ from gateway.errors import ReplayError, ReplayRefused, ZepsError
 from gateway.transport.curve import CurveClientKeys
 from gateway.transport.send_errors import SendErrors
 from gateway.wire import batch as B
-from gateway.wire.protocol import FEATURE_SNAPSHOT, FetchEnd
+from gateway.wire.protocol import FEATURE_RANGE, FEATURE_SNAPSHOT, FetchEnd
 from gateway.wire.protocol import Deliver as ZepsDeliver
 from gateway.wire.protocol import SnapshotEnd as ZepsSnapshotEnd
 from gateway.wire.protocol import Trimmed as ZepsTrimmed
@@ -58,6 +62,8 @@ REPLAY_FRAMES_PER_TURN = 64  # replay frames taken in per connection per turn: b
 MAX_LEARNT_SIDECARS = 8  # sidecars learnt from heartbeats (a replicated gateway's nodes), at most
 WAIT_NOTICE_S = (0.5, 30.0)  # "still waiting for the sidecar" warnings: the first after, then doubling up to
 BACKOFF_S = (0.1, 5.0)  # between rounds of the sidecars: first, cap
+HEAD_EVERY_S = 0.25  # replay only: how often the sidecar's head is asked, at most (its heartbeat)
+HEAD_PROBE = 0  # in `_fill_ids`: a head report, not a reconciler request (their ids start at 1)
 
 
 class ReplayLink:
@@ -80,7 +86,9 @@ class ReplayLink:
         next_seq: Callable[[], int],
         on_start: Callable[[int], None],
         on_state: Callable[[str, ZepsError | None], None] | None = None,
+        head_every: float | None = None,
     ) -> None:
+        """`head_every`: seconds between head reports (None: off, the multicast heartbeats carry the head)."""
         self._stream = stream
         self._topics = topics
         self._pattern = topics[0] if len(topics) == 1 else ""  # one prefix is served by the sidecar's filter
@@ -102,8 +110,10 @@ class ReplayLink:
         self._on_state = on_state
         self._catchup: ReplayClient | None = None
         self._catchup_id: int | None = None
-        self._fill: ReplayClient | None = None
-        self._fill_ids: deque[int] = deque()  # fill request ids in the order the sidecar answers them
+        self._fill_conn: ReplayClient | None = None
+        self._fill_ids: deque[int] = deque()  # fill request ids (or HEAD_PROBE) in the order the sidecar answers
+        self._head_every = head_every
+        self._head_at = 0.0  # when the head is next asked
         self._datagrams: DatagramFills | None = None  # for the current sidecar, made when first needed
         self._probe: tuple[ReplayClient, Generator[None, Answer, int]] | None = None
         self._reconnect_at = 0.0
@@ -202,6 +212,8 @@ class ReplayLink:
             self._take_datagrams(self._datagrams, self._datagrams.fileno() in ready, now)
         if self.state is LinkState.RETRYING and now >= self._reconnect_at:
             self._reconnect(now)
+        if self._head_every is not None and now >= self._head_at and self.state is LinkState.READY:
+            self._ask_head(now)
         if self._needs_start and self._probe is None and self.state is not LinkState.RETRYING and not self.failed:
             self._ask_start()  # the sidecar may have been learnt from a heartbeat since
         if self._waiting_since is not None and now >= self._notice_at and self.failed is None:
@@ -212,7 +224,7 @@ class ReplayLink:
         dead one may never fail by itself."""
         assert self._directory is not None
         info = self._directory.lookup(self._stream)
-        connected = self._catchup is not None or self._fill is not None
+        connected = self._catchup is not None or self._fill_conn is not None
         if connected and info is not None and info.sidecars and self.endpoint not in info.sidecars:
             self._lost(now, f"{self.endpoint} is no longer announced; {info.sidecar} is")
 
@@ -224,8 +236,10 @@ class ReplayLink:
     # --- answers ---------------------------------------------------------------------------------------
 
     def _clients(self) -> tuple[ReplayClient, ...]:
+        """The connections, the fill one before the catch-up: a head report taken in before the data of a turn
+        (after the application was away) is not mistaken for silence."""
         probe = self._probe[0] if self._probe is not None else None
-        return tuple(c for c in (probe, self._catchup, self._fill) if c is not None)
+        return tuple(c for c in (probe, self._fill_conn, self._catchup) if c is not None)
 
     def _take(self, client: ReplayClient, now: float) -> None:
         try:
@@ -260,6 +274,11 @@ class ReplayLink:
             request_id = self._fill_ids[0] if self._fill_ids else None
         if request_id is None:
             return  # an answer to something already given up
+        if request_id == HEAD_PROBE:
+            if isinstance(event, FetchEnd):  # FETCH-END of a FETCH beyond every sequence: its last is the head
+                self._fill_ids.popleft()
+                self._emit(R.HeadSeen(event.last, "replay"))
+            return
         match event:
             case B.Batch():
                 self._emit(R.Replay(event, request_id))
@@ -294,14 +313,29 @@ class ReplayLink:
         for rid, lo, hi in fills.expire(now, self._next_seq()):
             self._fetch(rid, lo, hi)
 
+    def _ask_head(self, now: float) -> None:
+        """Ask the sidecar for its head, unless the last question is unanswered; on a fill connection that has
+        'range' (the plain ZEPS one of a server without it has no head to give: no MERGED then)."""
+        assert self._head_every is not None
+        self._head_at = now + self._head_every
+        if HEAD_PROBE in self._fill_ids:
+            return
+        if self._fill_conn is None:
+            try:
+                self._fill_conn = self._connect()  # asked at the next report, once its handshake is over
+            except ReplayError as exc:
+                self._lost(now, exc.reason)
+        elif self._fill_conn.ready and FEATURE_RANGE in self._fill_conn.features:
+            self._fetch(HEAD_PROBE, B.MAX_SEQ, B.MAX_SEQ)
+
     # --- connections -----------------------------------------------------------------------------------
 
     def _fetch(self, request_id: int, lo: int, hi: int) -> None:
         """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
         try:
-            if self._fill is None:
-                self._fill = self._connect()
-            self._fill.fetch(lo, hi, self._pattern)
+            if self._fill_conn is None:
+                self._fill_conn = self._connect()
+            self._fill_conn.fetch(lo, hi, self._pattern)
             self._fill_ids.append(request_id)
         except ReplayError as exc:
             self._lost(time.monotonic(), exc.reason)
@@ -324,8 +358,8 @@ class ReplayLink:
             self._datagrams = None
         if self._datagrams is None:
             self._datagrams = DatagramFills(address, self._stream, keys=self._keys, errors=self.send_errors)
-            if self._fill is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
-                self._fill = self._connect()  # under loss can take a second (the SYN's retransmission timer)
+            if self._fill_conn is None:  # the fallback's connection, ready before a range needs it: a TCP handshake
+                self._fill_conn = self._connect()  # under loss can take a second (the SYN's retransmission timer)
             now = time.monotonic()
             for rid, lo, hi in moved:
                 if not self._datagrams.ask(rid, lo, hi, now):
@@ -362,7 +396,7 @@ class ReplayLink:
     def _close_connections(self) -> None:
         for client in self._clients():
             client.close()
-        self._catchup = self._fill = self._probe = None
+        self._catchup = self._fill_conn = self._probe = None
         self._catchup_id = None
         self._fill_ids.clear()
         if self._datagrams is not None:
@@ -391,7 +425,7 @@ class ReplayLink:
             self._ask_start()
             return
         try:
-            self._fill = self._connect()
+            self._fill_conn = self._connect()
         except ReplayError:  # no endpoint known yet
             self._reconnect_at = now + self._sidecars.backoff.next()
             return

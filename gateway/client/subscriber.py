@@ -14,6 +14,11 @@ whenever a connection to it is lost, cannot be made, is refused or times out; th
 new one for what it still needs, so the application sees only a pause. Records the application asked not to
 see (topic prefixes) are filtered here; the reconciler still sees every sequence.
 
+Without multicast (TCP only) replay is the only source: history, then the sidecar's live tail. The
+reconciler runs in its replay-only mode, with the head the sidecar reports every quarter of
+`progress_timeout` (at most HEAD_EVERY_S) for heartbeats: `state` is MERGED while the stream is caught up
+to that head (docs/reconciler.md says when exactly), CATCHING_UP while it is behind.
+
 Loss the journal can no longer repair is never skipped in silence: iteration raises `DataLoss` naming the
 range, and iterating again continues after it.
 
@@ -41,6 +46,10 @@ the multicast feeds during each poll turn. With `drain` (the default) a second t
 whenever the application has been away for 20 ms (gateway.client.feed_intake says why and how). While the
 application keeps calling, that costs one uncontended lock per turn. With drain=False the feeds are read
 only during those calls: for an application that never stops calling.
+
+Size: just over 600 lines, kept whole: it is the façade alone, a public API of some 20 methods and properties
+with their docstrings (the API reference, `make docs`, is made from them); its parts (feed intake, replay link,
+reconciler, checkpoint, statistics) are modules of their own.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ from gateway import reconcile as R
 from gateway.client.checkpoint import Checkpoint
 from gateway.client.directory import Directory, resolve_feeds
 from gateway.client.feed_intake import FeedIntake, open_feeds
-from gateway.client.replay_link import ReplayLink
+from gateway.client.replay_link import HEAD_EVERY_S, ReplayLink
 from gateway.client.snapshot_view import LastValues
 from gateway.client.start_point import StartPoint, parse_start
 from gateway.client.subscriber_stats import STATES_KEPT, SubscriberStats
@@ -83,7 +92,17 @@ LAG_POLICIES = ("replay", "raise")
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """A record as the application gets it: where it came from is `source` ("live:A", "replay", "snapshot")."""
+    """A record as the application gets it, from `Subscriber.next()` or iterating a Subscriber.
+
+    seq: its sequence number in the stream (from 1, gap-free). ts_ns: when the gateway sequenced it, in
+    nanoseconds since the epoch (publish time). key: its key (UTF-8, undecodable bytes replaced). body: its
+    bytes; empty: the key is deleted. source: where it came from: "live:A" (multicast feed A, ...), "replay"
+    (the sidecar's journal) or "snapshot" (start="snapshot"). ttl_ms: its time to live after ts_ns, in ms
+    (0: none).
+
+        for rec in Subscriber("orders", replay="tcp://127.0.0.1:5571", start="earliest"):
+            print(rec.seq, rec.key, rec.body, rec.source)
+    """
 
     seq: int
     ts_ns: int
@@ -98,7 +117,17 @@ class Delivery:
     """Records `lo..hi` of one batch, in order: what `Subscriber.next_batch()` hands out, one object per batch.
 
     `raw()` yields (seq, ts_ns, key, body) with key and body as memoryviews into the batch (copy what you keep),
-    with the subscriber's topics applied: the fast path, no object per record.
+    with the subscriber's topics applied: the fast path, no object per record. `records()` yields `Received`
+    copies; `columns()` columns of arrays.
+
+    batch: the record batch (gateway.wire.batch.Batch) the records are in. lo, hi: the first and last sequence
+    handed out (the batch may cover more). source: where it came from ("live:A", "replay", "snapshot", as
+    `Received.source`). prefixes: the subscriber's topics as key prefixes (empty: every key); records whose
+    keys start with none of them are skipped.
+
+        while (d := sub.next_batch(timeout=1.0)) is not None:
+            for seq, ts_ns, key, body in d.raw():
+                total += len(body)
     """
 
     batch: B.Batch
@@ -108,6 +137,7 @@ class Delivery:
     prefixes: tuple[bytes, ...] = ()
 
     def raw(self) -> Iterator[tuple[int, int, memoryview, memoryview]]:
+        """(seq, ts_ns, key, body) per record, key and body as views into the batch, the topics applied."""
         records = self.batch.raw(self.lo, self.hi)
         if not self.prefixes:
             return records
@@ -231,6 +261,12 @@ class Subscriber:
         topics = _prefixes(topics)
         if lag_policy not in LAG_POLICIES:
             raise ConfigError(f"lag_policy {lag_policy!r}: use one of {', '.join(map(repr, LAG_POLICIES))}")
+        # The reconciler's own checks would come only once the start is known (after a probe: from next()).
+        if max_lag is not None and max_lag < 1:
+            raise ConfigError(f"max_lag {max_lag!r}: give a number of records >= 1, or None for no limit")
+        for name, seconds in (("progress_timeout", progress_timeout), ("replay_timeout", replay_timeout)):
+            if not seconds > 0:
+                raise ConfigError(f"{name} {seconds!r}: give a number of seconds > 0")
         keys = [stream_key] if isinstance(stream_key, StreamKey) else list(stream_key)
         self._directory: Directory | None = None
         if not multicast and not replay:
@@ -261,6 +297,8 @@ class Subscriber:
             next_seq=lambda: (self._reconciler.next_seq if self._reconciler is not None else None) or 1,
             on_start=self._started,
             on_state=on_replay_state,
+            # Without multicast no heartbeat says where the live tail is: the sidecar is asked (replay-only mode).
+            head_every=None if multicast else min(HEAD_EVERY_S, progress_timeout / 4),
         )
         self._intake = FeedIntake(
             stream,
@@ -297,6 +335,7 @@ class Subscriber:
             "progress_timeout": progress_timeout,
             "max_lag": max_lag,
             "lag_policy": lag_policy,
+            "replay_only": not multicast,
         }
         # Without multicast, "latest" is the journal's head now: asked of the sidecar, like a time start.
         if begin is not None and (self._intake.feeds or begin != R.Start.latest()):

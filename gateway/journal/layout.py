@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gateway.errors import BatchError, JournalError
-from gateway.wire.batch import HEADER, HEADER_SIZE, MAGIC, Batch, frame_length
+from gateway.wire.batch import HEADER, HEADER_SIZE, MAGIC, MAX_SEQ, Batch, frame_length
 
 SEG_SUFFIX = ".seg"
 IDX_SUFFIX = ".idx"
@@ -89,12 +89,13 @@ def parse_segment_name(name: str) -> int:
 
 
 def read_head(directory: Path) -> tuple[int, int] | None:
-    """(next_seq, last_ts_ns) from the head file, or None when there is none (or it is unreadable)."""
+    """(next_seq, last_ts_ns) from the head file, or None when there is none (or it is unreadable: not two
+    numbers, or numbers no journal holds, so a damaged file can never move the sequence out of range)."""
     try:
-        next_seq, last_ts = (directory / HEAD_NAME).read_text().split()
-        return int(next_seq), int(last_ts)
+        next_seq, last_ts = map(int, (directory / HEAD_NAME).read_bytes().split())
     except (FileNotFoundError, ValueError):
         return None
+    return (next_seq, last_ts) if 1 <= next_seq < MAX_SEQ and 0 <= last_ts < MAX_SEQ else None
 
 
 def write_head(directory: Path, next_seq: int, last_ts: int) -> None:

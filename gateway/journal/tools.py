@@ -286,7 +286,8 @@ class _StreamCheck:
             size = path.stat().st_size
         except FileNotFoundError:
             if boundaries:
-                self.problem(path, None, f"index missing, so reads scan the segment from its start; {fix}")
+                rebuilt = "the writer rebuilds it when it opens the stream (`zeps journal repair` does it now)"
+                self.problem(path, None, f"index missing, so reads scan the segment from its start; {rebuilt}")
             return
         if size % INDEX_ENTRY.size:
             self.problem(path, size - size % INDEX_ENTRY.size, f"partial entry at the end; {fix}")

@@ -3,6 +3,11 @@
 The writer owns sequencing because only the journal knows, across restarts, which sequences were issued:
 the next one comes from the journal head on open (the last segment's tail, or the `head` file if that is
 further on), so a restarted gateway never reuses a sequence it may already have multicast.
+
+Size: about 680 lines, kept whole: append, the index, rolling segments, syncing (per batch, grouped, on the
+syncer's thread), retention and the recovery of a torn tail all act on the same open segment and index
+descriptors and their offsets, under one invariant (the files hold whole batches, the index only what the
+segment has); the layout (gateway.journal.layout), the reader and the syncer are apart already.
 """
 
 from __future__ import annotations

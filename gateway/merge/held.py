@@ -29,8 +29,8 @@ class HeldBuffer:
     ``limit``. One copy per coverage: a batch covering what a held batch covers is refused as a duplicate.
 
     ``nbytes`` is 0 exactly when nothing is held (every item costs at least HELD_OVERHEAD_BYTES).
-    ``lowest`` is the smallest ``first`` held (inf when empty): the reconciler's drain compares it with N
-    after every in-order delivery, so it is a plain attribute.
+    ``lowest`` is the smallest ``first`` held (inf when empty): the reconciler's ``deliver_due`` compares it with
+    N after every in-order delivery, so it is a plain attribute.
     """
 
     __slots__ = ("_heap", "_keys", "_order", "limit", "lowest", "nbytes")

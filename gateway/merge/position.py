@@ -10,8 +10,9 @@ class Position:
     """The numbers the reconciler's guards read, and the lag limit.
 
     ``next`` is N (0 until the position is known: sequences start at 1); ``head`` the highest sequence known to exist;
-    ``live_edge`` the highest sequence seen live (batches, heartbeats) and ``last_live_at`` when live last
-    spoke; ``frontier`` (MERGED/RECOVERING) the highest sequence delivered, held, or in a registered gap.
+    ``live_edge`` the highest sequence seen live (batches, heartbeats; replay only, the sidecar's head reports)
+    and ``last_live_at`` when live last spoke; ``frontier`` (MERGED/RECOVERING) the highest sequence delivered,
+    held, or in a registered gap.
     ``tail_since``: since when the head has been beyond the frontier (None: it is not).
     ``replay_limit`` / ``raise_limit``: ``max_lag`` under the lag policy "replay" / "raise", else None.
     Plain attributes: the reconciler reads them on every batch.

@@ -159,8 +159,9 @@ class RequestScheduler:
         return request_id in self._snapshot_ids
 
     def pending(self) -> bool:
-        """Whether anything is still to be requested or answered: a gap not yet cut, or a fetch."""
-        return self._cut < len(self.gaps) or bool(self.fetches)
+        """Whether a gap is still to be requested or answered: a gap not yet cut, or a bounded fetch (the
+        open-ended one, replay only in MERGED, is the live tail, not a gap)."""
+        return self._cut < len(self.gaps) or any(f.hi is not None for f in self.fetches)
 
     def outstanding(self) -> tuple[Request, ...]:
         return tuple(f.request for f in self.fetches if f.request is not None)

@@ -87,7 +87,8 @@ class ReplayTrimmed:
 @dataclass(frozen=True, slots=True)
 class HeadSeen:
     """A multicast feed announced ``head``, the last sequence journaled (0: none yet), as heartbeats do; a
-    replicated group's leader says its ``epoch`` (0: a single gateway)."""
+    replicated group's leader says its ``epoch`` (0: a single gateway). Without multicast (``replay_only``)
+    the replay sidecar reports its head instead, as feed "replay"."""
 
     head: int
     feed: str

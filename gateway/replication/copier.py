@@ -159,9 +159,9 @@ class ReplicaCopier:
         log.warning("ha: stream %s: dropped %d..%d, which leader %s does not have", stream, keep + 1, head, name)
 
 
-def last_agreed(reader: JournalReader, head: int, held: Callable[[B.Batch], bool]) -> int:
-    """The last sequence of our journal (`reader`, up to `head`) that the leader holds too: `held(batch)`
-    says whether it holds a batch of ours.
+def last_agreed(reader: JournalReader, head: int, leader_has: Callable[[B.Batch], bool]) -> int:
+    """The last sequence of our journal (`reader`, up to `head`) that the leader has too: `leader_has(batch)`
+    says whether it has a batch of ours.
 
     Whether the leader holds a batch of ours is monotone (true up to where the journals part, false after:
     each batch was copied with every batch before it), so the point is found by galloping back from our
@@ -174,7 +174,7 @@ def last_agreed(reader: JournalReader, head: int, held: Callable[[B.Batch], bool
     probe, step = head, 1
     while probe > agreed:  # gallop back from the head: 1, 2, 4... sequences below the last batch that differs
         own = _batch_at(reader, probe)
-        if held(own):
+        if leader_has(own):
             agreed = own.last_seq
             break
         differs, probe, step = own.first_seq, own.first_seq - step, step * 2
@@ -182,7 +182,7 @@ def last_agreed(reader: JournalReader, head: int, held: Callable[[B.Batch], bool
         own = _batch_at(reader, (agreed + differs) // 2)
         if own.first_seq >= differs:  # our journal jumps over the rest (a copy that started at a trimmed leader's)
             break
-        if held(own):
+        if leader_has(own):
             agreed = own.last_seq
         else:
             differs = own.first_seq

@@ -176,7 +176,7 @@ class Follower:
         self._replay = replay
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
-        self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals reconciled first)
+        self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals rejoined to the leader's first)
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)
@@ -311,7 +311,8 @@ class Follower:
     def _connect(self) -> Link:
         peer = self.leader.reachable(self.leader.peer)
         tls = self._tls.client if self._tls is not None else None
-        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls)
+        link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls,
+                            expect_name=self.leader.node)  # fmt: skip
         return self._links.add(link)
 
     def _committed(self, frame: bytes) -> None:

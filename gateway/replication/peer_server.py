@@ -78,6 +78,7 @@ class PeerServer:
         self._forged_logged = False
         self._unframed_logged = False
         self._untrusted_logged = False
+        self._impostor_logged = False
 
     @property
     def endpoint(self) -> str:
@@ -148,6 +149,18 @@ class PeerServer:
                     ack.node,
                 )
                 self._forged_logged = True
+            return
+        if link.peer_names is not None and ack.node not in link.peer_names:
+            self._rejected.labels("auth").inc()
+            if not self._impostor_logged:  # once: the same link sends an ack per batch
+                log.warning(
+                    "ha: dropped a REPLICA-ACK for node %r from a link whose certificate is %s's: each node needs "
+                    "the certificate made for its --node name; further ones are only counted "
+                    "(zeps_gateway_rejected_messages)",
+                    ack.node,
+                    ", ".join(sorted(link.peer_names)),
+                )
+                self._impostor_logged = True
             return
         insync.ack(ack.node, ack.epoch, ack.stream, ack.sequence, ack.durable, now)
         if ack.epoch == insync.epoch:

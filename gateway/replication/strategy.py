@@ -67,7 +67,7 @@ class Replication(Protocol):
         """How far `lane` may be confirmed."""
 
     def journaled(self, stream: str, sealed: bytes) -> None:
-        """A batch was just journaled (held until committed)."""
+        """A batch was just journaled (uncommitted until its followers have it)."""
 
     def tick(self, now: float) -> None:
         """Before the gateway releases what is committed: hear the group, move the commit points."""

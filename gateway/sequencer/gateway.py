@@ -18,8 +18,14 @@ Threading: everything runs on the loop's thread but the group commit's fdatasync
 `Syncer` thread (gateway.journal.syncer): a sync the disk makes slow holds back the confirms waiting for it,
 never the records behind it. The loop polls the syncer's pipe and confirms once a sync has finished.
 
-Size: over 600 lines, because the ingest's rules (`_on_command`, `_attach`, `_publish_batch`) still live beside
-the loop that executes them; they are the next to leave, for a sans-IO ingest core (issue #31).
+The ingest's rules are a sans-IO core (gateway.sequencer.ingest): `_drain_router` decodes each command, hands it
+to `Ingest.handle` and executes the actions that come back (`_execute`), never calling the core while it does.
+
+Size: about 650 lines, kept whole on purpose. What is left is the loop and what it executes: the ingest's
+actions, write-ahead with the disk-full gate, confirms, and the timers (multicast pumps, heartbeats, group
+commits, announcements). Each is a few methods over the same lanes, outputs, metrics and replication strategy,
+all on the loop's one thread; the rules went to their own modules (ingest, replication, output, lane), and a
+further cut would only pass those same references to every part.
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import zmq
 
@@ -47,13 +52,14 @@ from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
 from gateway.replication.group import GroupConfig, GroupNode, NodeHost
 from gateway.replication.strategy import Replication, Solo
+from gateway.sequencer import ingest as I
 from gateway.sequencer import mirroring as MR
 from gateway.sequencer.channels import plan
 from gateway.sequencer.config import GatewayConfig
 from gateway.sequencer.ingest_ready import ingest_ready
 from gateway.sequencer.lane import Confirm, Journaled, Lane
 from gateway.sequencer.metrics import GatewayMetrics
-from gateway.sequencer.output import REFUSED_MULTICAST, McastOutput
+from gateway.sequencer.output import McastOutput, fan_out
 from gateway.sequencer.producers import ProducerTable
 from gateway.sequencer.recovery import recover
 from gateway.transport.curve import TcpGuard
@@ -62,31 +68,16 @@ from gateway.transport.routing import route
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
-from gateway.wire import handshake as H
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
 from gateway.wire.streamkey import AUTH, message
 
 log = logging.getLogger(__name__)
 
-GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER, P.FEATURE_MIRROR})
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 REPLY_HWM = 20_000  # replies queued per client (~64 bytes each in libzmq) before one is dropped and counted
 DRAIN_S = 0.005  # one drain of the ingest ends after this long: the loop's timers (pings, commits, syncs) run
 DRAIN_CHECK = 32  # messages between two looks at the clock and the backlog during a drain
-
-
-@dataclass
-class _Session:
-    """A ZEPS publisher connection, known by its ROUTER identity."""
-
-    stream: str
-    last_seen: float
-    handshake: H.Handshake = field(default_factory=lambda: H.Handshake(GRANTABLE.intersection))
-
-    @property
-    def features(self) -> frozenset[str]:
-        return self.handshake.features
 
 
 class Gateway:
@@ -106,8 +97,8 @@ class Gateway:
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
             self._recover_producers(lane)
+        self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
-        self.sessions: dict[bytes, _Session] = {}
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 1000)
         # Replies (PUBLISH-OK, INVALID) are never dropped in silence: sends fail instead (see _send_to), and a
@@ -225,9 +216,7 @@ class Gateway:
         confirms (publishers re-send to the new leader, which drops what it has by producer id), end sessions."""
         for lane in self.lanes.values():
             lane.forget()  # their sessions end below, with the reason
-        for identity in list(self.sessions):
-            self._send_to(identity, P.invalid(reason))
-            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
+        self._execute(self.ingest.end_all(reason))
 
     def _recover_producers(self, lane: Lane) -> None:
         """Rebuild the producer table from the journal's tail (gateway.sequencer.producers.recover)."""
@@ -340,13 +329,6 @@ class Gateway:
         waiting would not end by itself, so it reads its publishers on, and refuses them naming why."""
         return not self.replication.quorate and self._uncommitted_full()
 
-    @property
-    def _uncommitted_reason(self) -> str:
-        return (
-            f"gateway node {self.config.node} has fewer in-sync followers than --min-insync "
-            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy; {P.RETRY_LATER}"
-        )
-
     def _release(self) -> None:
         """Multicast what is committed now (a node that leads: what its in-sync followers hold), as far as
         multicast takes it (the rest waits, so that one pass of the loop queues a bounded amount, and
@@ -371,15 +353,7 @@ class Gateway:
             for stream, head in out.sent_head.items():
                 head = min(head, self.replication.committed(self.lanes[stream]))
                 hb = Heartbeat(head, ts, self.config.replay_endpoint, self.id, self.replication.epoch).encode()
-                try:
-                    out.sock.send_multipart(message(self.config.stream_key, stream.encode(), hb), zmq.NOBLOCK)
-                except zmq.Again:  # a full transport skips a beat; the next one comes
-                    continue
-                except OSError as exc:  # refused by the network: so is the beat; the next one comes
-                    out.series.send_errors.refused("heartbeat", out.series.endpoint, exc, REFUSED_MULTICAST)
-                    continue
-                out.series.send_errors.sent("heartbeat", out.series.endpoint)
-                out.series.heartbeats[stream].inc()
+                out.beat(stream, message(self.config.stream_key, stream.encode(), hb))
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------
 
@@ -405,121 +379,67 @@ class Gateway:
             except P.ProtocolError as exc:
                 self._reject(identity, exc.reason)
                 continue
-            self._on_command(identity, cmd)
+            self._execute(self.ingest.handle(identity, cmd, time.monotonic()))
 
-    def _on_command(self, identity: bytes, cmd: P.Command) -> None:
-        session = self.sessions.get(identity)
-        if session is not None:
-            session.last_seen = time.monotonic()
-        match cmd:
-            case P.Attach() | P.Publish() | P.PublishBatch() if (refusal := self.replication.refusal()) is not None:
-                self._reject(identity, refusal, kind="not-leader")
-            case P.Attach(version=version, stream=stream):
-                self._attach(identity, version, stream)
-            case _ if session is None:
-                self._answer(identity, H.detached(cmd))
-            case _ if (answer := session.handshake.on(cmd)) is not None:
-                self._answer(identity, answer)
-            case P.Ping():
-                self.reply(identity, P.PingOk())
-            case P.Publish() | P.PublishBatch() if self._refusing():
-                self._reject(identity, self._uncommitted_reason, kind="uncommitted")
-            case P.Mirror() | P.Promote() | P.PublishBatch() if P.FEATURE_MIRROR in session.features:
-                self._mirror_command(identity, session.stream, cmd)
-            case P.Publish() | P.PublishBatch() if (refusal := self._mirror_refusal(session.stream)) is not None:
-                self._reject(identity, refusal, kind="mirror")
-            case P.Publish(key=key, body=body):
-                self._publish(identity, session, key.encode(), bytes(body))
-            case P.PublishBatch(batch=raw) if P.FEATURE_BATCH in session.features:
-                self._publish_batch(identity, session, raw)
-            case P.Detach():
-                del self.sessions[identity]
-                self.metrics.streams[session.stream].publishers.dec()
-                # Best effort: the session is over and nothing is owed; a client that closes right after
-                # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
-                with contextlib.suppress(zmq.ZMQError):
-                    self.router.send_multipart((identity, P.encode(P.DetachOk())), zmq.NOBLOCK)
-            case P.Subscribe() | P.SubscribeTime() | P.Fetch() | P.Credit():
-                where = f" at {self.config.replay_endpoint}" if self.config.replay_endpoint else ""
-                self._reject(identity, f"{cmd.NAME} is served by the replay sidecar{where}, not the ingest")
-            case _:
-                self._reject(identity, f"{cmd.NAME} is not allowed here (not sent by clients, or not granted)")
+    # --- the ingest's actions (gateway.sequencer.ingest decides, the loop executes) -------------------------
 
-    def _answer(self, identity: bytes, answer: H.Answer) -> None:
-        """Send the handshake's answer (gateway.wire.handshake)."""
-        if isinstance(answer.reply, P.Invalid):
-            self._reject(identity, answer.reply.reason)
-        else:
-            self.reply(identity, answer.reply)
+    def refusal(self) -> str | None:
+        """The ingest's Gate: why this node takes no publishes (it does not lead), or None."""
+        return self.replication.refusal()
 
-    def _attach(self, identity: bytes, version: int, stream: str) -> None:
-        if (refusal := H.attach_refusal(version)) is not None:
-            self._reject(identity, refusal)
-            return
-        if stream not in self.lanes:
-            served = ", ".join(sorted(self.lanes))
-            self._reject(identity, f"unknown stream {stream!r}; this gateway serves: {served}")
-            return
-        if identity not in self.sessions and len(self.sessions) >= self.config.max_clients and not self._evict_idle():
-            self._reject(identity, f"too many clients (max {self.config.max_clients}); try again later", kind="clients")
-            return
-        old = self.sessions.get(identity)
-        if old is not None:  # a second ATTACH starts over, perhaps on another stream
-            self.metrics.streams[old.stream].publishers.dec()
-        self.sessions[identity] = _Session(stream, last_seen=time.monotonic())
-        self.metrics.streams[stream].publishers.inc()
-        self.reply(identity, P.AttachOk())
+    def uncommitted_refusal(self) -> str | None:
+        """The ingest's Gate: a leader with its uncommitted batches full and too few in-sync followers to commit
+        (below --min-insync) cannot wait for that to end by itself, so it reads its publishers on, to refuse them."""
+        if not self._refusing():
+            return None
+        return (
+            f"gateway node {self.config.node} has fewer in-sync followers than --min-insync "
+            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy; {P.RETRY_LATER}"
+        )
 
-    def _evict_idle(self) -> bool:
-        """At the client limit: end the sessions silent for `client_timeout` (publishers that vanished without
-        DETACH, as ROUTER sockets never say a peer left); whether that made room."""
-        cutoff = time.monotonic() - self.config.client_timeout
-        idle = [identity for identity, s in self.sessions.items() if s.last_seen < cutoff]
-        for identity in idle:
-            self.metrics.streams[self.sessions.pop(identity).stream].publishers.dec()
-        if idle:
-            log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
-        return bool(idle)
+    def _execute(self, actions: list[I.Action]) -> None:
+        """Do what the ingest's rules decided, in order; nothing here calls them again."""
+        for action in actions:
+            match action:
+                case I.Sequence(identity, stream, batch, confirm):
+                    self._sequence(identity, self.lanes[stream], batch, confirm)
+                case I.Enqueue(identity, stream, key, body, confirm):
+                    self._enqueue(identity, self.lanes[stream], key, body, confirm)
+                case I.Reply(identity, command):
+                    self.reply(identity, command)
+                case I.Refuse(identity, reason, kind):
+                    if kind is None:
+                        self._send_to(identity, P.invalid(reason))
+                    else:
+                        self._reject(identity, reason, kind=kind)
+                case I.Joined(stream):
+                    self.metrics.streams[stream].publishers.inc()
+                case I.Left(stream):
+                    self.metrics.streams[stream].publishers.dec()
+                case I.Mirror(identity, stream, command, confirm):
+                    self._mirror_command(identity, stream, command, confirm)
+                case I.Farewell(identity):
+                    # Best effort: the session is over and nothing is owed; a client that closes right after
+                    # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
+                    with contextlib.suppress(zmq.ZMQError):
+                        self.router.send_multipart((identity, P.encode(P.DetachOk())), zmq.NOBLOCK)
 
-    def _publish(self, identity: bytes | None, session: _Session | None, key: bytes, body: bytes) -> None:
-        if len(body) > self.config.max_message_bytes:
-            self._reject(identity, f"message of {len(body)} bytes is over the limit of {self.config.max_message_bytes}")
-            return
-        lane = self.lanes[session.stream] if session else next(iter(self.lanes.values()))
+    def _enqueue(self, identity: bytes | None, lane: Lane, key: bytes, body: bytes, confirm: bool) -> None:
+        """One record (a PUBLISH, or a plain PUB frame: no identity) into the lane's pending batch."""
         if not lane.pending:
             lane.pending_since = time.monotonic()
         lane.pending.append((time.time_ns(), key, body))
         lane.pending_bytes += len(body) + len(key) + B.RECORD_OVERHEAD
-        if identity is not None and session is not None:
-            lane.owe(identity, 1, P.FEATURE_CONFIRM in session.features)
+        if identity is not None:
+            lane.owe(identity, 1, confirm)
         if len(lane.pending) >= self.config.batch_records or lane.pending_bytes >= self.config.batch_bytes:
             self._flush(lane)
 
-    def _publish_batch(self, identity: bytes, session: _Session, raw: P.Buffer) -> None:
-        try:
-            batch = B.Batch.parse(bytes(raw))
-        except B.BatchError as exc:
-            self._reject(identity, f"bad PUBLISH-BATCH: {exc.reason}")
-            return
-        if batch.first_seq != 0 or not batch.dense or batch.count == 0:
-            self._reject(identity, "PUBLISH-BATCH must be a dense, non-empty batch numbered from 0")
-            return
+    def _sequence(self, identity: bytes, lane: Lane, batch: B.Batch, confirm: bool) -> None:
+        """A checked PUBLISH-BATCH: its records a producer re-sent are confirmed, not journaled again (exactly
+        once); the rest are sequenced whole, after the lane's pending records."""
         producer = batch.producer
-        if producer is not None and P.FEATURE_PRODUCER not in session.features:
-            self._reject(identity, "a PUBLISH-BATCH with a producer header needs the 'producer' extension")
-            return
-        payload = batch.nbytes - batch.header_size - batch.count * batch.overhead  # keys and bodies
-        if payload > self.config.max_message_bytes:
-            limit = self.config.max_message_bytes
-            self._reject(identity, f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
-            return
-        lane = self.lanes[session.stream]
-        if producer is not None and (gap := lane.producers.missing(*producer)) is not None:
-            what = f"producer {producer[0]:016x}: its records {gap} to {producer[1] - 1} were refused, not journaled"
-            self._reject(identity, f"{what}: re-send from {gap}; {P.RETRY_LATER}", kind="out-of-order")
-            return
         self._flush(lane)
-        confirm = P.FEATURE_CONFIRM in session.features
         series = self.metrics.streams[lane.stream]
         series.published.inc(batch.count)
         dups = 0 if producer is None else lane.producers.duplicates(producer[0], producer[1], batch.count)
@@ -617,26 +537,9 @@ class Gateway:
         lane.unsequenced.clear()
 
     def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
-        """Queue a committed batch on every multicast output (cut to size for datagram ones)."""
-        batch, sealed, last, ts = journaled
-        key, name = self.config.stream_key, lane.stream.encode()
-        frames = message(key, name, sealed)  # signed once, for every output that sends it whole
-        cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
+        """Queue a committed batch on every multicast output that carries its stream."""
         outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
-        for out in outs:
-            room = out.rooms.get(lane.stream)
-            out.series.bytes[lane.stream].inc(len(sealed))
-            if room is None or len(sealed) <= room:
-                out.queue.append((frames, last))
-                out.series.messages[lane.stream].inc()
-                continue
-            if room not in cut:
-                # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
-                first = last - batch.count + 1
-                whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
-                cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
-            out.queue.extend(cut[room])
-            out.series.messages[lane.stream].inc(len(cut[room]))
+        fan_out(outs, self.config.stream_key, lane.stream, journaled)
 
     def _disk_full(self, lane: Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
@@ -688,15 +591,15 @@ class Gateway:
         promoted = read_promotion(self.config.journal / stream)
         return MR.MirrorRules(stream, MR.Role.MIRROR if promoted is None else MR.Role.PROMOTED, promoted)
 
-    def _mirror_refusal(self, stream: str) -> str | None:
-        """Why an ordinary publisher may not write `stream` (a mirror's), or None."""
+    def mirror_refusal(self, stream: str) -> str | None:
+        """The ingest's Gate: why an ordinary publisher may not write `stream` (a mirror's), or None."""
         rules = self.mirrors[stream]
         if rules.role is MR.Role.PRIMARY:  # the hot path: the table accepts them there
             return None
         verdict = rules.on(MR.PublisherBatch())
         return verdict.reason if isinstance(verdict, MR.Refuse) else None
 
-    def _mirror_command(self, identity: bytes, stream: str, cmd: P.Command) -> None:
+    def _mirror_command(self, identity: bytes, stream: str, cmd: P.Command, confirm: bool) -> None:
         """MIRROR, PROMOTE or a mirror's PUBLISH-BATCH, as the stream's rules say."""
         lane, rules = self.lanes[stream], self.mirrors[stream]
         head = lane.writer.last_seq
@@ -734,7 +637,7 @@ class Gateway:
                 self.reply(identity, P.PromoteOk(at))
             case MR.Accept() if batch is not None:
                 self._flush(lane)
-                lane.owe(identity, batch.count, P.FEATURE_CONFIRM in self.sessions[identity].features)
+                lane.owe(identity, batch.count, confirm)
                 self.metrics.streams[stream].published.inc(batch.count)
                 if self._journal(lane, batch, verbatim=True) is not None:
                     lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
@@ -763,10 +666,10 @@ class Gateway:
             if not self.replication.leading:
                 self.metrics.rejected.labels("not-leader").inc()
                 continue
-            if self._mirror_refusal(next(iter(self.lanes))) is not None:
+            if self.mirror_refusal(next(iter(self.lanes))) is not None:
                 self.metrics.rejected.labels("mirror").inc()
                 continue
-            self._publish(None, None, key, body)
+            self._enqueue(None, next(iter(self.lanes.values())), key, body, False)
 
     # --- replies --------------------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from gateway.transport.send_errors import SendErrors
 # no-signature (not ZEPS),
 # invalid (a malformed or misplaced command, answered with INVALID), clients (ATTACH over --max-clients),
 # pub-frame (a plain PUB message that is not key + body), oversize (a plain PUB body over the limit),
-# not-leader (a publish to a follower node of a group), uncommitted (to a leader below --min-insync, held full),
+# not-leader (a publish to a follower node of a group), uncommitted (to a leader below --min-insync whose
+# uncommitted batches are at their limit),
 # forged-ack (a REPLICA-ACK on the peer link whose mac the leader's ack key did not make: not from the group),
 # out-of-order (a producer's batch after a gap: an earlier batch of it was refused and comes again first),
 # mirror (a publisher to a mirror stream, or a mirror batch not contiguous, fenced or to a stream not a mirror).

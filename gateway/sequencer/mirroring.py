@@ -26,7 +26,7 @@ Theory of operation
 The gateway keeps one `MirrorRules` per stream and feeds it an event per command that writes the stream;
 `on(event)` returns the verdict: `Accept`, `Resume(head)` (MIRROR-OK), `Persist(head)` (write the promotion
 mark, then feed `Promoted`), `PromotedAt(head)` (PROMOTE-OK) or `Refuse(reason)` (INVALID). Every state's
-handlers and transitions are in TRANSITIONS, in the table form of gateway.merge.machine;
+handlers and transitions are in TRANSITIONS, in the table form of gateway.machine;
 `describe_transitions()` renders it for docs/mirroring.md and a test keeps the two equal.
 """
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from gateway.merge import machine
+from gateway import machine
 
 
 class Role(enum.Enum):

@@ -1,4 +1,5 @@
-"""One multicast output of the gateway: its sender, a bounded queue of batches, and the last sequence sent."""
+"""One multicast output of the gateway: its sender, a bounded queue of batches, and the last sequence sent; the
+fan-out of a committed batch to the outputs, and their heartbeats."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from collections import deque
 import zmq
 
 from gateway.mcast import Endpoint
+from gateway.sequencer.lane import Journaled
 from gateway.sequencer.metrics import OutputSeries
 from gateway.transport.norm import NormSender
 from gateway.transport.pgm import PgmSender
 from gateway.transport.udp import UdpSender
+from gateway.wire import batch as B
+from gateway.wire.streamkey import StreamKey, message
 
 REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
 
@@ -66,10 +70,45 @@ class McastOutput:
             if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
                 return 0.0
         # NORM takes part of a message that does not fit and the rest only when asked again.
-        if isinstance(self.sock, NormSender) and not self.sock.drain():
+        if isinstance(self.sock, NormSender) and not self.sock.push():
             return self.RETRY_S
         return None
 
     @property
     def full(self) -> bool:
         return len(self.queue) >= self.max_queue
+
+    def beat(self, stream: str, frames: tuple[bytes, ...]) -> None:
+        """Send one heartbeat of `stream` now: a full transport skips it, and so does the network refusing it (the
+        next one comes)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        except OSError as exc:
+            self.series.send_errors.refused("heartbeat", self.series.endpoint, exc, REFUSED_MULTICAST)
+            return
+        self.series.send_errors.sent("heartbeat", self.series.endpoint)
+        self.series.heartbeats[stream].inc()
+
+
+def fan_out(outs: list[McastOutput], key: StreamKey | None, stream: str, journaled: Journaled) -> None:
+    """Queue a committed batch of `stream` on `outs` (cut to size for datagram ones)."""
+    batch, sealed, last, ts = journaled
+    name = stream.encode()
+    frames = message(key, name, sealed)  # signed once, for every output that sends it whole
+    cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
+    for out in outs:
+        room = out.rooms.get(stream)
+        out.series.bytes[stream].inc(len(sealed))
+        if room is None or len(sealed) <= room:
+            out.queue.append((frames, last))
+            out.series.messages[stream].inc()
+            continue
+        if room not in cut:
+            # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
+            first = last - batch.count + 1
+            whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
+            cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
+        out.queue.extend(cut[room])
+        out.series.messages[stream].inc(len(cut[room]))

@@ -11,14 +11,31 @@ Two queues keep the order the protocol needs without letting flow control hold u
 `replies` (answers to commands: ATTACH-OK, SUBSCRIBE-OK, PING-OK, INVALID...) always go first and cost no
 credit; `out` is the delivery stream (DELIVER / DELIVER-BATCH, and TRIMMED / FETCH-END in their place
 between them), sent in order, data frames only while credit is positive.
+
+Commands
+========
+
+The socket loop answers a client without a session (gateway.wire.handshake.detached) and every ATTACH (it
+opens the stream's journal); a Session takes every other command with `handle(cmd, now)`, by the rules:
+
+1. Every command but EXTEND ends the handshake's negotiation (gateway.wire.handshake); EXTEND is answered there.
+2. Every rule is a handler in TRANSITIONS (end of module), in the table form of `gateway.machine`, per command
+   kind: credit, subscriptions (from a sequence or a time), fetches, snapshots, pings; PUBLISH and
+   PUBLISH-BATCH are the gateway's, named in the answer; a command that needs an extension not granted is
+   refused naming it; a command servers send, or any other, is refused. DETACH ends the session: DETACHED, and
+   the loop drops it after sending DETACH-OK. docs/replay.md embeds `describe_transitions()`; a test keeps
+   them equal.
+3. Every refusal is an INVALID in `replies`, and `handle` returns False.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
+from enum import Enum
 from typing import NamedTuple, Protocol
 
+from gateway import machine
 from gateway.errors import JournalTrimmed
 from gateway.sidecar.snapshots import Frozen, SnapshotFeed
 from gateway.wire import batch as B
@@ -27,6 +44,11 @@ from gateway.wire import protocol as P
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME, P.FEATURE_UNCOMMITTED})
 _TRIM_RETRIES = 3  # retention racing a reader can trim it again at once; more than this is a runaway
+
+
+class Phase(Enum):
+    ATTACHED = "attached"
+    DETACHED = "detached"  # DETACH came: the loop sends DETACH-OK and drops the session
 
 
 class Cursor(Protocol):
@@ -145,6 +167,7 @@ class Session:
         self.max_fetches = max_fetches
         self.snapshots = snapshots
         self.handshake = H.Handshake(self._grants)  # ATTACH-OK is sent: EXTEND may come (gateway.wire.handshake)
+        self.phase = Phase.ATTACHED
         self.credit = 0
         self.last_heard = now
         self.pinged_at = 0.0  # when the server last PINGed this client, 0.0 after the client spoke
@@ -154,6 +177,8 @@ class Session:
         self.replies: deque[bytes] = deque([P.encode(P.AttachOk())])
         self.out: deque[_Out] = deque()
         self._reads_left = 0
+        self._accepted = True
+        self._detaching = False
 
     def __repr__(self) -> str:
         where = f"sub@{self.sub.next_seq}" if self.sub else "no sub"
@@ -163,42 +188,86 @@ class Session:
     # --- commands -------------------------------------------------------------------------------------
 
     def handle(self, cmd: P.Command, now: float) -> bool:
-        """Apply one command from the client; False if it was answered with INVALID."""
-        self.last_heard, self.pinged_at = now, 0.0
+        """Apply one command from the client (the rules above); False if it was answered with INVALID."""
+        self.last_heard, self.pinged_at, self._accepted = now, 0.0, True
+        kind = KINDS.of(cmd)
+        if kind is not P.Extend:
+            self.handshake.on(cmd)  # rule 1: the negotiation is over; the handshake passes it on
+        self.phase = machine.settle(self, TRANSITIONS, self.phase, cmd, kind)
+        return self._accepted
+
+    # --- handlers, in TRANSITIONS: the rules ------------------------------------------------------------
+
+    def _extend(self, cmd: P.Extend) -> None:
         answer = self.handshake.on(cmd)
-        if answer is not None:
-            if answer.accepted and P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the mark
-                self.journal = self.journal.unbounded()
-            self.replies.append(P.encode(answer.reply))
-            return answer.accepted
+        assert answer is not None
+        if answer.accepted and P.FEATURE_UNCOMMITTED in self.features:  # a follower gateway: past the mark
+            self.journal = self.journal.unbounded()
+        self.replies.append(P.encode(answer.reply))
+        self._accepted = answer.accepted
+
+    def _add_credit(self, cmd: P.Credit) -> None:
+        self.credit += cmd.credit
+
+    def _subscribe_from_seq(self, cmd: P.Subscribe) -> None:
+        # latest = 0: "I have nothing", start at the first retained record, which is no loss.
+        self._subscribe(cmd.pattern, cmd.latest + 1 if cmd.latest else max(1, self.journal.first_seq))
+
+    def _subscribe_from_time(self, cmd: P.SubscribeTime) -> None:
+        if self._granted(cmd):
+            self._subscribe(cmd.pattern, max(1, self.journal.seq_for_time(cmd.since_ns)))
+
+    def _fetch(self, cmd: P.Fetch) -> None:
+        if not self._granted(cmd):
+            return
+        rid, first, last = cmd.request_id, cmd.first, cmd.last
+        if len(self.fetches) >= self.max_fetches:
+            self._invalid(f"FETCH {rid}: {self.max_fetches} fetches outstanding already; wait for a FETCH-END")
+        elif first > last:
+            self._invalid(f"FETCH {rid}: first {first} is after last {last}")
+        else:
+            self.fetches.append(_Feed(_prefixes(cmd.pattern), first or max(1, self.journal.first_seq), last, rid))
+
+    def _snapshot(self, cmd: P.Snapshot) -> None:
+        """Replace any snapshot in progress (its unsent frames are dropped with it), as SUBSCRIBE does."""
+        if not self._granted(cmd):
+            return
+        old = self.snap
+        if old is not None:
+            self.out = deque(o for o in self.out if o.feed is not old)
+        assert self.snapshots is not None  # 'snapshot' is granted only with a source
+        self.snap = SnapshotFeed(self.snapshots, tuple(p.encode() for p in cmd.prefixes))
+
+    def _pong(self, cmd: P.Ping) -> None:
+        self.replies.append(P.encode(P.PingOk()))
+
+    def _detach(self, cmd: P.Detach) -> None:
+        self._detaching = True
+
+    def _send_to_gateway(self, cmd: P.Command) -> None:
+        self._invalid("this is the replay sidecar: publish to the gateway's ingest endpoint")
+
+    def _refuse_command(self, cmd: P.Command) -> None:
         if cmd.SENDER == "server":
-            return self._invalid(f"{cmd.NAME} is sent by servers, not clients")
-        if isinstance(cmd, P.Publish | P.PublishBatch):
-            return self._invalid("this is the replay sidecar: publish to the gateway's ingest endpoint")
-        if cmd.FEATURE is not None and cmd.FEATURE not in self.features:
-            return self._invalid(
-                f"{cmd.NAME} needs the '{cmd.FEATURE}' extension: send EXTEND(['{cmd.FEATURE}']) right after ATTACH-OK"
-            )
-        match cmd:
-            case P.Credit(credit=credit):
-                self.credit += credit
-            case P.Subscribe(pattern=pattern, latest=latest):
-                # latest = 0: "I have nothing", start at the first retained record, which is no loss.
-                start = latest + 1 if latest else max(1, self.journal.first_seq)
-                self._subscribe(pattern, start)
-            case P.SubscribeTime(pattern=pattern, since_ns=since_ns):
-                self._subscribe(pattern, max(1, self.journal.seq_for_time(since_ns)))
-            case P.Fetch(request_id=rid, pattern=pattern, first=first, last=last):
-                self._fetch(rid, pattern, first, last)
-            case P.Ping():
-                self.replies.append(P.encode(P.PingOk()))
-            case P.PingOk():
-                pass
-            case P.Snapshot(prefixes=prefixes):
-                self._snapshot(prefixes)
-            case _:
-                return self._invalid(f"{cmd.NAME} is not expected here")
-        return True
+            self._invalid(f"{cmd.NAME} is sent by servers, not clients")
+        elif self._granted(cmd):
+            self._invalid(f"{cmd.NAME} is not expected here")
+
+    # --- guards, in TRANSITIONS -------------------------------------------------------------------------
+
+    def _detach_asked(self) -> bool:
+        return self._detaching
+
+    # --- the handlers' parts ----------------------------------------------------------------------------
+
+    def _granted(self, cmd: P.Command) -> bool:
+        """Whether the extension `cmd` needs (if any) was granted; if not, it is refused naming it."""
+        if cmd.FEATURE is None or cmd.FEATURE in self.features:
+            return True
+        self._invalid(
+            f"{cmd.NAME} needs the '{cmd.FEATURE}' extension: send EXTEND(['{cmd.FEATURE}']) right after ATTACH-OK"
+        )
+        return False
 
     @property
     def features(self) -> frozenset[str]:
@@ -211,9 +280,9 @@ class Session:
             granted |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
         return granted
 
-    def _invalid(self, reason: str) -> bool:
+    def _invalid(self, reason: str) -> None:
         self.replies.append(P.invalid(reason))
-        return False
+        self._accepted = False
 
     def _subscribe(self, pattern: str, start: int) -> None:
         """Replace any subscription; frames of the old one that are not sent yet are dropped with it."""
@@ -223,22 +292,6 @@ class Session:
             self.out = deque(o for o in self.out if o.feed is not old)
         self.sub = _Feed(_prefixes(pattern), start, B.MAX_SEQ, None)
         self.replies.append(P.encode(P.SubscribeOk()))
-
-    def _snapshot(self, prefixes: tuple[str, ...]) -> None:
-        """Replace any snapshot in progress (its unsent frames are dropped with it), as SUBSCRIBE does."""
-        old = self.snap
-        if old is not None:
-            self.out = deque(o for o in self.out if o.feed is not old)
-        assert self.snapshots is not None  # 'snapshot' is granted only with a source
-        self.snap = SnapshotFeed(self.snapshots, tuple(p.encode() for p in prefixes))
-
-    def _fetch(self, rid: int, pattern: str, first: int, last: int) -> None:
-        if len(self.fetches) >= self.max_fetches:
-            self._invalid(f"FETCH {rid}: {self.max_fetches} fetches outstanding already; wait for a FETCH-END")
-        elif first > last:
-            self._invalid(f"FETCH {rid}: first {first} is after last {last}")
-        else:
-            self.fetches.append(_Feed(_prefixes(pattern), first or max(1, self.journal.first_seq), last, rid))
 
     def close(self) -> None:
         """The session is over: release every cursor."""
@@ -421,3 +474,42 @@ class Session:
             feed.next_seq = max(feed.next_seq, feed.batch_end + 1)
         if feed.done and feed.request_id is not None:
             self._at_end(feed)
+
+
+# --- the command table -----------------------------------------------------------------------------------
+
+Go = machine.Go[Session, Phase]
+Row = machine.Row[Session, Phase]
+S = Session
+KINDS = H.CommandKinds(
+    P.Extend, P.Credit, P.Subscribe, P.SubscribeTime, P.Fetch, P.Snapshot, P.Ping, P.PingOk, P.Publish,
+    P.PublishBatch, P.Detach,
+)  # fmt: skip
+EVENT_KINDS = KINDS.events
+
+TRANSITIONS: dict[Phase, Row] = {
+    Phase.ATTACHED: Row(
+        on={
+            P.Extend: S._extend,
+            P.Credit: S._add_credit,
+            P.Subscribe: S._subscribe_from_seq,
+            P.SubscribeTime: S._subscribe_from_time,
+            P.Fetch: S._fetch,
+            P.Snapshot: S._snapshot,
+            P.Ping: S._pong,
+            P.PingOk: None,
+            P.Publish: S._send_to_gateway,
+            P.PublishBatch: S._send_to_gateway,
+            P.Detach: S._detach,
+            P.Command: S._refuse_command,
+        },
+        go=(Go(S._detach_asked, Phase.DETACHED),),
+    ),
+    Phase.DETACHED: Row(on={}),
+}
+del S
+
+
+def describe_transitions() -> str:
+    """TRANSITIONS as Markdown (docs/replay.md embeds it; a test keeps them equal)."""
+    return KINDS.describe(TRANSITIONS)

@@ -84,6 +84,7 @@ class Deployment:
         self.multicast = [f"{transport}://{gw.ip};{lab.group(n)}:{5554 + n}" for n in range(1, feeds + 1)]
         self.gateway: subprocess.Popen | None = None
         self.sidecar: subprocess.Popen | None = None
+        self.stderr: dict[str, str] = {}  # what each one wrote to stderr, once closed
         self.start_gateway()
         self.start_replay()
 
@@ -128,9 +129,9 @@ class Deployment:
         assert proc.poll() is None, proc.communicate()[1]
 
     def close(self) -> list[str]:
-        """Stop both with SIGTERM; return the stderr of any that did not exit cleanly."""
+        """Stop both with SIGTERM; return the stderr of any that did not exit cleanly (`stderr` keeps each one's)."""
         problems = []
-        for proc in (self.gateway, self.sidecar):
+        for name, proc in (("gateway", self.gateway), ("sidecar", self.sidecar)):
             if proc is None:
                 continue
             if proc.poll() is None:
@@ -140,6 +141,7 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 _, err = proc.communicate()
+            self.stderr[name] = err
             if proc.returncode not in (0, -signal.SIGKILL):
                 problems.append(f"exit {proc.returncode}: {err}")
         return problems

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import ssl
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.transport.tls import EtcdTls
 
 MULTICAST_TRANSPORTS = ("epgm", "pgm", "norm", "udp")
 TRANSPORTS = (*MULTICAST_TRANSPORTS, "tcp")
@@ -30,9 +35,10 @@ class Finding:
     line: str
 
 
-def check(transports: Sequence[str], etcd: Sequence[str]) -> list[Finding]:
-    """Every finding for a setup using `transports` (none: report only) and the etcd cluster at `etcd`."""
-    return [*libraries(transports), *system(transports), *(_etcd(url) for url in etcd)]
+def check(transports: Sequence[str], etcd: Sequence[str], etcd_tls: EtcdTls | None = None) -> list[Finding]:
+    """Every finding for a setup using `transports` (none: report only) and the etcd cluster at `etcd` (over
+    TLS with `etcd_tls`)."""
+    return [*libraries(transports), *system(transports), *(_etcd(url, etcd_tls) for url in etcd)]
 
 
 def libraries(transports: Sequence[str]) -> list[Finding]:
@@ -149,10 +155,16 @@ def _socket_buffers(needed: bool, sys_root: Path) -> Iterable[Finding]:
             )
 
 
-def _etcd(url: str, timeout_s: float = 2.0) -> Finding:
+def _etcd(url: str, tls: EtcdTls | None, timeout_s: float = 2.0) -> Finding:
+    context = tls.context() if tls is not None else None
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/version", timeout=timeout_s) as answer:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/version", timeout=timeout_s, context=context) as answer:
             version = json.loads(answer.read()).get("etcdserver", "?")
     except (OSError, ValueError) as exc:
+        cause = getattr(exc, "reason", exc)  # urllib wraps a TLS failure in a URLError
+        if isinstance(cause, ssl.SSLError):
+            fix = "give --etcd-ca (the CA of etcd's certificate), --etcd-cert and --etcd-key (a client cert of that CA)"
+            return Finding("etcd", False, True, f"etcd at {url} refused TLS ({cause.reason or cause}): {fix}")
         return Finding("etcd", False, True, f"etcd at {url} does not answer ({exc}): start it, or check the URL")
-    return Finding("etcd", True, True, f"etcd {version} answers at {url}")
+    secured = " over TLS, with our client certificate" if tls is not None else ""
+    return Finding("etcd", True, True, f"etcd {version} answers at {url}{secured}")

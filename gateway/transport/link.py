@@ -37,7 +37,7 @@ from gateway.errors import ConfigError, ProtocolError
 from gateway.transport.pollable import PolledByFd
 from gateway.transport.routing import Outcome
 from gateway.transport.send_errors import SendErrors
-from gateway.transport.tls import Handshake, failure
+from gateway.transport.tls import Handshake, failure, names
 from gateway.wire.length_prefixed import HEADER_SIZE, Deframer, header
 
 RECV_BYTES = 256 * 1024  # one recv: many acks, or a few batches
@@ -72,9 +72,11 @@ class Link(PolledByFd):
         peer: str = "",
         errors: SendErrors | None = None,
         tls: ssl.SSLContext | None = None,
+        expect_name: str | None = None,
     ) -> None:
         """`peer`: where the link goes, for the log; `errors`: where sends and connects it fails are reported;
-        `tls`: run TLS over the connection (gateway.transport.tls)."""
+        `tls`: run TLS over the connection (gateway.transport.tls), and with `expect_name` refuse a peer whose
+        certificate does not carry that name."""
         sock.setblocking(False)
         self.peer, self.errors = peer, errors
         self._sock, self._fd = sock, sock.fileno()  # the fd is kept: a poller finds us by it, also once closed
@@ -88,8 +90,9 @@ class Link(PolledByFd):
         self.refused = False  # the connect was refused: nothing listens there
         self.unframed = False  # the peer sent what is not our framing (a length over the limit)
         self.untrusted = False  # TLS failed: the peer is not TLS, or its certificate is not of the group's CA
-        self._tls = tls
+        self._tls, self._expect_name = tls, expect_name
         self._handshake: Handshake | None = None  # TLS: the handshake under way, from connected until done
+        self.peer_names: frozenset[str] | None = None  # TLS: the names in the peer's certificate, once verified
         if not connecting:
             self._nodelay()
             self._secure(server_side=True)
@@ -103,9 +106,11 @@ class Link(PolledByFd):
         max_queued: int,
         errors: SendErrors | None = None,
         tls: ssl.SSLContext | None = None,
+        expect_name: str | None = None,
     ) -> Link:
         """A link to `endpoint` (tcp://HOST:PORT), connecting in the background: frames sent meanwhile wait in
-        its queue. One that cannot even start (no such host) comes back closed, with the reason."""
+        its queue. One that cannot even start (no such host) comes back closed, with the reason. `expect_name`:
+        with `tls`, the name the peer's certificate must carry."""
         try:
             host, port = tcp_address(endpoint)
             family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
@@ -115,9 +120,8 @@ class Link(PolledByFd):
             link._fail(f"cannot connect to {endpoint}: {exc}")
             return link
         sock = socket.socket(family, kind, proto)
-        link = cls(
-            sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors, tls=tls
-        )
+        link = cls(sock, max_frame=max_frame, max_queued=max_queued, connecting=True, peer=endpoint, errors=errors,
+                   tls=tls, expect_name=expect_name)  # fmt: skip
         code = sock.connect_ex(address)
         if code not in (0, errno.EINPROGRESS):
             link._connect_failed(code, f"cannot connect to {endpoint}")
@@ -226,6 +230,13 @@ class Link(PolledByFd):
             return False
         if done:
             self._handshake = None
+            self.peer_names = names(handshake.sock)
+            if self._expect_name is not None and self._expect_name not in self.peer_names:
+                self.untrusted = True
+                named = ", ".join(sorted(self.peer_names))
+                self._fail(f"TLS: the peer's certificate is {named}'s, not {self._expect_name}'s: each node needs "
+                           "the certificate made for its --node name")  # fmt: skip
+                return False
         return done
 
     def _secure(self, *, server_side: bool) -> bool:

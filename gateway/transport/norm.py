@@ -253,7 +253,7 @@ class NormSender:
             if kind == NORM_TX_FLUSH_COMPLETED:
                 self._flushed = True
 
-    def drain(self) -> bool:
+    def push(self) -> bool:
         """Write what the stream takes of the message still waiting; True when none waits (call it while not).
 
         NORM has no callback into Python: an accepted message that did not fit goes out only when its owner
@@ -266,9 +266,9 @@ class NormSender:
         """Queue one message on the stream; zmq.Again when the stream is full (blocks unless NOBLOCK)."""
         del copy  # accepted for zmq.Socket compatibility: the frames are always copied into the stream
         deadline = None
-        while not self.drain():
+        while not self.push():
             if flags & zmq.NOBLOCK:
-                raise again("NORM stream full: it drains at the sender's rate")
+                raise again("NORM stream full: it empties at the sender's rate")
             deadline = deadline or time.monotonic() + self.linger_ms / 1000
             if time.monotonic() > deadline:
                 raise again(f"NORM stream still full after {self.linger_ms} ms")
@@ -282,7 +282,7 @@ class NormSender:
             return
         deadline = time.monotonic() + (self.linger_ms if linger_ms is None else linger_ms) / 1000
         if getattr(self, "stream", None):
-            while not (self.drain() and self._flushed) and time.monotonic() < deadline:
+            while not (self.push() and self._flushed) and time.monotonic() < deadline:
                 select.select([self._s.fileno()], [], [], 0.01)
         self._s.lib.NormStopSender(self._s.session)
         self._s.close()

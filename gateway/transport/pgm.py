@@ -29,6 +29,10 @@ Counters (`PgmReceiver.stats`): repairs received are the RDATA packets delivered
 buffer), unrecoverable losses the count OpenPGM reports with each reset (`lost_count`). The NAK counters live
 in OpenPGM's private peer structures, which its public API does not expose: NAKs are seen on the wire
 (tshark, docs/pgm.md) or inferred (a repair received means a NAK went out).
+
+Size: about 770 lines, kept whole: libpgm's ctypes binding (option names, structure layouts, one socket), the
+settings and both I/O loops (native and Python) with their sender and receiver are the one way to drive one
+library, tested as one in the lab (tests/lab/test_pgm.py); its packetising rules are gateway.wire.apdu.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from typing import Protocol
 import zmq
 
 from gateway.errors import PgmError
+from gateway.transport import pgm_log
 from gateway.transport.pollable import PolledByFd
 from gateway.wire.apdu import Reassembler, packetise
 
@@ -139,6 +144,7 @@ def _load() -> ctypes.CDLL:
     err = ctypes.POINTER(_Error)()
     if not lib.pgm_init(ctypes.byref(err)):
         raise PgmError(f"pgm_init failed: {_take_error(lib, err)}")
+    pgm_log.install(lib)  # its warnings into our log, once per kind and counted (a partition: one per packet)
     return lib
 
 

@@ -5,8 +5,10 @@ Why TLS and not CURVE on the peer link: the link is a plain socket that the gate
 (gateway.transport.link says why), and Python's `ssl` wraps exactly such a socket, non-blocking, with no thread
 of its own. Each node presents a certificate signed by the group's CA and verifies its peer's: whoever holds a
 key signed by that CA is a node of the group, nobody else can connect, read or change the link. Host names
-are not checked: a follower connects to the address its leader put in etcd, and a node's address may change;
-the CA is what admits (docs/security.md, "The group's TCP").
+are not checked (a follower connects to the address its leader put in etcd, and a node's address may change):
+the CA is what admits (docs/security.md, "The group's TCP"). Node names are: a follower takes the leader's link
+only from the certificate of the node etcd names as leader, and the leader counts an ack for node N only from
+a link whose certificate is N's, so one node's key cannot speak for another.
 
 Threading contract: a `Handshake` belongs to the thread that polls its socket; `PeerTls` is read-only.
 """
@@ -22,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.errors import ConfigError
 
@@ -89,10 +92,16 @@ class EtcdTls:
 
     @classmethod
     def load(cls, ca: str | Path, cert: str | Path, key: str | Path) -> EtcdTls:
-        options = ("--etcd-ca", "--etcd-cert", "--etcd-key")
-        files = tuple(_readable(option, path) for option, path in zip(options, (ca, cert, key), strict=True))
-        _context(ssl.Purpose.SERVER_AUTH, options, *files)
+        files = tuple(_readable(option, path) for option, path in zip(_ETCD_OPTIONS, (ca, cert, key), strict=True))
+        _context(ssl.Purpose.SERVER_AUTH, _ETCD_OPTIONS, *files)
         return cls(*(str(f) for f in files))
+
+    def context(self) -> ssl.SSLContext:
+        """A client context for etcd's https:// (what its own client, etcd3gw, builds from the same files)."""
+        return _context(ssl.Purpose.SERVER_AUTH, _ETCD_OPTIONS, Path(self.ca), Path(self.cert), Path(self.key))
+
+
+_ETCD_OPTIONS = ("--etcd-ca", "--etcd-cert", "--etcd-key")
 
 
 class Handshake:
@@ -119,6 +128,15 @@ class Handshake:
         if time.monotonic() > self.deadline:
             raise TimeoutError(f"TLS handshake not done in {HANDSHAKE_S:g} s")
         return False
+
+
+def names(sock: ssl.SSLSocket) -> frozenset[str]:
+    """The names in a peer's verified certificate: its subjectAltName DNS entries and its common name (what
+    `zeps keygen --tls-node tls/NAME` writes: the node's name)."""
+    cert: dict[str, Any] = dict(sock.getpeercert() or {})  # typeshed types its values loosely
+    dns = {value for kind, value in cert.get("subjectAltName", ()) if kind == "DNS"}
+    common = {value for rdn in cert.get("subject", ()) for kind, value in rdn if kind == "commonName"}
+    return frozenset[str](dns | common)
 
 
 def failure(exc: OSError) -> str:

@@ -22,20 +22,21 @@ Theory of operation
 
 A server keeps one `Handshake` per session and calls `on(cmd)` for every command from an attached client:
 the answer is either a reply to send (`Answer`) or `PASS`, and the server's rules take the command. Every
-transition is in TRANSITIONS (state -> command kind -> handler, next state); `describe_transitions()` renders
-it for docs/protocol.md, and a test keeps the two equal.
+transition is in TRANSITIONS, in the table form of `gateway.machine` (EXTEND is one kind, every other command
+another); `describe_transitions()` renders it for docs/protocol.md, and a test keeps the two equal.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from enum import Enum
+from typing import NamedTuple, TypeVar
 
+from gateway import machine
 from gateway.wire import protocol as P
 
 
-class Phase(enum.Enum):
+class Phase(Enum):
     ATTACHED = "attached"  # ATTACH-OK sent: EXTEND may come, once, first
     NEGOTIATED = "negotiated"  # extended, or another command came first: the features are fixed
 
@@ -70,55 +71,63 @@ def detached(cmd: P.Command) -> Answer:
 
 
 class Handshake:
-    """One session's handshake: its phase and the features granted."""
+    """One session's handshake: its phase and the features granted. Its table is TRANSITIONS."""
 
     def __init__(self, grants: Callable[[frozenset[str]], frozenset[str]]) -> None:
         """`grants`: what the server grants of the features a client wants (a feature may need another)."""
         self.grants = grants
         self.phase = Phase.ATTACHED
         self.features: frozenset[str] = frozenset()
+        self._answer: Outcome = PASS
 
     def on(self, cmd: P.Command) -> Outcome:
         """One command from the client: the handshake's answer, or PASS (the server's rules take it)."""
+        self._answer = PASS
         kind = P.Extend if isinstance(cmd, P.Extend) else P.Command
-        handler, self.phase = TRANSITIONS[self.phase][kind]
-        return handler(self, cmd)
+        self.phase = machine.settle(self, TRANSITIONS, self.phase, cmd, kind)
+        return self._answer
 
     # --- handlers, in TRANSITIONS ------------------------------------------------------------------------
 
-    def _extend(self, cmd: P.Command) -> Outcome:
-        assert isinstance(cmd, P.Extend)
+    def _extend(self, cmd: P.Extend) -> None:
         self.features = self.grants(frozenset(cmd.features))
-        return Answer(P.ExtendOk(tuple(sorted(self.features))), True)
+        self._answer = Answer(P.ExtendOk(tuple(sorted(self.features))), True)
 
-    def _refuse_extend(self, cmd: P.Command) -> Outcome:
-        return Answer(P.Invalid("EXTEND is allowed once, as the first command after ATTACH-OK"), False)
-
-    def _pass(self, cmd: P.Command) -> Outcome:
-        return PASS
+    def _refuse_extend(self, cmd: P.Extend) -> None:
+        self._answer = Answer(P.Invalid("EXTEND is allowed once, as the first command after ATTACH-OK"), False)
 
 
-Handler = Callable[[Handshake, P.Command], Outcome]
+Go = machine.Go[Handshake, Phase]
+Row = machine.Row[Handshake, Phase]
+EVENT_KINDS = (P.Extend, P.Command)  # EXTEND, and every other command alike
 
-#: state -> command kind (EXTEND, or any other command) -> (handler, next state)
-TRANSITIONS: Mapping[Phase, Mapping[type, tuple[Handler, Phase]]] = {
-    Phase.ATTACHED: {
-        P.Extend: (Handshake._extend, Phase.NEGOTIATED),
-        P.Command: (Handshake._pass, Phase.NEGOTIATED),
-    },
-    Phase.NEGOTIATED: {
-        P.Extend: (Handshake._refuse_extend, Phase.NEGOTIATED),
-        P.Command: (Handshake._pass, Phase.NEGOTIATED),
-    },
+TRANSITIONS: dict[Phase, Row] = {
+    Phase.ATTACHED: Row(on={P.Extend: Handshake._extend, P.Command: None}, go=(Go(machine.always, Phase.NEGOTIATED),)),
+    Phase.NEGOTIATED: Row(on={P.Extend: Handshake._refuse_extend, P.Command: None}),
 }
 
 
+M = TypeVar("M")
+S = TypeVar("S", bound=Enum)
+
+
+class CommandKinds:
+    """The command kinds a server's table names (`events`); every other command is of kind P.Command."""
+
+    def __init__(self, *named: type[P.Command]) -> None:
+        self.events: tuple[type[P.Command], ...] = (*named, P.Command)
+        self._named = frozenset(named)
+
+    def of(self, cmd: P.Command) -> type[P.Command]:
+        kind = type(cmd)
+        return kind if kind in self._named else P.Command
+
+    def describe(self, table: Mapping[S, machine.Row[M, S]]) -> str:
+        """`table` as Markdown, each kind by its command's name."""
+        names = {kind: kind.NAME for kind in self._named}
+        return machine.describe(table, self.events, {**names, P.Command: "any other"})
+
+
 def describe_transitions() -> str:
-    """TRANSITIONS as a Markdown table (docs/protocol.md embeds this text; a test keeps them equal)."""
-    kinds = {P.Extend: "EXTEND", P.Command: "any other command"}
-    lines = ["| state | command | handler | next state |", "|---|---|---|---|"]
-    for phase, row in TRANSITIONS.items():
-        for i, (kind, (handler, target)) in enumerate(row.items()):
-            name = handler.__name__.lstrip("_")
-            lines.append(f"| {phase.name if i == 0 else ''} | {kinds[kind]} | `{name}` | {target.name} |")
-    return "\n".join(lines) + "\n"
+    """TRANSITIONS as Markdown (docs/protocol.md embeds this text; a test keeps them equal)."""
+    return machine.describe(TRANSITIONS, EVENT_KINDS, {P.Extend: "EXTEND", P.Command: "any other command"})

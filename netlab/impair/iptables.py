@@ -45,7 +45,8 @@ def iptables(netns: str, *args: str, table: str = "mangle") -> str:
 
 
 def delay_rules(host: Host) -> dict[Direction, DelayRule]:
-    """netlab's NFQUEUE rules in ``host``, by direction (one iptables call for both chains)."""
+    """netlab's NFQUEUE rules of ``host``'s interface, by direction (one iptables call for both chains). Only
+    that interface's: a namespace with two (a router's) has each one's own."""
     rules: dict[Direction, DelayRule] = {}
     position: dict[str, int] = {}
     for line in iptables(host.netns, "-S").splitlines():
@@ -53,10 +54,11 @@ def delay_rules(host: Host) -> dict[Direction, DelayRule]:
             continue
         chain = line.split()[1]
         position[chain] = position.get(chain, 0) + 1
-        if not (m := _COMMENT_RE.search(line)):
+        direction: Direction = "in" if chain == "PREROUTING" else "out"
+        match = f" {'-i' if direction == 'in' else '-o'} {host.ifname} "
+        if match not in line or not (m := _COMMENT_RE.search(line)):
             continue
         fields = dict(item.split("=", 1) for item in m.group(1).split())
-        direction: Direction = "in" if chain == "PREROUTING" else "out"
         rules[direction] = DelayRule(
             number=position[chain],
             queue=int(m.group(2)),

@@ -36,6 +36,7 @@ NAMES = (
     "apdu",
     "peer_link",
     "journal",
+    "stream_files",
 )  # targets.TARGETS, named here so `all` imports no gateway module (each child instruments its own imports)
 
 

@@ -55,6 +55,9 @@ def cut(data: bytes, size: int = 255) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
+MARK_3 = (3).to_bytes(8, "big") + (3 ^ 0x5A45_5053_4D41_524B).to_bytes(8, "big")  # a committed mark at 3, checked
+
+
 def journal_seeds() -> dict[str, bytes]:
     """A stream of three batches as the writer leaves it (index entry per batch), whole and with a torn tail."""
     root = Path(tempfile.mkdtemp(prefix="zeps-seed-"))
@@ -123,6 +126,10 @@ def seeds() -> dict[str, dict[str, bytes]]:
         },
         "peer_link": {"frames": pieces(cut(link_bytes, 100))},
         "journal": journal_seeds(),
+        "stream_files": {
+            "all-three": pieces([b"9 1000000000000000000\n", b"3 1\n5 4\n", MARK_3]),
+            "damaged": pieces([b"x y", b"3 1\nfive 4\n", bytes(16)]),
+        },
     }
 
 

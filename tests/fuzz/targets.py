@@ -22,7 +22,9 @@ from pathlib import Path
 
 from gateway.errors import BatchError, FillError, JournalCorrupt, JournalError, McastError, ProtocolError
 from gateway.journal import JournalReader, JournalWriter, verify_root
-from gateway.journal.layout import idx_path, seg_path
+from gateway.journal.committed import MARK_NAME, CommittedMark, read_mark
+from gateway.journal.epochs import EPOCHS_NAME, read_epochs, start_epoch
+from gateway.journal.layout import HEAD_NAME, idx_path, read_head, seg_path
 from gateway.journal.writer import Durability
 from gateway.transport import _pgm_loop
 from gateway.transport.udp import decode_message
@@ -224,6 +226,7 @@ def peer_link(data: bytes) -> None:
 # --- the disk --------------------------------------------------------------------------------------------
 
 _TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None  # tmpfs when there is one: files at every execution
+_THREE_RECORDS = B.encode(1, [(10**18, b"k", b"a"), (10**18, b"k", b"b"), (10**18, b"k", b"c")], ts_ns=10**18)
 
 
 def journal(data: bytes) -> None:
@@ -268,6 +271,50 @@ def _journal(root: Path, data: bytes) -> None:
         assert [b.first_seq for b in _read_all(root, head + 1)] == [head + 1]  # type: ignore[union-attr]
 
 
+def stream_files(data: bytes) -> None:
+    """The small files beside a stream's segments, from the input's first three pieces: `head`,
+    `leader-epochs`, `committed` (each absent when its piece is empty), next to a journal of three records.
+
+    head: None or a sequence in range; leader-epochs: entries or JournalCorrupt, and a node about to lead sets a
+    damaged one aside instead of failing; committed: a sequence or None. The writer opens (or refuses with
+    JournalError), appends after both its journal and the head file, and a mark opens on what is there.
+    """
+    root = Path(tempfile.mkdtemp(prefix="zeps-fuzz-", dir=_TMP))
+    try:
+        _stream_files(root, data)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stream_files(root: Path, data: bytes) -> None:
+    directory = root / STREAM
+    directory.mkdir()
+    seg_path(directory, 1).write_bytes(_THREE_RECORDS)
+    files = [*pieces(data), b"", b"", b""][:3]
+    for name, piece in zip((HEAD_NAME, EPOCHS_NAME, MARK_NAME), files, strict=True):
+        if piece:
+            (directory / name).write_bytes(piece)
+    head = read_head(directory)
+    assert head is None or (1 <= head[0] < B.MAX_SEQ and head[1] >= 0), head
+    with contextlib.suppress(JournalCorrupt):
+        assert all(e >= 0 and s >= 0 for e, s in read_epochs(directory))
+    mark = read_mark(directory)
+    assert mark is None or 0 <= mark <= B.MAX_SEQ
+    try:
+        writer = JournalWriter.open(root, STREAM, durability=Durability("never"))
+    except JournalError:
+        return
+    with writer:
+        expected = max(4, head[0] if head else 0)
+        assert writer.last_seq + 1 == expected, (writer.last_seq, head)
+        start_epoch(directory, 7, expected)
+        assert read_epochs(directory)[-1] == (7, expected)
+        if expected < 2**62:
+            writer.append(B.Batch.parse(B.encode(0, [(0, b"k", b"v")])))
+            assert writer.last_seq == expected
+    CommittedMark(directory).close()
+
+
 def _read_all(root: Path, first: int = 0) -> list[B.Batch] | JournalError:
     """Every batch of the stream from `first` (its first sequence when 0), or the JournalError that stopped it."""
     try:
@@ -291,4 +338,5 @@ TARGETS: dict[str, Target] = {
     "apdu": apdu,
     "peer_link": peer_link,
     "journal": journal,
+    "stream_files": stream_files,
 }

@@ -43,6 +43,7 @@ def test_scenario_quick(name: str, tmp_path: Path) -> None:
         peers, ratios = result.tables[-2:]
         assert {row[1] for row in peers.rows} == {"ZEPS udp://", "NATS core", "NATS JetStream"}
         assert len(ratios.rows) == 3 and all(cell != "n/a" for row in ratios.rows for cell in row[1:])
+        assert {t.issue for t in result.targets} == {None, 32}  # #8's bounds and #32's comparison
     if name == "throughput":
         assert "ZEPS, Subscriber.next_batch().columns()" in [row[0] for row in result.tables[0].rows]
     assert not _my_labs()  # every lab it made is gone
@@ -91,7 +92,8 @@ def test_replay_and_memory_through_the_cli_write_a_report(tmp_path: Path, capsys
         assert main(["bench", name, "--quick", "--runs", "1", "--tmp", str(store), "--report", str(out)]) == 0
         text = out.read_text()
         assert text.startswith("# Benchmarks")
-        assert re.search(r"^\| target \(issue #8\) \| measured \| met \|$", text, re.M)
+        assert re.search(r"^\| target \| issue \| measured \| met \|$", text, re.M)
+        assert re.search(r"^\| .* \| #8 \| .* \| (yes|\*\*no\*\*) \|$", text, re.M)
         assert "## Machine and versions" in text and "nats-server" in text
         images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
         assert images and all((out.parent / image).stat().st_size > 1000 for image in images)

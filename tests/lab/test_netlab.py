@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import NEEDS_ROOT
 from pyroute2 import IPRoute
+from support.leftovers import NOTHING, alive, objects_of
+from support.tcpprobes import echo_client, echo_server
 
 import netlab
 from netlab import MP, HostError, Lab, LabError, RemoteTraceback, down_all, firewall, ns, state
@@ -46,31 +48,6 @@ def routes() -> list[tuple[str, str]]:
     """(destination, mask) of every IPv4 route, as /proc/net/route shows them (hex, little-endian)."""
     lines = Path("/proc/net/route").read_text().splitlines()[1:]
     return [(line.split()[1], line.split()[7]) for line in lines]
-
-
-def echo_server(ip: str, ready: Queue[int]) -> int:
-    """Accept one connection and echo it back; return the byte count."""
-    with socket.create_server((ip, 0)) as srv:
-        srv.settimeout(20)
-        ready.put(srv.getsockname()[1])
-        conn, _ = srv.accept()
-        with conn:
-            conn.settimeout(20)
-            total = 0
-            while data := conn.recv(65536):
-                conn.sendall(data)
-                total += len(data)
-    return total
-
-
-def echo_client(ip: str, port: int, payload: bytes, timeout: float = 10.0) -> bytes:
-    with socket.create_connection((ip, port), timeout=timeout) as conn:
-        conn.sendall(payload)
-        conn.shutdown(socket.SHUT_WR)
-        chunks = []
-        while data := conn.recv(65536):
-            chunks.append(data)
-    return b"".join(chunks)
 
 
 def connect_errno(ip: str, port: int) -> int:
@@ -136,30 +113,6 @@ def report_then_sleep(started: Queue[int], seconds: float) -> None:
 
 
 # --- helpers -----------------------------------------------------------------------------------------
-
-
-def objects_of(lab_id: str) -> dict[str, list[str]]:
-    """Everything on the machine named after ``lab_id``."""
-    with IPRoute() as ipr:
-        links = [m.get_attr("IFLA_IFNAME") for m in ipr.link("dump")]
-    return {
-        "netns": [n for n in ns.list_netns() if n.startswith(f"{lab_id}-")],
-        "links": [n for n in links if n.startswith(f"{lab_id}-")],
-        "rules": [b for b in firewall.bridges_with_rules() if b.startswith(f"{lab_id}-")],
-        "record": [str(p) for p in [state.path_for(lab_id)] if p.exists()],
-    }
-
-
-NOTHING = {"netns": [], "links": [], "rules": [], "record": []}
-
-
-def alive(pid: int) -> bool:
-    """Running (zombies count as gone: they have exited and only wait to be reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def tcp_echo(lab: Lab, server: str, client: str, payload: bytes) -> bytes:

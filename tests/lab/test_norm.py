@@ -118,7 +118,7 @@ def send(
                 time.sleep(0.001)
         if per_s:
             time.sleep(max(0.0, started + (i - lo + 1) / per_s - time.monotonic()))
-    while not sender.drain():
+    while not sender.push():
         time.sleep(0.001)
     elapsed = time.monotonic() - started
     done.wait(WAIT_S)

@@ -222,6 +222,11 @@ def test_runtime_failures_are_one_line_exit_1(tmp_path: Path) -> None:
     finally:
         gw.stop()
     one_line_error(zeps("history", "--replay", DEAD, "--stream", "s", "--timeout", "300ms"), 1, "zeps replay")
+    # A refused connection is an answer: a one-shot read fails at once, not after its --timeout (1 h here, longer
+    # than zeps()'s own 60 s limit), and names the endpoint and the fix.
+    for argv in (HIST, ("snapshot", *HIST[1:]), (*HIST, "--from", "-5")):
+        refused = zeps(*argv, "--timeout", "1h")
+        one_line_error(refused, 1, f"nothing listens at {DEAD} (connection refused)", "zeps replay")
     # A typo'd endpoint is said at once (a warning naming it), and scripts get a bound.
     waited = zeps(*SUB, "--connect-timeout", "1500ms")
     one_line_error(waited, 1, f"no answer from the replay sidecar at {DEAD} for 1.", "check --replay")
@@ -403,6 +408,22 @@ def test_gateway_refuses_a_corrupt_tail_until_repaired(tmp_path: Path) -> None:
     with JournalReader(root, STREAM).cursor(61) as cursor:
         batch = cursor.next_batch()
     assert batch is not None and [(r.seq, r.body) for r in batch.records()] == [(61, b"after")]
+
+
+def test_repair_rebuilds_a_bad_index_and_says_clean(tmp_path: Path) -> None:
+    """A bad index is rebuilt from its segment, not only deleted: verify is clean after, and repair exits 0."""
+    root = tmp_path / "journal"
+    _, seg = _journal(root)
+    idx = seg.with_suffix(".idx")
+    good = idx.read_bytes()
+    idx.write_bytes(good[:8] + bytes(8) + good[16:])  # an entry's sequence zeroed: it names no batch
+    assert not verify_root(root).clean
+    done = zeps("journal", "repair", str(root), "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"rebuilt {idx}" in done.stdout and "clean:" in done.stdout.splitlines()[-1]
+    assert verify_root(root).clean and idx.read_bytes()
+    with JournalReader(root, STREAM).cursor(1) as cursor:
+        assert [r.seq for b in iter(cursor.next_batch, None) for r in b.records()] == list(range(1, 61))
 
 
 def test_torn_tails_need_nothing_and_accept_corrupt_tail_cuts_damage(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(FUZZ))
 from run import NAMES  # noqa: E402
 
 RUN = FUZZ / "run.py"
-RUNS = {name: 1000 if name == "journal" else 3000 for name in NAMES}  # journal: files at every execution
+RUNS = {name: 1000 if name in ("journal", "stream_files") else 3000 for name in NAMES}  # files at every execution
 MAX_S = 10  # per target: a loaded machine runs fewer, never longer
 
 

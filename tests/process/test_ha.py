@@ -833,7 +833,7 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
     of the CA is refused by etcd with one line; a node whose peer certificate another CA signed is refused by
     the leader's peer link, and neither follows nor deposes it. The leader killed -9: a follower over TLS takes
     over, and confirms resume once the restarted node is in sync again."""
-    certs = make_certs(tmp_path / "certs", ["m0", "m1", "m2", "n0", "n1", "n2"])
+    certs = make_certs(tmp_path / "certs", ["m0", "m1", "m2", "n0", "n1", "n2", "n3"])
     cluster = EtcdCluster(tmp_path, certs).start()
     urls = ",".join(cluster.urls)
 
@@ -902,6 +902,19 @@ def test_a_pair_on_tls_keeps_a_leader_and_serves_when_the_etcd_leader_is_killed(
         print(f"group leader killed -9 and restarted: confirms resumed after {time.monotonic() - killed:.2f} s")
         assert leader(client, nodes)[1] > now_epoch
         wait_synced(nodes)
+        check(nodes, confirmed)
+
+        # a node of the CA presenting another node's certificate: the leader does not count its acks as its own
+        misnamed = node("n3", *certs.gateway_args("n0")).start()
+        misnamed.wait_ready()
+        for n in range(441, 461):
+            confirmed[n] = pub.send(n)
+        time.sleep(1.0)
+        assert "dropped a REPLICA-ACK for node 'n3' from a link whose certificate is" in "".join(
+            n.log.read_text() for n in nodes
+        )
+        assert "campaigning" not in misnamed.log.read_text()
+        misnamed.kill9()
         check(nodes, confirmed)
     finally:
         pub.close()

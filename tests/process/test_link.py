@@ -75,10 +75,12 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"), ["a", "b"])
 
 
-def connected(client_tls: ssl.SSLContext | None, server_tls: ssl.SSLContext | None) -> tuple[Link, Link]:
+def connected(
+    client_tls: ssl.SSLContext | None, server_tls: ssl.SSLContext | None, expect_name: str | None = None
+) -> tuple[Link, Link]:
     """(client, server) links over loopback, not yet used (a TLS handshake still to come)."""
     listener = Listener("tcp://127.0.0.1:*")
-    client = Link.connect(listener.endpoint, max_frame=1 << 25, max_queued=8, tls=client_tls)
+    client = Link.connect(listener.endpoint, max_frame=1 << 25, max_queued=8, tls=client_tls, expect_name=expect_name)
     accepted: list[Link] = []
     deadline = time.monotonic() + 5
     while not accepted and time.monotonic() < deadline:
@@ -258,6 +260,23 @@ def test_tls_refuses_a_peer_whose_certificate_another_ca_signed(certs: Certs, tm
         assert "the peer's certificate is not trusted" in errors and "ALERT_UNKNOWN_CA" in errors, errors
         client.close()
         server.close()
+
+
+def test_tls_names_each_end_and_a_client_refuses_a_server_that_is_not_the_node_it_expects(certs: Certs) -> None:
+    """A follower expects its leader's name in the leader's certificate: another node's key (of the same CA)
+    does not pass for it. Both ends learn the other's names (the leader checks an ack's node against them)."""
+    client, server = connected(certs.peer_tls("a").client, certs.peer_tls("b").server, expect_name="b")
+    assert client.send(b"hello") == "sent" and receive(server, 1, other=client) == [b"hello"]
+    assert client.peer_names is not None and "b" in client.peer_names and "a" not in client.peer_names
+    assert server.peer_names is not None and "a" in server.peer_names
+    client.close()
+    server.close()
+    client, server = connected(certs.peer_tls("a").client, certs.peer_tls("b").server, expect_name="c")
+    handshake(client, server)
+    assert client.closed and client.untrusted, client.error
+    assert "not c's" in client.error and "b" in client.error and "--node name" in client.error, client.error
+    client.close()
+    server.close()
 
 
 def test_tls_refuses_a_peer_without_a_certificate_and_a_plain_one(certs: Certs) -> None:

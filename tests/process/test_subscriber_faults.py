@@ -239,6 +239,11 @@ def test_without_multicast_latest_is_the_journal_head_then_the_live_tail(tmp_pat
         s.write(5)
         assert drain(sub, 50) == s.expected(after=300)
         assert sub.next(timeout=0.3) is None
+        # Caught up with the head the sidecar reports (#33 item 7): MERGED, as a subscriber with multicast.
+        deadline = time.monotonic() + 10
+        while sub.state != "MERGED" and time.monotonic() < deadline:
+            assert sub.next(timeout=0.05) is None
+        assert (sub.state, sub.head, sub.lag) == ("MERGED", s.head, 0)
     s.writer.close()
 
 
@@ -367,11 +372,11 @@ def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: py
 # --- the replay link alone ------------------------------------------------------------------------------------
 
 
-def new_link(endpoint: str, events: list, states: list, starts: list) -> ReplayLink:
+def new_link(endpoint: str, events: list, states: list, starts: list, head_every: float | None = None) -> ReplayLink:
     return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
                       directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
                       next_seq=lambda: 1, on_start=starts.append,
-                      on_state=lambda state, error: states.append(state))  # fmt: skip
+                      on_state=lambda state, error: states.append(state), head_every=head_every)  # fmt: skip
 
 
 def run_link(link: ReplayLink, until: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -412,6 +417,26 @@ def test_the_replay_link_alone_probes_requests_and_attributes_answers(tmp_path: 
             link.close()
     s.writer.close()
     assert states == ["ready"]
+
+
+def test_the_replay_link_alone_reports_the_sidecars_head_without_multicast(tmp_path: Path) -> None:
+    """A subscriber without multicast has no heartbeat: the link asks the sidecar's head, as HeadSeen events."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(10)
+    events: list = []
+    with side(root) as sidecar:
+        link = new_link(sidecar.endpoint, events, [], [], head_every=0.05)
+        try:
+            link.request(R.Request(1, 1, None))
+            run_link(link, lambda: R.HeadSeen(s.head, "replay") in events)
+            s.write(2)
+            run_link(link, lambda: R.HeadSeen(s.head, "replay") in events)
+        finally:
+            link.close()
+    s.writer.close()
+    heads = [e.head for e in events if isinstance(e, R.HeadSeen)]
+    assert heads[0] == 100 and heads[-1] == s.head == 120 and heads == sorted(heads), heads
 
 
 def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:

@@ -108,13 +108,15 @@ def test_zeps_top_once_json_shows_the_deployment(deployment: Deployment) -> None
     assert gw["multicast"] == []  # loopback: no multicast output
 
     served = rp["streams"][STREAM]
-    assert served["clients"] == 1 and served["credit_bytes"] > 0 and served["served_records"] >= 300
+    # The subscription, and the connection a TCP-only subscriber asks the sidecar's head on.
+    assert served["clients"] == 2 and served["credit_bytes"] > 0 and served["served_records"] >= 300
     assert rp["streams"]["other"]["clients"] == 0
 
     mine = sub["streams"][STREAM]
     assert mine["delivered_records"] >= 300 and mine["delivered_by_source"]["replay"] == mine["delivered_records"]
     assert mine["head"] >= 300 and mine["lag_records"] >= 0 and mine["records_per_s"] > 0
-    assert mine["state"] == "CATCHING_UP"  # replay only: no multicast feed to merge with
+    # Replay only, under load: MERGED while within tail_grace of the head the sidecar reports, else catching up.
+    assert mine["state"] in ("MERGED", "CATCHING_UP")
     assert mine["lost_records"] == mine["gaps_detected"] == mine["rejected_messages"] == 0
 
     # A target that is down is shown as such, and --once says so in its exit code.
@@ -122,6 +124,35 @@ def test_zeps_top_once_json_shows_the_deployment(deployment: Deployment) -> None
     assert result.returncode == 1
     down = json.loads(result.stdout)["subscriber"][1]
     assert not down["up"] and "refused" in down["error"].lower()
+
+
+def test_a_tcp_only_subscriber_caught_up_with_the_sidecars_head_is_merged(deployment: Deployment) -> None:
+    """Issue #33 item 7: the subscriber has no multicast; once it has everything the sidecar reports, its state,
+    its metric and zeps top say MERGED, not CATCHING_UP with lag 0."""
+    _publish(deployment.gateway.ingest, STREAM, 300)
+    deadline = time.monotonic() + 20
+    while (state := _state(deployment.ports["subscriber"])) != "MERGED" or _head(deployment) != 300:
+        assert time.monotonic() < deadline, f"still {state} 20 s after the last record was journaled"
+        time.sleep(0.1)
+    result = deployment.top()
+    mine = json.loads(result.stdout)["subscriber"][0]["streams"][STREAM]
+    assert (mine["state"], mine["head"], mine["lag_records"], mine["delivered_records"]) == ("MERGED", 300, 0, 300)
+
+
+def _state(port: int) -> str:
+    """The state zeps_subscriber_state says is set."""
+    for family in text_string_to_metric_families(_scrape(port)):
+        if family.name == "zeps_subscriber_state":
+            [state] = [s.labels["zeps_subscriber_state"] for s in family.samples if s.value == 1]
+            return state
+    raise AssertionError("no zeps_subscriber_state series")
+
+
+def _head(deployment: Deployment) -> float:
+    for family in text_string_to_metric_families(_scrape(deployment.ports["subscriber"])):
+        if family.name == "zeps_subscriber_head_sequence":
+            return family.samples[0].value
+    raise AssertionError("no zeps_subscriber_head_sequence series")
 
 
 def test_the_grafana_dashboard_uses_only_exported_metrics(deployment: Deployment) -> None:

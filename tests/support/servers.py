@@ -37,22 +37,28 @@ class GatewayProcess:
     """`zeps gateway` in a subprocess, journaling only (no multicast), on free loopback ports."""
 
     def __init__(
-        self, journal: Path, *extra: str, streams: tuple[str, ...] = (STREAM, "other"), wrap: tuple[str, ...] = ()
+        self,
+        journal: Path,
+        *extra: str,
+        streams: tuple[str, ...] = (STREAM, "other"),
+        wrap: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
-        """`wrap`: a command prefix to run it under (strace, for tests/support/powerloss.py)."""
+        """`wrap`: a command prefix to run it under (strace, for tests/support/powerloss.py); `env`: its
+        environment (default: this process's)."""
         self.ingest = f"tcp://127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "gateway.cli", "gateway", "--journal", str(journal), "--ingest", self.ingest]
         for stream in streams:
             argv += ["--stream", stream]
-        self.argv = [*wrap, *argv, *extra]
-        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
+        self.argv, self.env = [*wrap, *argv, *extra], env
+        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True, env=env)
         self.wait_ready()
 
     def restart(self, ingest: str | None = None) -> None:
         """Start it again on the same journal (after kill9 or stop), on the same endpoint or on `ingest`."""
         if ingest is not None:
             self.argv[self.argv.index(self.ingest)] = self.ingest = ingest
-        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True, env=self.env)
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30.0) -> None:

@@ -108,6 +108,7 @@ class Scenario:
     keys: int = 4  # records are spread over this many keys
     p_delete: float = 0.2  # chance that a record deletes its key (an empty body)
     p_snapshot_pause: float = 0.0  # a snapshot answer pauses part-way for longer than the progress timeout
+    replay_only: bool = False  # no feeds: the sidecar's head reports (over its connection) are the heartbeats
 
     @property
     def total(self) -> int:
@@ -265,6 +266,7 @@ class World:
             tail_grace=sc.tail_grace,
             max_lag=sc.max_lag,
             lag_policy=sc.lag_policy,  # type: ignore[arg-type]
+            replay_only=sc.replay_only,
         )
         self.live = [B(f, la, 10 * (la - f + 1)) for f, la in cut(rnd, sc.history + 1, sc.total, 6)]
         self.keyed = Keyed.make(sc, rnd)
@@ -375,6 +377,9 @@ class World:
                 heapq.heappush(self.inbox, (arrival, next(self.order), Live(batch, feed)))
 
     def heartbeats(self, reliable: bool) -> None:
+        if self.sc.replay_only and self.server.up and (reliable or self.rnd.random() >= self.sc.p_heartbeat_drop):
+            arrival = self.step + (0 if reliable else self.rnd.randint(0, self.sc.max_answer_delay))
+            heapq.heappush(self.inbox, (arrival, next(self.order), HeadSeen(self.server.journal_head, "replay")))
         for feed in self.sc.feeds:
             if feed != self.sc.dead_feed and (reliable or self.rnd.random() >= self.sc.p_heartbeat_drop):
                 arrival = self.step + (0 if reliable else self.rnd.randint(0, self.sc.reorder))
@@ -412,7 +417,7 @@ class World:
             self.run_step(publish=True)
         self.server.faults = False  # quiescence: the network heals; lost requests get retried and answered
         last_progress, seen = self.step, len(self.ranges)
-        while not (self.expected == sc.total + 1 and not self.rec.outstanding):
+        while not (self.expected == sc.total + 1 and (not self.rec.outstanding or self._tailing())):
             if len(self.ranges) != seen:
                 last_progress, seen = self.step, len(self.ranges)
             if self.step - last_progress > QUIET_STEPS:
@@ -424,6 +429,10 @@ class World:
         self.quiet_steps = self.step - last_progress
         for _ in range(20):  # late and stale answers, heartbeats: nothing more may be delivered
             self.run_step(publish=False)
+
+    def _tailing(self) -> bool:
+        """Replay only: merged, the open-ended request streaming on as the live tail."""
+        return self.sc.replay_only and self.rec.state is State.MERGED
 
     def check_result(self) -> None:
         sc, rec = self.sc, self.rec
@@ -473,7 +482,8 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         }[kind]()
     )
     two_feeds = pick("two_feeds", st.booleans())
-    feeds = ("A", "B") if two_feeds else ("A",)
+    replay_only = pick("replay_only", st.just(False))
+    feeds = () if replay_only else ("A", "B") if two_feeds else ("A",)
     burst = draw(st.integers(1, 12))
     outage = None
     if pick("outage", st.booleans()):
@@ -510,6 +520,7 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         keys=draw(st.integers(1, 12)),
         p_delete=draw(st.sampled_from([0.0, 0.2, 0.5])),
         p_snapshot_pause=draw(st.sampled_from([0.0, 0.3])),
+        replay_only=replay_only,  # type: ignore[arg-type]
     )
 
 
@@ -592,6 +603,19 @@ def test_replay_lost_and_restored_mid_catch_up(sc: Scenario, seed: int) -> None:
 )
 def test_slow_consumer_shifts_to_replay_and_back(sc: Scenario, seed: int) -> None:
     simulate(sc, seed)
+
+
+@settings(PROPERTY, max_examples=300)
+@given(
+    scenarios(replay_only=True, two_feeds=False, start_kind=st.sampled_from(["earliest", "at_seq", "after_seq",
+                                                                             "snapshot"])),
+    SEEDS,
+)  # fmt: skip
+def test_replay_only_is_exactly_once_and_merged_with_the_sidecars_head(sc: Scenario, seed: int) -> None:
+    """Without multicast, under every replay fault: the same guarantee, and MERGED once caught up."""
+    world = simulate(sc, seed)
+    assert world.states[-1] is State.MERGED, world.states
+    assert world.rec.stats.records_from_live == 0
 
 
 def test_slow_consumer_scenario_really_switches_gears() -> None:
@@ -845,6 +869,86 @@ def test_catching_up_does_not_merge_into_a_silent_live_feed() -> None:
     assert r.handle(Replay(B(1, 3), 1), 5.0) == [Emit(B(1, 3), 1, 3, "replay")]  # live silent for 5 s
     assert r.state is State.CATCHING_UP
     assert r.handle(HeadSeen(3, "A"), 5.1) == [StateChanged(State.CATCHING_UP, State.MERGED), Cancel(1)]
+
+
+# Replay only (a subscriber without multicast): the sidecar's head reports (HeadSeen, feed "replay") are its
+# heartbeats, and the open-ended request is the live tail.
+
+
+def tail_at(n: int, **options: object) -> Reconciler:
+    """A replay-only reconciler in MERGED whose next_seq is n, its request 1 streaming from 1 on."""
+    r = Reconciler(Start.at_seq(1), replay_only=True, **options)  # type: ignore[arg-type]
+    assert r.handle(Tick(), 0.0) == [Request(1, 1, None)]
+    r.handle(HeadSeen(n - 1, "replay"), 0.0)
+    r.handle(Replay(B(1, n - 1), 1), 0.0)
+    assert r.state is State.MERGED and r.next_seq == n
+    return r
+
+
+def test_replay_only_merges_at_the_sidecars_head_and_keeps_its_request() -> None:
+    r = Reconciler(Start.at_seq(10), replay_only=True)
+    assert r.handle(Tick(), 0.0) == [Request(1, 10, None)]
+    assert r.handle(HeadSeen(12, "replay"), 0.1) == []
+    assert r.handle(Replay(B(10, 11), 1), 0.2) == [Emit(B(10, 11), 10, 11, "replay")]
+    assert r.handle(Replay(B(12, 12), 1), 0.3) == [
+        Emit(B(12, 12), 12, 12, "replay"),
+        StateChanged(State.CATCHING_UP, State.MERGED),  # no Cancel: the request is the live tail
+    ]
+    assert r.outstanding == (Request(1, 10, None),)
+    assert r.handle(Replay(B(13, 20), 1), 0.4) == [Emit(B(13, 20), 13, 20, "replay")]  # the tail, in MERGED
+    assert r.handle(HeadSeen(20, "replay"), 0.5) == [] and r.lag == 0 and r.state is State.MERGED
+
+
+def test_replay_only_empty_journal_is_merged_at_once() -> None:
+    r = Reconciler(Start.at_seq(1), replay_only=True)
+    r.handle(Tick(), 0.0)
+    assert r.handle(HeadSeen(0, "replay"), 0.1) == [StateChanged(State.CATCHING_UP, State.MERGED)]
+
+
+def test_replay_only_behind_the_head_for_tail_grace_is_catching_up_again() -> None:
+    r = tail_at(10, tail_grace=0.1)
+    assert r.handle(HeadSeen(15, "replay"), 1.0) == []  # in flight: within the grace
+    assert r.handle(Replay(B(10, 15), 1), 1.05) == [Emit(B(10, 15), 10, 15, "replay")]
+    assert r.handle(HeadSeen(30, "replay"), 2.0) == []
+    assert r.handle(Tick(), 2.05) == []
+    assert r.handle(Tick(), 2.25) == [StateChanged(State.MERGED, State.CATCHING_UP)]  # no gap, no new request
+    assert r.outstanding == (Request(1, 1, None),) and r.stats.gaps_detected == 0
+    assert r.handle(Replay(B(16, 30), 1), 2.3) == [
+        Emit(B(16, 30), 16, 30, "replay"),
+        StateChanged(State.CATCHING_UP, State.MERGED),
+    ]
+
+
+def test_replay_only_silent_head_reports_fall_back_to_a_new_request() -> None:
+    r = tail_at(10, progress_timeout=1.0)
+    assert r.handle(Tick(), 1.0) == [
+        StateChanged(State.MERGED, State.CATCHING_UP),
+        Cancel(1),
+        Request(2, 10, None),
+    ]
+    assert r.handle(HeadSeen(9, "replay"), 1.1) == [StateChanged(State.CATCHING_UP, State.MERGED)]
+    assert r.outstanding == (Request(2, 10, None),)
+
+
+def test_replay_only_lost_connection_reissues_the_tail_in_merged() -> None:
+    r = tail_at(10)
+    assert r.handle(ReplayLost(), 0.1) == [] and r.outstanding == ()
+    assert r.handle(ReplayRestored(), 0.2) == [Request(2, 10, None)]
+    assert r.state is State.MERGED
+
+
+def test_replay_only_needs_a_known_start() -> None:
+    with pytest.raises(ValueError, match=r"Start.at_seq\(head \+ 1\)"):
+        Reconciler(Start.latest(), replay_only=True)
+
+
+def test_with_multicast_a_head_beyond_n_is_a_tail_gap_not_catching_up() -> None:
+    """The replay-only guards stay out of the multicast machine's way."""
+    r = merged_at(10, tail_grace=0.0)
+    assert r.handle(HeadSeen(12, "A"), 0.1) == [
+        StateChanged(State.MERGED, State.RECOVERING),
+        Request(1, 10, 12),
+    ]
 
 
 def test_catching_up_overflow_drops_held_live_but_keeps_replaying() -> None:

@@ -8,10 +8,12 @@ credit, the order of frames, TRIMMED and FETCH-END) is the real code; frames are
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
 from gateway.errors import JournalTrimmed
+from gateway.sidecar import session as S
 from gateway.sidecar.session import GRANTABLE, Session
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -433,6 +435,21 @@ def test_any_command_counts_as_hearing_from_the_client() -> None:
     assert s.pinged_at == 3.0
     s.handle(P.PingOk(), 4.0)
     assert (s.last_heard, s.pinged_at) == (4.0, 0.0)
+
+
+def test_detach_ends_the_session_for_the_loop_to_drop() -> None:
+    s = session(FakeJournal(10))
+    assert s.handle(P.Detach(), 1.0) and s.phase is S.Phase.DETACHED
+    assert s.handle(P.Ping(), 2.0) and not s.replies  # ended: nothing more is answered
+
+
+def test_the_doc_embeds_the_command_table_of_the_sessions_methods() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "replay.md").read_text()
+    assert S.describe_transitions() in doc, "docs/replay.md is stale: paste describe_transitions()"
+    assert set(S.TRANSITIONS) == set(S.Phase)
+    for row in S.TRANSITIONS.values():
+        for function in filter(None, [*row.on.values(), *(go.guard for go in row.go)]):
+            assert getattr(Session, function.__name__) is function
 
 
 def test_close_releases_every_cursor() -> None:

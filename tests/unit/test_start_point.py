@@ -51,6 +51,11 @@ def test_the_subscriber_checks_its_arguments_before_any_socket() -> None:
         Subscriber("o", replay="127.0.0.1:5571")
     with pytest.raises(ConfigError, match="lag_policy 'drop'"):
         Subscriber("o", replay="tcp://127.0.0.1:5571", lag_policy="drop")  # type: ignore[arg-type]
+    # Checked at once, not by the reconciler once a start probe has answered (from next())
+    with pytest.raises(ConfigError, match="max_lag 0: give a number of records >= 1"):
+        Subscriber("o", replay="tcp://127.0.0.1:5571", max_lag=0)
+    with pytest.raises(ConfigError, match="progress_timeout 0: give a number of seconds > 0"):
+        Subscriber("o", replay="tcp://127.0.0.1:5571", progress_timeout=0)
     with pytest.raises(ZepsError) as no_endpoints:
         Subscriber("o")
     said = str(no_endpoints.value)

@@ -29,7 +29,7 @@ def test_the_link_state_table() -> None:
         "connecting", "ready", "retrying", "retrying", "connecting", "ready", "failed", "failed", "failed",
     ]  # fmt: skip
     assert L.step(L.READY, L.RETRY) is L.READY  # not listed: stays
-    assert set(L.TRANSITIONS) == set(L.LinkState) and not L.TRANSITIONS[L.FAILED]  # FAILED is final
+    assert set(L.TRANSITIONS) == set(L.LinkState) and not L.TRANSITIONS[L.FAILED].go  # FAILED is final
 
 
 def test_the_docs_hold_the_link_state_table() -> None:
