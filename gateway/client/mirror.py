@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from gateway.client.mirror_target import MirrorTarget
-from gateway.client.replay_client import ReplayClient
+from gateway.client.replay_client import ReplayClient, probe
 from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
@@ -135,10 +135,13 @@ class Mirror:
         client = None
         self._source = source
         try:
-            st.head = target.mirror()
+            at = target.mirror()
+            st.head = at.head
             st.in_flight.clear()
             client = ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=c.timeout_s,
                                   curve=c.source_curve, ctx=self.ctx, fail_unreachable=True)  # fmt: skip
+            if at.head:
+                self._same_history(client, at)
             client.subscribe("", st.head)  # 0: from the first retained, which must then be 1
             log.info("mirror of %s: %s -> %s from sequence %d", c.stream, source, target_ep, st.head + 1)
             self._forward(client, target, until)
@@ -146,6 +149,22 @@ class Mirror:
             target.close()
             if client is not None:
                 client.close()
+
+    def _same_history(self, client: ReplayClient, at: P.MirrorOk) -> None:
+        """MirrorError unless the source holds the mirror site's head, in a batch of the same journal time: a
+        source whose journal was lost and started again (or another stream) would fork the mirror site's."""
+        end, ts = probe(client, at.head)
+        fork = f"mirror of stream {self.config.stream}: the source at {client.endpoint} and the mirror site are "
+        fix = (
+            "stopped rather than mix them. Fix: find which site holds the stream's true history; start the "
+            "other one's journal afresh (or promote the mirror site: `zeps mirror promote`)"
+        )
+        if end.last < at.head:
+            raise MirrorError(f"{fork}different histories: the source's head is {end.last}, below the mirror "
+                              f"site's {at.head} (its journal was lost or cut); {fix}")  # fmt: skip
+        if ts is not None and ts != at.head_ts_ns:
+            raise MirrorError(f"{fork}different histories: sequence {at.head} has journal time {ts} at the source, "
+                              f"{at.head_ts_ns} at the mirror site; {fix}")  # fmt: skip
 
     def _forward(self, client: ReplayClient, target: MirrorTarget, until: Callable[[], bool]) -> None:
         c, st = self.config, self.status

@@ -19,7 +19,7 @@ import zmq
 
 from gateway.client.opening import Opening, Step, attach_failed, sends_elsewhere
 from gateway.errors import MirrorError, PublishError
-from gateway.transport.curve import CurveClientKeys
+from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import protocol as P
 
 WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_MIRROR)
@@ -49,13 +49,15 @@ class MirrorTarget:
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         if curve is not None:
             curve.apply(self.sock)
+        # A killed gateway, nothing listening, a CURVE refusal: known at once, not at the next deadline.
+        self.handshake = Handshake(self.sock, watch_drops=True, watch_connects=True)
         self.sock.connect(endpoint)
         self.opening = Opening(stream, WANTED, attach_s=timeout_s, extend_s=None)
         self._send(self.opening.start(time.monotonic()))
 
-    def mirror(self) -> int:
-        """MIRROR: the stream's head there (the next batch must start at head + 1)."""
-        return self._ask(P.Mirror(), P.MirrorOk).head
+    def mirror(self) -> P.MirrorOk:
+        """MIRROR: the stream's head there (the next batch must start at head + 1) and its journal time."""
+        return self._ask(P.Mirror(), P.MirrorOk)
 
     def promote(self) -> int:
         """PROMOTE: the sequence the stream was promoted at (now, or before)."""
@@ -88,6 +90,7 @@ class MirrorTarget:
             timeout = 0.0  # something came: look for more without waiting again
 
     def close(self) -> None:
+        self.handshake.close()
         if not self.sock.closed:
             self.sock.close(linger=0)
 
@@ -125,6 +128,15 @@ class MirrorTarget:
             raise PublishError(text)
         raise MirrorError(text)
 
+    def _check_link(self) -> None:
+        why = self.handshake.explain()
+        if why and (self.handshake.certainty > 0 or self.handshake.failed >= Handshake.CONCLUSIVE):
+            raise MirrorError(f"the gateway at {self.endpoint}: {why}")
+        if self.handshake.dropped:
+            raise PublishError(f"the connection to the gateway at {self.endpoint} ended (gateway killed or silent)")
+        if self.handshake.unreachable:
+            raise PublishError(f"nothing listens at {self.endpoint} (connection refused)")
+
     def _send(self, cmd: P.Command) -> None:
         try:
             self.sock.send(P.encode(cmd), zmq.NOBLOCK)
@@ -132,8 +144,11 @@ class MirrorTarget:
             raise PublishError(f"the gateway at {self.endpoint} is not reading what this mirror sends") from None
 
     def _recv(self, timeout: float) -> P.Command | None:
-        if not self.sock.poll(max(0, int(timeout * 1000))):
-            return None
+        deadline = time.monotonic() + timeout
+        while not self.sock.poll(max(0, int(min(SLICE_S, deadline - time.monotonic()) * 1000))):
+            self._check_link()
+            if time.monotonic() >= deadline:
+                return None
         try:
             return P.decode(self.sock.recv())
         except P.ProtocolError as exc:

@@ -636,7 +636,7 @@ class Gateway:
             case MR.Refuse(reason=reason):
                 self._reject(identity, reason, kind="mirror")
             case MR.Resume(head=at):
-                self.reply(identity, P.MirrorOk(at))
+                self.reply(identity, P.MirrorOk(at, lane.writer.last_ts_ns))
             case MR.PromotedAt(head=at):
                 self.reply(identity, P.PromoteOk(at))
             case MR.Accept() if batch is not None:

@@ -35,7 +35,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     25 REPLICA-COMMIT  stream:s epoch:8 sequence:8 head:8            S  (the leader to its followers, HA)
     26 REPLICA-BATCH   stream:s epoch:8 batch:chunk                  S  (the leader to its followers, HA)
     27 MIRROR                                                  C       mirror
-    28 MIRROR-OK       head:8                                  S       mirror
+    28 MIRROR-OK       head:8 head_ts_ns:8                     S       mirror
     29 PROMOTE                                                 C       mirror
     30 PROMOTE-OK      head:8                                  S       mirror
 
@@ -360,9 +360,12 @@ class Mirror(Command):
 
 @_command
 class MirrorOk(Command):
-    """The mirror stream's journal ends at `head`: the next mirror batch must start at head + 1."""
+    """The mirror stream's journal ends at `head`, in a batch of journal time `head_ts_ns` (0: empty): the next
+    mirror batch must start at head + 1, and the source's batch holding `head` must have that time (else the two
+    journals are different histories: a fork)."""
 
     head: Number8
+    head_ts_ns: Number8
 
 
 @_command

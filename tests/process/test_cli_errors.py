@@ -138,6 +138,11 @@ USAGE = [
     (("top", "--gateway", "9100"), ["--gateway", "'9100'", "127.0.0.1:9100"]),
     (("top", "--replay", "127.0.0.1:9", "--interval", "soon"), ["--interval", "'soon'"]),
     (("snapshot", "--replay", "127.0.0.1:1", "--stream", "s"), ["--replay", "tcp://127.0.0.1:1"]),
+    # site mirroring
+    (("mirror", "--source", DEAD, "--stream", "s"), ["--to"]),
+    (("mirror", "--source", f"{DEAD},a:1", "--to", DEAD, "--stream", "s"), ["--source", "'a:1'", "tcp://"]),
+    (("mirror", "promote", "--stream", "s", "--gateway", DEAD), ["--source", "--force"]),
+    (("gateway", "--stream", "s", "--journal", "j", "--ingest", DEAD, "--mirror", "t"), ["--mirror t", "--stream t"]),
 ]
 
 

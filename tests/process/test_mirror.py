@@ -10,6 +10,7 @@ promotion is refused while the source answers, and fences the old source for goo
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,13 @@ class Sites:
         argv = [sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source", self.a_side.endpoint,
                 "--to", self.b.ingest, "--stream", STREAM, "--timeout", "3s", "--log-every", "1s", *extra]  # fmt: skip
         return subprocess.Popen(argv, stderr=log)
+
+    def mirror_once(self, n: int) -> None:
+        """Publish n records at the source, mirror them, stop the mirror."""
+        self.publish(n)
+        mirror = self.mirror()
+        self.wait_mirrored(self.sent)
+        assert stop(mirror) == 0, self.log()
 
     def log(self, name: str = "mirror") -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
@@ -195,10 +203,7 @@ def test_an_ordinary_publisher_at_the_mirror_site_is_refused(sites: Sites) -> No
 
 
 def test_a_batch_that_does_not_continue_the_head_is_refused_naming_both(sites: Sites) -> None:
-    sites.publish(10)
-    mirror = sites.mirror()
-    sites.wait_mirrored(10)
-    stop(mirror)
+    sites.mirror_once(10)
     with JournalReader(sites.a_root, STREAM).cursor(1) as cursor:
         old = cursor.next_batch()  # starts at 1: B's head is 10
     assert old is not None
@@ -206,7 +211,7 @@ def test_a_batch_that_does_not_continue_the_head_is_refused_naming_both(sites: S
     for cmd in (P.Attach("ZEPS", 1, STREAM), P.Extend(("batch", "confirm", "mirror")), P.Mirror()):
         sock.send(P.encode(cmd))
         answer = P.decode(sock.recv())
-    assert answer == P.MirrorOk(10)
+    assert isinstance(answer, P.MirrorOk) and answer.head == 10 and answer.head_ts_ns > 0
     sock.send(P.encode(P.PublishBatch(old.buf)))
     assert P.decode(sock.recv()) == P.Invalid(
         "not contiguous: this mirror's head is 10, the batch starts at 1; resume from 11"
@@ -264,10 +269,7 @@ def test_promotion_is_refused_while_the_source_answers_and_fences_it_for_good(si
 
 
 def test_promotion_with_the_source_down_needs_no_force(sites: Sites) -> None:
-    sites.publish(200)
-    mirror = sites.mirror()
-    sites.wait_mirrored(200)
-    stop(mirror)
+    sites.mirror_once(200)
     sites.a_side.stop()
     dead = f"tcp://127.0.0.1:{free_port()}"  # and a sidecar that never was
     done = zeps("mirror", "promote", "--stream", STREAM, "--gateway", sites.b.ingest,
@@ -275,3 +277,29 @@ def test_promotion_with_the_source_down_needs_no_force(sites: Sites) -> None:
     assert done.returncode == 0, done.stderr
     assert "promoted at sequence 200" in done.stdout
     sites.a_side.start()  # for the fixture's stop
+
+
+def test_a_mirror_into_a_stream_that_is_no_mirror_stops_naming_the_option(sites: Sites) -> None:
+    sites.publish(5)
+    done = zeps("mirror", "-q", "--source", sites.a_side.endpoint, "--to", sites.a.ingest, "--stream", STREAM)
+    assert done.returncode == 1, done.stderr
+    assert f"stream {STREAM} is not a mirror at this gateway: start the gateway with --mirror {STREAM}" in done.stderr
+    assert head_of(sites.a_root) == 5
+
+
+@pytest.mark.parametrize(("again", "named"), [(150, "sequence 100 has journal time"), (50, "source's head is 50")])
+def test_a_source_whose_journal_started_again_is_not_mirrored(sites: Sites, again: int, named: str) -> None:
+    """The source lost its journal and took new records under the old numbers: mirroring them would mix two
+    histories at the mirror site, so the mirror stops, naming it."""
+    sites.mirror_once(100)
+    sites.a_side.stop()
+    sites.a.stop()
+    shutil.rmtree(sites.a_root / STREAM)
+    sites.a.restart()
+    sites.a_side.start()
+    sites.sent = 0
+    sites.publish(again)
+    done = zeps("mirror", "-q", "--source", sites.a_side.endpoint, "--to", sites.b.ingest, "--stream", STREAM)
+    assert done.returncode == 1, done.stderr
+    assert "different histories" in done.stderr and named in done.stderr, done.stderr
+    assert head_of(sites.b_root) == 100
