@@ -8,7 +8,8 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 - Promotion: refused while A's sidecar answers across the WAN, accepted once the WAN is cut; publishing at B
   continues at H + 1; when the WAN heals, the mirror is refused by B with the promotion line, B's journal
   untouched by it.
-- A subscriber given both sites' sidecars moves from A to B when A disappears, without a gap or duplicate.
+- A subscriber given both sites' sidecars moves from A to B when A disappears (B's sidecar is down until then,
+  so it reads at A first), without a gap or duplicate.
 """
 
 from __future__ import annotations
@@ -205,6 +206,7 @@ def test_a_subscriber_with_both_sidecars_moves_to_b_when_a_disappears(
 ) -> None:
     sites, a, b, _ = mirrored
     at_a, at_b = 6_000, 2_000
+    b.kill9("sidecar")  # until A is gone: the subscriber can read at A only
     ready = MP.Queue()
     sub = sites.start("b-sub", subscribe, [], [a.replay, b.replay], "earliest", at_a + at_b, ready)  # TCP only
     assert ready.get(timeout=60) == "up"
@@ -212,10 +214,12 @@ def test_a_subscriber_with_both_sidecars_moves_to_b_when_a_disappears(
     wait_head(b.journal, at_a)  # the mirror keeps B current up to the cut
 
     sites.cut_wan()  # site A disappears
+    b.start_replay()
     done = sites.run("b-spare", promote_and_publish, b.ingest, a.replay, at_a, timeout=WAIT_S)
     assert done["code"] == 0 and done["seq"] == at_a + 1, done
     assert sites.run("b-spare", publish, b.ingest, at_a + 1, at_b - 1, RATE, timeout=WAIT_S) == at_a + at_b
 
-    result = sub.result(timeout=WAIT_S)
+    result = sub.result(timeout=WAIT_S)  # records after at_a are at B only: it moved
     check_all(result, at_a + at_b)  # no gap, no duplicate: the sequence numbers agree
     assert set(result["sources"]) == {"replay"}, result["sources"]
+    assert result["summary"]["replay_retries"] >= 1, result["summary"]  # A's sidecar failed it once at least
