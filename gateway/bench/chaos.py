@@ -5,8 +5,10 @@ A namespace lab: etcd on a host of its own, three nodes (a gateway and its sidec
 multicasting on one group of the chosen transport, a paced confirming Publisher given every ingest on host
 "pub" (RATE records a second, CHUNK per publish_many, paced; confirms read off its counters, never waited
 for), a reconciling Subscriber given the group and every sidecar on host "sub". Throughout: random loss (1-5%,
-from the seed) of everything reaching the subscriber and each node, and junk datagrams (random bytes) sent to
-the group's port from host "pub". The nemesis (gateway.bench.nemesis) runs its schedule, one step after 100
+from the seed) of everything reaching the subscriber and each node, junk datagrams (random bytes) sent to
+the group's port from host "pub", and steps of one node's wall clock at a time (netlab.WallClock: back or
+forward by up to CLOCK_STEP_S, every few seconds, from the seed; the nodes' authority runs on the monotonic
+clock, their journal times on the wall clock). The nemesis (gateway.bench.nemesis) runs its schedule, one step after 100
 more confirmed records and at least STEP_GAP_S after the previous step healed, each step healed before the
 next. Then the publisher stops and the subscriber reads up to the last confirmed sequence.
 
@@ -14,9 +16,9 @@ The checker (`check`): `zeps ha check` over every node's journal (each a prefix-
 per sequence, no gap); every confirmed record in every node's journal exactly once, no record twice; the
 subscriber got 1..head in order, each with the journal's content at that sequence (so nothing a deposed
 leader sent that the group did not commit was accepted), every confirmed record among them, no loss
-reported; no process exited on its own. Per fault: the outage (fault -> the subscriber's first record
-published after it) and the longest silence (the longest wait between deliveries within OUTAGE_WINDOW_S of
-the fault), as p50/p99/max.
+reported; no node's journal time goes back; no process exited on its own. Per fault: the outage (fault ->
+the subscriber's first record published after it) and the longest silence (the longest wait between
+deliveries within OUTAGE_WINDOW_S of the fault), as p50/p99/max.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import random
 import socket
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,10 +39,11 @@ from gateway.bench import BenchError, nemesis
 from gateway.bench.failover import keep_logs
 from gateway.bench.runner import Progress, Result, Settings, Table, Target, stop
 from gateway.client.publisher import Publisher
+from gateway.journal import JournalReader
 from gateway.journal.crosscheck import check_group
 from gateway.tools import hagroup
 from gateway.tools.hagroup import MCAST_PORT, WAIT_S, Node, journal_records, outage
-from netlab import MP, Impairment, Lab, impair
+from netlab import MP, Impairment, Lab, WallClock, impair
 
 TITLE = "Chaos: a group of 3 under a seeded nemesis of combined faults; the whole history checked"
 STREAM = "chaos"
@@ -50,6 +54,8 @@ TARGET_SILENCE_S = 1.0
 RATE = 5_000  # records a second the publisher offers (issue #30 asks for 5,000)
 CHUNK = 50  # records per publish_many call: one Python call per record tops out near 500 a second here
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"  # the clients' logs, read against the nodes'
+CLOCK_STEP_S = 120.0  # the largest step of a node's wall clock, back or forward
+CLOCK_EVERY_S = (2.0, 6.0)  # seconds between two steps (uniform, from the seed)
 STEP_GAP_S = 2.0  # healthy time between a step's healing and the next step: the silences after it are measured
 
 
@@ -74,8 +80,8 @@ def run(settings: Settings) -> Result:
         keep = got["problems"] or (got["long"] and not settings.quick)
         kept = keep_logs(Path(tmp), settings.tmp) if keep else None
     problems, stats = got["problems"], got["stats"]
-    rows = [(transport, seed, got["faults"], got["steps"], f"{got['loss_pct']:.1f}%", got["rate"], got["confirmed"],
-             got["head"], *(stats[k] for k in ("outage", "silence")), len(problems))]  # fmt: skip
+    rows = [(transport, seed, got["faults"], got["steps"], f"{got['loss_pct']:.1f}%", got["clock_steps"], got["rate"],
+             got["confirmed"], got["head"], *(stats[k] for k in ("outage", "silence")), len(problems))]  # fmt: skip
     kinds = [(kind, n, *(f"{v:.2f}" for v in _pcts(s))) for kind, (n, s) in sorted(got["by_kind"].items())]
     worst = max(got["silences"], default=0.0)
     return Result(
@@ -91,6 +97,7 @@ def run(settings: Settings) -> Result:
                     "faults",
                     "steps",
                     "loss",
+                    "clock steps",
                     "records/s",
                     "records confirmed",
                     "head",
@@ -139,10 +146,11 @@ def campaign(
         impair.impair(lab, host, Impairment(loss_pct=loss))
     etcd_proc, etcd = hagroup.start_etcd(lab, root / "etcd")
     channel = f"{transport}://{lab.group(1)}:{MCAST_PORT}"
-    nodes = {n: Node(lab, root, n, etcd, channel, stream=STREAM) for n in NODES}
+    clocks = {n: WallClock(root / "clocks" / n) for n in NODES}
+    nodes = {n: Node(lab, root, n, etcd, channel, stream=STREAM, env=clocks[n].env()) for n in NODES}
     group = nemesis.Group(lab, root, nodes, etcd_proc, etcd, STREAM, MP.Value("q", 0), MP.Value("q", 0))
     sub = pub = junk = None
-    stopping = MP.Event()
+    stopping, steps_taken = MP.Event(), list[str]()
     try:
         for node in nodes.values():
             node.start()
@@ -155,6 +163,7 @@ def campaign(
                         deadline)  # fmt: skip
         ready.get(timeout=WAIT_S)
         junk = lab.start("pub", send_junk, lab.group(1), MCAST_PORT, seed, stopping, deadline)
+        threading.Thread(target=step_clocks, args=(clocks, seed, stopping, steps_taken), daemon=True).start()
         pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stopping, group.progress, group.offered,
                         rate)  # fmt: skip
         healed = time.monotonic()
@@ -185,11 +194,23 @@ def campaign(
         group.etcd_proc.kill()
         group.etcd_proc.wait(10)
     problems = check([n.journal for n in nodes.values()], got, confirmed, head)
+    say(f"wall clocks stepped {len(steps_taken)} times: {', '.join(steps_taken[:8])}{' ...' * (len(steps_taken) > 8)}")
     if heads:
         problems.append(f"the journals' heads differ at the end: {heads}")
     return {"problems": problems, "steps": len(steps), "faults": sum(s.faults() for s in steps), "loss_pct": loss,
-            "rate": rate, "confirmed": len(confirmed), "head": head, "summary": got["summary"], "marks": group.marks,
-            **_outages(got, group.marks)}  # fmt: skip
+            "rate": rate, "confirmed": len(confirmed), "head": head, "clock_steps": len(steps_taken),
+            "summary": got["summary"], "marks": group.marks, **_outages(got, group.marks)}  # fmt: skip
+
+
+def step_clocks(clocks: dict[str, WallClock], seed: int, stop_event: Any, taken: list[str]) -> None:
+    """Until `stop_event`: every CLOCK_EVERY_S, one node's wall clock stepped back or forward by up to
+    CLOCK_STEP_S, drawn from `seed`; what was done appended to `taken` ("n2 -31.4 s")."""
+    rng = random.Random(seed ^ 0xC10C)
+    while not stop_event.wait(rng.uniform(*CLOCK_EVERY_S)):
+        name = rng.choice(sorted(clocks))
+        seconds = round(rng.uniform(-CLOCK_STEP_S, CLOCK_STEP_S), 1)
+        clocks[name].step(seconds)
+        taken.append(f"{name} {seconds:+.1f} s")
 
 
 def publish(ingests: list[str], stop_event: Any, progress: Any, offered: Any, rate: int) -> tuple[list[int], int]:
@@ -280,11 +301,24 @@ def check(journals: list[Path], got: dict[str, Any], confirmed: list[int], head:
         for seq, _, body in records:
             if content.setdefault(seq, body) != body:
                 problems.append(f"sequence {seq} reused with other content on {journal.name}")
+    problems += [f"{journal.name}: journal time goes back at sequence {back}" for journal in journals
+                 if (back := _time_goes_back(journal)) is not None]  # fmt: skip
     problems += hagroup.exactly_once_problems(got, confirmed, head)
     wrong = [(seq, body) for seq, body in got["records"] if content.get(seq) != body]
     if wrong:
         problems.append(f"delivered records no journal holds there (a deposed leader's?): {wrong[:5]}")
     return problems
+
+
+def _time_goes_back(journal: Path) -> int | None:
+    """The first sequence whose batch has an earlier journal time than the batch before it, or None."""
+    reader, last = JournalReader(journal, STREAM), 0
+    with reader.cursor(reader.first_seq) as cursor:
+        while (batch := cursor.next_batch()) is not None:
+            if batch.ts_ns < last:
+                return batch.first_seq
+            last = batch.ts_ns
+    return None
 
 
 def _outages(got: dict[str, Any], marks: list[tuple[float, int, str, int]]) -> dict[str, Any]:

@@ -327,7 +327,7 @@ def _kill_sidecar_catchup(group: Group, fault: Fault) -> None:
         time.sleep(0.2)
         node.procs[1].kill()
         node.procs[1].wait(10)
-        node.procs[1] = zeps(group.lab, node.name, node.log, *node.replay_args)
+        node.procs[1] = zeps(group.lab, node.name, node.log, *node.replay_args, env=node.env)
 
     _hit_rejoining(group, fault, "its sidecar again while it catches up", fault.hold_s / 2, sidecar)
 

@@ -36,10 +36,10 @@ WAIT_S = 30.0
 NODE_OPTIONS = ("--min-insync", "1", "--heartbeat-ms", "50", "--linger-ms", "0")
 
 
-def zeps(lab: Lab, host: str, log: Path, *args: str) -> subprocess.Popen:
-    """`python -m gateway.cli ARGS` on `host`, its output appended to `log`."""
+def zeps(lab: Lab, host: str, log: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m gateway.cli ARGS` on `host` (in `env`, default this process's), its output appended to `log`."""
     out = open(log, "ab")  # noqa: SIM115 (the child keeps it)
-    return lab.popen(host, [sys.executable, "-m", "gateway.cli", *args], stdout=out, stderr=out)
+    return lab.popen(host, [sys.executable, "-m", "gateway.cli", *args], stdout=out, stderr=out, env=env)
 
 
 def start_etcd(lab: Lab, data_dir: Path, host: str = "etcd") -> tuple[subprocess.Popen, str]:
@@ -93,6 +93,7 @@ class Node:
         options: Sequence[str] = NODE_OPTIONS,
         replay_options: Sequence[str] = (),
         verbose: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.lab, self.name, self.journal, self.log = lab, name, root / name, root / f"{name}.log"
         ip = lab.host(name).ip
@@ -103,11 +104,13 @@ class Node:
                              "--replay-endpoint", self.replay, "--etcd", etcd, "--node", name, *options]  # fmt: skip
         self.replay_args = ["replay", "--journal", str(self.journal), "--bind", self.replay, "--tail-poll-ms", "1",
                             *replay_options]  # fmt: skip
+        self.env = env  # the processes' environment (a netlab.WallClock's, say); None: this process's
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> Node:
         self.journal.mkdir(parents=True, exist_ok=True)
-        self.procs = [zeps(self.lab, self.name, self.log, *args) for args in (self.gateway_args, self.replay_args)]
+        self.procs = [zeps(self.lab, self.name, self.log, *args, env=self.env)
+                      for args in (self.gateway_args, self.replay_args)]  # fmt: skip
         return self
 
     def wait_ready(self) -> Node:
