@@ -104,7 +104,8 @@ class PublisherThread:
         self._handshake: Handshake | None = None
         self._several = False
         self.idle = False  # about to wait in poll: only then does a record queued need a wake-up
-        self._unusable: Rejected | None = None  # a connect that failed, for the session once its actions have run
+        self._unusable: Rejected | Dropped | None = None  # a connect that failed, for the session after its actions
+        self._open_failed = False  # the last socket could not be opened (said once until one opens again)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name=f"zeps-publisher-{session.stream}", daemon=True)
 
@@ -264,6 +265,28 @@ class PublisherThread:
 
     def _connect(self, endpoint: str, first: bool, several: bool) -> None:
         self._close_socket(linger=0)
+        try:
+            self._open(first, several)
+        except zmq.ZMQError as exc:  # EMFILE, say, in a storm of reconnects: a connection to retry, not a dead thread
+            self._close_socket(linger=0)
+            if not self._open_failed:  # once per episode
+                log.warning("publisher on %s: cannot open a ZeroMQ socket (%s): raise the open-files limit "
+                            "(ulimit -n) or run fewer Publishers here; retrying", endpoint, exc.strerror)  # fmt: skip
+            self._open_failed = True
+            self._unusable = Dropped(f"cannot open a socket ({exc.strerror})")
+            return
+        if self._open_failed:
+            log.info("publisher on %s: sockets open again", endpoint)
+            self._open_failed = False
+        assert self._sock is not None
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as exc:  # checked at construction; one learnt from a directory may still be bad
+            self._close_socket(linger=0)
+            self._unusable = Rejected(f"cannot connect to {endpoint!r}: {exc.strerror}")
+
+    def _open(self, first: bool, several: bool) -> None:
+        """A DEALER for the next connection (and the monitor of its handshake or of its drops) as `_sock`."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails
@@ -276,15 +299,14 @@ class PublisherThread:
             self._curve.apply(sock)
         self._several = several
         if first:  # the first attach explains a silent gateway (CURVE refusals); one monitor per socket at a time
-            self._handshake = Handshake(sock, watch_connects=self._several)
-        else:
+            try:
+                self._handshake = Handshake(sock, watch_connects=self._several)
+            except zmq.ZMQError:
+                sock.close(linger=0)
+                raise
+        self._sock = sock  # from here on closed with its monitor by _close_socket
+        if not first:
             self._watch_drops(sock)
-        self._sock = sock
-        try:
-            sock.connect(endpoint)
-        except zmq.ZMQError as exc:  # checked at construction; one learnt from a directory may still be bad
-            self._close_socket(linger=0)
-            self._unusable = Rejected(f"cannot connect to {endpoint!r}: {exc.strerror}")
 
     def _refusal(self) -> str | None:
         """During the first attach: why the gateway refused the handshake, once that is conclusive."""

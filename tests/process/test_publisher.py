@@ -383,3 +383,57 @@ def test_an_endpoint_without_transport_is_one_clear_error_at_construction() -> N
     assert done.returncode == 1
     assert "ConfigError: '127.0.0.1:5570' has no transport: write tcp://127.0.0.1:5570" in done.stderr
     assert "Exception in thread" not in done.stderr and "ZMQError" not in done.stderr
+
+
+OUT_OF_FDS = """
+import os, sys, threading, time
+from gateway.client.publisher import Publisher
+pub = Publisher(sys.argv[1], sys.argv[2], confirm=True, timeout=30)
+pub.publish("k", b"before")
+pub.flush()
+held, release = [], threading.Event()
+def take():  # every descriptor this process may have, and each one freed again at once
+    while not release.is_set():
+        try:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            time.sleep(0.0005)
+taker = threading.Thread(target=take)
+taker.start()
+time.sleep(0.5)
+print("exhausted", flush=True)
+sys.stdin.readline()  # the gateway was killed and started again meanwhile: the publisher's reconnects fail
+pub.publish("k", b"after")
+time.sleep(1.0)
+release.set()
+taker.join()
+for fd in held:
+    os.close(fd)
+pub.flush(timeout=30)
+pub.close()
+print("flushed", flush=True)
+"""
+
+def test_a_publisher_out_of_descriptors_retries_its_connection_and_loses_nothing(tmp_path: Path) -> None:
+    """EMFILE while reconnecting (a storm of reconnects, a low open-files limit) is a connection to retry once
+    descriptors are free again, said once: not a dead IO thread whose records wait for ever."""
+    root = tmp_path / "journal"
+    gw = GatewayProcess(root, streams=(STREAM,))
+    child = subprocess.Popen([sys.executable, "-c", OUT_OF_FDS, gw.ingest, STREAM], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "exhausted", child.communicate(timeout=30)
+        gw.kill9()
+        gw.restart()  # the publisher sees the drop and opens a new socket: no descriptor for it
+        time.sleep(1.0)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        gw.stop()
+    assert child.returncode == 0 and out.strip() == "flushed", err
+    assert err.count("cannot open a ZeroMQ socket") <= 1 and "Traceback" not in err, err
+    assert_exactly_once(root, [b"before", b"after"])
