@@ -414,6 +414,7 @@ pub.close()
 print("flushed", flush=True)
 """
 
+
 def test_a_publisher_out_of_descriptors_retries_its_connection_and_loses_nothing(tmp_path: Path) -> None:
     """EMFILE while reconnecting (a storm of reconnects, a low open-files limit) is a connection to retry once
     descriptors are free again, said once: not a dead IO thread whose records wait for ever."""
