@@ -12,7 +12,9 @@ from types import ModuleType
 
 from gateway.errors import ZepsError
 
-SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover", "chaos")
+SCENARIOS = ("throughput", "fanout", "replay", "latency", "recovery", "norm", "memory", "sink", "failover", "chaos",
+             "soak")  # fmt: skip
+ON_DEMAND = ("soak",)  # too long for `all`: run by name
 
 
 class BenchError(ZepsError, RuntimeError):

@@ -48,9 +48,11 @@ class Settings:
     journal_gb: float = 2.0  # memory scenario: the journal the sidecar serves
     catchup_records: int = 5_000_000  # replay scenario: history a late joiner catches up on
     tmp: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
-    chaos_transport: str = "udp"  # chaos scenario: the group's transport, its faults and the schedule's seed
-    chaos_faults: int = 100
+    transport: str = "udp"  # chaos and soak scenarios: the multicast transport
+    chaos_faults: int = 100  # chaos scenario: its faults and the schedule's seed
     chaos_seed: int | None = None  # None: drawn at random (and printed)
+    soak_minutes: float = 60.0  # soak scenario: how long, and the publisher's rate
+    soak_rate: float = 20_000.0
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

@@ -33,9 +33,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--catchup-records", type=_positive(int), default=5_000_000, help="replay: history a late joiner catches up on"
     )
-    p.add_argument("--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos: the group's transport")
+    p.add_argument(
+        "--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos, soak: the multicast transport"
+    )
     p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
     p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
+    p.add_argument("--minutes", type=_positive(float), default=60.0, help="soak: how long (default 60)")
+    p.add_argument(
+        "--rate", type=_positive(float), default=20_000.0, help="soak: the publisher's records/s (default 20,000)"
+    )
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
@@ -43,7 +49,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gateway.bench import SCENARIOS, BenchError, report, scenario
+    from gateway.bench import ON_DEMAND, SCENARIOS, BenchError, report, scenario
     from gateway.bench.runner import Result, Settings, machine, time_limit
 
     if os.geteuid() != 0:
@@ -54,11 +60,13 @@ def _run(args: argparse.Namespace) -> int:
         journal_gb=args.journal_gb,
         catchup_records=args.catchup_records,
         tmp=args.tmp,
-        chaos_transport=args.transport,
+        transport=args.transport,
         chaos_faults=args.faults,
         chaos_seed=args.seed,
+        soak_minutes=args.minutes,
+        soak_rate=args.rate,
     )
-    names = SCENARIOS if args.scenario == "all" else (args.scenario,)
+    names = tuple(s for s in SCENARIOS if s not in ON_DEMAND) if args.scenario == "all" else (args.scenario,)
     estimate = sum(scenario(name).estimate(settings) for name in names)
     print(f"zeps bench {args.scenario}: about {estimate / 60:.0f} min on an idle 2-core machine", file=sys.stderr)
     signal.signal(signal.SIGTERM, functools.partial(_interrupt, os.getpid()))  # clean up as on Ctrl-C
