@@ -33,6 +33,7 @@ from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
 from gateway.errors import DataLoss
 from gateway.tools.deployment import Deployment
+from gateway.tools.hagroup import take_target
 from netlab import MP, Impairment, impair
 
 TITLE = "Soak: an hour at 20,000 records/s with 1% loss and periodic kills and pauses; RSS of every process"
@@ -258,9 +259,7 @@ def subscribe(multicast: list[str], replay: str, ready: Any, until: Any, limit_s
         ready.put("up")
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline and (target is None or expect <= target):
-            if target is None and not until.empty():
-                target = until.get()
-                deadline = min(deadline, time.monotonic() + DRAIN_S)
+            target, deadline = take_target(until, target, deadline, DRAIN_S)
             try:
                 delivery = sub.next_batch(timeout=0.2)
             except DataLoss as exc:
