@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +131,7 @@ def run(settings: Settings) -> Result:
                         f"{pub['records']:,}",
                         f"{pub['head']:,}",
                         *(f"{got['records']:,} ({got['gaps_filled']:,} gaps filled)" for got in subs),
-                        ", ".join(faults),
+                        ", ".join(f"{what} x{n}" for what, n in Counter(faults).items()),
                     )
                 ],
             ),
@@ -177,7 +177,7 @@ def _soak(
         for _ in subs:
             ready.get(timeout=pipeline.READY_S)
         pub = lab.start("pub", publish, dep.ingest, rate, stopping, limit)
-        plan = [(cycle * 0.2, "sidecar"), (cycle * 0.5, "gateway"), (cycle * 0.8, "pause")]
+        plan = [(cycle * 0.2, "sidecar kill -9"), (cycle * 0.5, "gateway kill -9"), (cycle * 0.8, f"pause {pause:g} s")]
         start = next_sample = time.monotonic()
         resume: float | None = None
         n = 0
@@ -194,14 +194,15 @@ def _soak(
                 resume = None
             at, what = plan[n % len(plan)]
             if t >= (n // len(plan)) * cycle + at:
-                faults.append(f"{what} at {t:.0f} s")
-                progress(f"fault: {faults[-1]}")
-                if what == "pause":
+                faults.append(what)
+                progress(f"fault: {what} at {t:.0f} s")
+                if what.startswith("pause"):
                     os.kill(subs[1].pid, signal.SIGSTOP)
                     resume = time.monotonic() + pause
                 else:
-                    dep.kill9(what)
-                    (dep.start_replay if what == "sidecar" else dep.start_gateway)()
+                    which = what.split()[0]
+                    dep.kill9(which)
+                    (dep.start_replay if which == "sidecar" else dep.start_gateway)()
                 n += 1
             time.sleep(0.1)
         if resume is not None:
