@@ -24,7 +24,9 @@ SCENARIOS = (
     "sink",
     "failover",
     "chaos",
+    "soak",
 )
+ON_DEMAND = ("soak",)  # too long for `all`: run by name
 
 
 class BenchError(ZepsError, RuntimeError):

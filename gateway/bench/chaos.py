@@ -66,8 +66,8 @@ def estimate(settings: Settings) -> float:
 def run(settings: Settings) -> Result:
     progress = Progress("chaos")
     seed = settings.chaos_seed if settings.chaos_seed is not None else random.SystemRandom().randrange(2**31)
-    transport, count = settings.chaos_transport, settings.size(settings.chaos_faults, 5)
-    rate = settings.chaos_rate
+    transport, count = settings.transport, settings.size(settings.chaos_faults, 5)
+    rate = round(settings.rate or RATE)
     progress(f"{transport}://, {count} faults, {rate} records/s, seed {seed} (zeps bench chaos --transport "
              f"{transport} --faults {count} --rate {rate} --seed {seed} repeats it)")  # fmt: skip
     with Lab(["etcd", *NODES, "pub", "sub"]) as lab, tempfile.TemporaryDirectory(dir=settings.tmp) as tmp:

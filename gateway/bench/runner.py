@@ -49,10 +49,11 @@ class Settings:
     journal_gb: float = 2.0  # memory scenario: the journal the sidecar serves
     catchup_records: int = 5_000_000  # replay scenario: history a late joiner catches up on
     tmp: Path = field(default_factory=lambda: Path(os.environ.get("TMPDIR", "/tmp")))
-    chaos_transport: str = "udp"  # chaos scenario: the group's transport, its faults and the schedule's seed
-    chaos_faults: int = 100
+    transport: str = "udp"  # chaos and soak scenarios: the multicast transport
+    chaos_faults: int = 100  # chaos scenario: its faults and the schedule's seed
     chaos_seed: int | None = None  # None: drawn at random (and printed)
-    chaos_rate: int = 5_000  # records a second the chaos publisher offers
+    soak_minutes: float = 60.0  # soak scenario: how long
+    rate: float | None = None  # chaos and soak scenarios: the publisher's records a second (None: the scenario's)
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

@@ -38,11 +38,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--catchup-records", type=_positive(int), default=5_000_000, help="replay: history a late joiner catches up on"
     )
-    p.add_argument("--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos: the group's transport")
+    p.add_argument(
+        "--transport", choices=("udp", "epgm", "norm"), default="udp", help="chaos, soak: the multicast transport"
+    )
     p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
     p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
+    p.add_argument("--minutes", type=_positive(float), default=60.0, help="soak: how long (default 60)")
     p.add_argument(
-        "--rate", type=_positive(int), default=5_000, help="chaos: records a second the publisher offers (default 5000)"
+        "--rate", type=_positive(float), help="chaos, soak: the publisher's records/s (default 5,000 and 20,000)"
     )
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
@@ -51,12 +54,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gateway.bench import SCENARIOS, BenchError, report, scenario
+    from gateway.bench import ON_DEMAND, SCENARIOS, BenchError, report, scenario
     from gateway.bench.runner import Result, Settings, machine, time_limit
 
     if os.geteuid() != 0:
         raise OSError("zeps bench builds network namespaces and needs root: run it as root, e.g. with sudo")
-    names = SCENARIOS if args.scenario == "all" else (args.scenario,)
+    names = tuple(s for s in SCENARIOS if s not in ON_DEMAND) if args.scenario == "all" else (args.scenario,)
     target = args.report or (DEFAULT_REPORT if args.scenario == "all" else None)
     needs = [NEEDS[name] for name in names if name in NEEDS]
     if target is not None:
@@ -69,10 +72,11 @@ def _run(args: argparse.Namespace) -> int:
         journal_gb=args.journal_gb,
         catchup_records=args.catchup_records,
         tmp=args.tmp,
-        chaos_transport=args.transport,
+        transport=args.transport,
         chaos_faults=args.faults,
         chaos_seed=args.seed,
-        chaos_rate=args.rate,
+        soak_minutes=args.minutes,
+        rate=args.rate,
     )
     estimate = sum(scenario(name).estimate(settings) for name in names)
     print(f"zeps bench {args.scenario}: about {estimate / 60:.0f} min on an idle 2-core machine", file=sys.stderr)

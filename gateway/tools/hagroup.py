@@ -190,9 +190,7 @@ def subscribe_all(
         ready.put("up")
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline and (target is None or not got or got[-1][0] < target):
-            if target is None and not until.empty():
-                target = until.get()
-                deadline = min(deadline, time.monotonic() + WAIT_S)
+            target, deadline = take_target(until, target, deadline, WAIT_S)
             try:
                 rec = sub.next(timeout=0.2)
             except DataLoss as exc:
@@ -202,6 +200,14 @@ def subscribe_all(
                 got.append((rec.seq, bytes(rec.body)))
                 arrived.append(time.monotonic())
         return {"records": got, "arrived": arrived, "losses": losses, "summary": sub.summary(), "target": target}
+
+
+def take_target(until: Any, target: int | None, deadline: float, grace_s: float) -> tuple[int | None, float]:
+    """A subscriber's last sequence to read, once it was put on `until`, and its deadline, then at most
+    `grace_s` away: (target, deadline), unchanged while nothing was put."""
+    if target is None and not until.empty():
+        return until.get(), min(deadline, time.monotonic() + grace_s)
+    return target, deadline
 
 
 def journal_records(root: Path, stream: str) -> list[tuple[int, str, bytes]]:

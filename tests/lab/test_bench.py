@@ -33,7 +33,7 @@ def _check(result: Result, name: str) -> None:
     assert not [n for n in result.notes if "failed" in n], result.notes
 
 
-@pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in ("replay", "memory", "failover")])
+@pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in ("replay", "memory", "failover", "soak")])
 def test_scenario_quick(name: str, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.fail("zeps bench needs root (network namespaces): run the tests as root", pytrace=False)
@@ -93,6 +93,25 @@ def test_a_failed_failover_run_keeps_its_nodes_logs(tmp_path: Path) -> None:
     assert not _my_labs()
 
 
+def test_soak_quick_checks_every_record_and_samples_every_process(tmp_path: Path) -> None:
+    """20 s of the soak: every fault of a cycle applied (the gateway and sidecar restarted once each), every
+    process's RSS sampled, both subscribers checked for 1..N exactly once and in order."""
+    result = scenario("soak").run(Settings(runs=1, quick=True, tmp=tmp_path))
+    _check(result, "soak")
+    rss, records = result.tables
+    incarnations = {row[0]: row[1] for row in rss.rows}
+    assert incarnations == {"gateway": 2, "replay sidecar": 2, "publisher": 1, "subscriber A": 1,
+                            "subscriber B (paused)": 1}  # fmt: skip
+    (row,) = records.rows
+    published, head = (int(cell.replace(",", "")) for cell in row[2:4])
+    assert published > 10_000 and head == published  # every record confirmed, none twice
+    assert all(cell.startswith(f"{head:,} ") for cell in row[4:6])  # each subscriber got 1..head
+    assert row[6] == "sidecar kill -9 x1, gateway kill -9 x1, pause 4 s x1"
+    assert result.targets[1].met, result.notes
+    assert not _my_labs()
+    assert not any(tmp_path.iterdir())
+
+
 def test_replay_and_memory_through_the_cli_write_a_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "report" / "benchmarks.md"
     store = tmp_path / "store"
@@ -118,7 +137,10 @@ def test_report_of_a_failed_scenario_still_renders(tmp_path: Path) -> None:
     assert "This scenario failed" in text and "## Machine and versions" in text
 
 
-@pytest.mark.parametrize("args", [["--runs", "0"], ["--journal-gb", "-1"], ["--tmp", "/nonexistent/dir"]])
+@pytest.mark.parametrize(
+    "args",
+    [["--runs", "0"], ["--journal-gb", "-1"], ["--tmp", "/nonexistent/dir"], ["--minutes", "0"], ["--rate", "-5"]],
+)
 def test_bad_options_exit_2(args: list[str], capsys: pytest.CaptureFixture) -> None:
     assert main(["bench", "memory", *args]) == 2
     assert "zeps bench" in capsys.readouterr().err
