@@ -53,7 +53,7 @@ Chunk fields decode as zero-copy memoryview slices of the frame: bodies are the 
 usually written straight to a journal or socket, so copying them would double the memory traffic. The slices
 keep the frame alive and change if a mutable frame (bytearray) is changed; call bytes() to detach one.
 
-Size: about 670 lines, kept whole: the command dataclasses, the command table and the codecs compiled from it
+Size: about 720 lines, kept whole: the command dataclasses, the command table and the codecs compiled from it
 are one vocabulary, and its fast paths must accept exactly the frames the generic path does; a third of the
 module is the 26 commands' declarations. The handshake is apart (gateway.wire.handshake).
 """
