@@ -263,9 +263,11 @@ def _cost(
     options = ("--min-insync", str(insync), "--heartbeat-ms", "50", *pipeline.gateway_options())
     what = ("one node" if insync == 0 else "a pair") + (", TLS" if tls else "")
     with contextlib.ExitStack() as stack:
-        if tls:
-            options += _peer_tls(Path(stack.enter_context(tempfile.TemporaryDirectory(dir=settings.tmp))))
         lab, nodes, etcd = stack.enter_context(_group(settings, ["etcd", *names, "pub", "sub"], names, options))
+        if tls:
+            certs = _peer_tls(Path(stack.enter_context(tempfile.TemporaryDirectory(dir=settings.tmp))), names)
+            for name, node in nodes.items():
+                node.gateway_args += certs[name]
         for node in nodes.values():
             node.start().wait_ready()
         # One record confirmed: with --min-insync 1, once the follower is in sync.
@@ -278,14 +280,17 @@ def _cost(
         return out
 
 
-def _peer_tls(tmp: Path) -> tuple[str, ...]:
-    """Options for a group's peer link over TLS: a CA and one node certificate (the same for each: names are
-    not checked) made in `tmp`."""
+def _peer_tls(tmp: Path, names: tuple[str, ...]) -> dict[str, list[str]]:
+    """Per node of `names`, the options of its peer link over TLS: a CA made in `tmp`, and a certificate of it
+    named for the node (the peer link checks that a node's certificate carries its --node name)."""
     from gateway.transport.tls import make_ca, make_node
 
     ca, _ = ca_files = make_ca(tmp / "ca")
-    crt, key = make_node(tmp / "node", ca_files, [])
-    return ("--peer-tls-cert", str(crt), "--peer-tls-key", str(key), "--peer-tls-ca", str(ca))
+    out = {}
+    for name in names:
+        crt, key = make_node(tmp / name, ca_files, [])
+        out[name] = ["--peer-tls-cert", str(crt), "--peer-tls-key", str(key), "--peer-tls-ca", str(ca)]
+    return out
 
 
 def _confirm_one(ingests: list[str]) -> None:
