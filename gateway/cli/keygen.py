@@ -29,7 +29,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="DIR/NAME",
-        help="a node's certificate (repeatable)",
+        help="a node's certificate (repeatable); NAME must be the node's --node name: the peer link checks it",
     )
     p.add_argument(
         "--tls-host", action="append", default=[], metavar="HOST", help="a name or address in every --tls-node's"
