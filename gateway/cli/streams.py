@@ -5,20 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from gateway.cli import discovery_opts
 from gateway.cli.options import duration
 
-COLUMNS = ("stream", "channels", "sidecar", "ingest", "nodes", "head", "rate")
+if TYPE_CHECKING:
+    from gateway.client.directory import Holder
+
+COLUMNS = ("stream", "copy", "source", "channels", "sidecar", "ingest", "nodes", "head", "rate")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "streams",
-        help="list the streams announced on the LAN (or in etcd, a file): channels, sidecar, ingest, nodes, head, rate",
+        help="list the streams announced on the LAN (or in etcd, a file): where each one's authoritative copy "
+        "lives (copy, source), channels, sidecar, ingest, nodes, head, rate",
         description="Listens to the discovery group on --interface for --wait seconds (gateways and sidecars "
         "announce about once a second), or reads the directory in etcd (--etcd) or a file (--directory), and "
-        "prints every stream found: a table, or one JSON object per line.",
+        "prints every stream found: a table, or one JSON object per line. COPY says what each gateway holds: "
+        "primary, mirror (of SOURCE, the sidecar its `zeps mirror` reads) or promoted; with several gateways, "
+        "COPY@NODE each.",
     )
     discovery_opts.add_client_options(p, timeout=False)
     p.add_argument("--wait", type=duration, default=2.5, help="listen (or wait for etcd) this long (default 2.5 s)")
@@ -48,6 +55,9 @@ def _run(args: argparse.Namespace) -> int:
     rows = [
         {
             "stream": i.name,
+            "copy": _copies(i.holders),
+            "source": list(dict.fromkeys(h.source for h in i.holders if h.source)),
+            "holders": [{"node": h.node, "copy": h.copy, "source": h.source} for h in i.holders],
             "channels": [str(ch) for ch in i.channels],
             "sidecar": i.sidecar,
             "ingest": i.ingest,
@@ -68,6 +78,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"zeps streams: nothing found in {directory.where} in {args.wait:g} s", file=sys.stderr)
         return 1
     return 0
+
+
+def _copies(holders: tuple[Holder, ...]) -> list[str]:
+    """What copy each gateway holds: `mirror` alone, `primary@gw-a`, `mirror@agg` with several."""
+    if len(holders) == 1:
+        return [holders[0].copy]
+    return [f"{h.copy}@{h.node}" for h in holders]
 
 
 def _table(rows: list[dict]) -> None:

@@ -14,6 +14,10 @@ reads the same announcements from etcd, and `FileDirectory` (gateway.client.file
   restarted elsewhere is preferred at once over the old address, still remembered until it expires). The
   sidecar a gateway names (its --replay-endpoint, a static setting) is the fallback when none announces, so a
   moved sidecar is followed without restarting the gateway.
+- Each gateway says what copy of the stream it holds (`Holder`, docs/mirroring.md): the primary, a mirror (of
+  the source sidecar its `zeps mirror` reads) or a promoted former mirror. A mirror refuses publishers, so the
+  ingests of mirrors are listed after every other: a directory shared by two sites resolves publishers to the
+  stream's authoritative copy.
 - Channels, ingest, head and rate come from gateway announcements. Of a replicated group's nodes (docs/ha.md)
   the leader of the highest epoch is listed first (its ingest is `ingest`, and the sidecar it names, if one
   announces itself, is `sidecar`), then former leaders not yet expired, then followers: a publisher goes to
@@ -48,12 +52,23 @@ RCVBUF = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """A gateway holding a copy of a stream: `node`'s name, `copy` (one of gateway.wire.announce.COPIES) and, for
+    a mirror (or a promoted one, until its gateway restarts), the source sidecar its mirror reads."""
+
+    node: str
+    copy: str = A.PRIMARY
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StreamInfo:
     """One stream as the directory knows it, merged from every node that announces it.
 
     name: the stream; channels: its multicast channels; sidecars, named: replay endpoints (announced by the
     sidecars, named by gateways); ingests: publishing endpoints; nodes: who announces it; head: the last
-    sequence announced; rate: records/s announced; epoch: the HA term (0 without HA).
+    sequence announced; rate: records/s announced; epoch: the HA term (0 without HA); holders: the gateways
+    announcing it and what copy each holds, in the order of `ingests`.
     """
 
     name: str
@@ -65,6 +80,13 @@ class StreamInfo:
     head: int = 0
     rate: int = 0
     epoch: int = 0  # HA: the highest term announced (0 without HA)
+    holders: tuple[Holder, ...] = ()
+
+    @property
+    def authoritative(self) -> tuple[Holder, ...]:
+        """The gateways holding the stream's authoritative copy here (primary or promoted): none when only
+        mirrors are listed (the authoritative copy is then at their source)."""
+        return tuple(h for h in self.holders if h.copy != A.MIRROR)
 
     @property
     def sidecar(self) -> str | None:
@@ -110,7 +132,8 @@ class Directory(Protocol):
 def merged(stream: str, said: Sequence[tuple[A.Announcement, A.StreamAd]]) -> StreamInfo:
     """`stream` as every node says it (newest node first): the rules of the module docstring."""
     gateways = [(ann, ad) for ann, ad in said if ann.role == A.GATEWAY]
-    gateways.sort(key=lambda s: (not s[0].leader, -s[0].epoch))  # a group's leader first (stable: newest next)
+    # A primary's or promoted copy's gateways first, a group's leader first (stable: newest next); mirrors last.
+    gateways.sort(key=lambda s: (s[1].copy == A.MIRROR, not s[0].leader, -s[0].epoch))
     leaders = {ann.sidecar for ann, _ in gateways[:1] if ann.leader}  # the sidecar on the leader's journal
     sidecars = [ann.sidecar for ann, _ in said if ann.role == A.SIDECAR and ann.sidecar]
     sidecars.sort(key=lambda endpoint: endpoint not in leaders)
@@ -124,6 +147,7 @@ def merged(stream: str, said: Sequence[tuple[A.Announcement, A.StreamAd]]) -> St
         head=max((ad.head for _, ad in gateways), default=0),
         rate=max((ad.rate for _, ad in gateways), default=0),
         epoch=max(ann.epoch for ann, _ in said),
+        holders=tuple(dict.fromkeys(Holder(ann.node, ad.copy, ad.source) for ann, ad in gateways)),
     )
 
 

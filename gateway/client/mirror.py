@@ -135,7 +135,7 @@ class Mirror:
         client = None
         self._source = source
         try:
-            at = target.mirror()
+            at = target.mirror(source)
             st.head = at.head
             st.in_flight.clear()
             client = ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=c.timeout_s,

@@ -55,9 +55,10 @@ class MirrorTarget:
         self.opening = Opening(stream, WANTED, attach_s=timeout_s, extend_s=None)
         self._send(self.opening.start(time.monotonic()))
 
-    def mirror(self) -> P.MirrorOk:
-        """MIRROR: the stream's head there (the next batch must start at head + 1) and its journal time."""
-        return self._ask(P.Mirror(), P.MirrorOk)
+    def mirror(self, source: str = "") -> P.MirrorOk:
+        """MIRROR: the stream's head there (the next batch must start at head + 1) and its journal time;
+        `source`, the sidecar read, is what the gateway announces the stream a mirror of."""
+        return self._ask(P.Mirror(source), P.MirrorOk)
 
     def promote(self) -> int:
         """PROMOTE: the sequence the stream was promoted at (now, or before)."""

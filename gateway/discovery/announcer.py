@@ -18,7 +18,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -140,7 +140,7 @@ class Announcer:
 def _rated(ad: A.StreamAd, before: tuple[int, float] | None, now: float) -> A.StreamAd:
     if before is None or now <= before[1] or ad.head < before[0]:
         return ad
-    return A.StreamAd(ad.name, ad.head, round((ad.head - before[0]) / (now - before[1])), ad.channels)
+    return replace(ad, rate=round((ad.head - before[0]) / (now - before[1])))
 
 
 def _sender(address: str) -> socket.socket:
@@ -153,10 +153,22 @@ def _sender(address: str) -> socket.socket:
     return sock
 
 
-def gateway_streams(heads: dict[str, int], outputs: list[tuple[Endpoint, Collection[str]]]) -> list[A.StreamAd]:
-    """A gateway's streams as announced: each with its head and the channels (group, port) that carry it."""
+def gateway_streams(
+    heads: dict[str, int],
+    outputs: list[tuple[Endpoint, Collection[str]]],
+    copies: Mapping[str, tuple[str, str]] | None = None,
+) -> list[A.StreamAd]:
+    """A gateway's streams as announced: each with its head, the channels (group, port) that carry it and, from
+    `copies`, what copy it holds and a mirror's source (a stream not in `copies` is a primary)."""
+    copies = copies or {}
     return [
-        A.StreamAd(name, head, 0, tuple(A.Channel(ep.transport, ep.group, ep.port) for ep, on in outputs if name in on))
+        A.StreamAd(
+            name,
+            head,
+            0,
+            tuple(A.Channel(ep.transport, ep.group, ep.port) for ep, on in outputs if name in on),
+            *copies.get(name, (A.PRIMARY, "")),
+        )
         for name, head in heads.items()
     ]
 

@@ -9,9 +9,10 @@ with it; when it stops cleanly it revokes the lease and they go at once.
 A node of a replicated group (docs/ha.md) says the epoch it leads or follows and whether it leads (the
 announcement's `epoch` and `leader`): clients publish to the leader of the highest epoch listed.
 
-An entry is written again only when what clients resolve by changes (channels, ingest, sidecar, epoch), or every
-REFRESH_S for the head it shows: etcd keeps every revision until it is compacted, so a put per stream per
-second would grow its history for nothing. A stream the node no longer serves is deleted.
+An entry is written again only when what clients resolve by changes (channels, the copy held and its source,
+ingest, sidecar, epoch), or every REFRESH_S for the head it shows: etcd keeps every revision until it is
+compacted, so a put per stream per second would grow its history for nothing. A stream the node no longer
+serves is deleted.
 
 Threading contract: the owner's event loop calls `register(now, streams)` once `now` reaches `due`; it builds
 the entries (cheap, in memory) and hands them over whole under a lock, never waiting on etcd. One registrar
@@ -86,7 +87,7 @@ class Registrar:
         made = {}
         for ad in streams:
             key = A.etcd_key(ad.name, self.role, self.node_id)
-            says = (ad.channels, self.ingest, self.sidecar, epoch, leader)
+            says = (ad.channels, ad.copy, ad.source, self.ingest, self.sidecar, epoch, leader)
             before = self._made.get(key)
             if before is not None and before[0] == says and now - before[1] < REFRESH_S:
                 made[key] = before

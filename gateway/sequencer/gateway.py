@@ -101,6 +101,7 @@ class Gateway:
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
+        self.mirror_sources: dict[str, str] = {}  # stream -> the source sidecar its last mirror session named
         if (short := make_room(config.max_clients + SPARE_FDS)) is not None:  # a descriptor per publisher
             log.warning("--max-clients %d: %s; publishers past the limit will not connect", config.max_clients, short)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -303,17 +304,19 @@ class Gateway:
         epoch, leader = standing
         if self.announcer is not None:
             if now >= self.announcer.due or moved:
-                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
-                self.announcer.announce(now, ads, epoch=epoch, leader=leader)
+                self.announcer.announce(now, self._stream_ads(), epoch=epoch, leader=leader)
             deadline = min(deadline, self.announcer.due)
         if self.registrar is not None:
             if now >= self.registrar.due or moved:
-                heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-                ads = gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs])
-                self.registrar.register(now, ads, epoch=epoch, leader=leader)
+                self.registrar.register(now, self._stream_ads(), epoch=epoch, leader=leader)
             deadline = min(deadline, self.registrar.due)
         return max(0.0, deadline - time.monotonic())
+
+    def _stream_ads(self) -> list[A.StreamAd]:
+        """The streams as announced: heads, channels, and what copy this gateway holds (docs/mirroring.md)."""
+        heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
+        copies = {name: (rules.role.value, self.mirror_sources.get(name, "")) for name, rules in self.mirrors.items()}
+        return gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs], copies)
 
     def _publishers_wait(self) -> bool:
         """Backpressure: read no publisher while multicast or the in-sync followers are behind (their HWMs slow
@@ -636,6 +639,8 @@ class Gateway:
             case MR.Refuse(reason=reason):
                 self._reject(identity, reason, kind="mirror")
             case MR.Resume(head=at):
+                assert isinstance(cmd, P.Mirror)
+                self.mirror_sources[stream] = A.announceable(cmd.source)
                 self.reply(identity, P.MirrorOk(at, lane.writer.last_ts_ns))
             case MR.PromotedAt(head=at):
                 self.reply(identity, P.PromoteOk(at))

@@ -9,20 +9,24 @@ costs nothing and a listener that joins late knows everything within one interva
 One announcement is one UDP datagram of at most MAX_BYTES (one Ethernet MTU: no IP fragments to lose), all
 integers little-endian like the other multicast formats:
 
-    header (30 bytes): magic b"ZD", version u8 = 1, role u8 (1 gateway, 2 sidecar), flags u8 (bit 0: leader),
-        pad u8, node id u32 (random per process: a restart is a new node), epoch u64 (HA term; 0 without HA),
-        sent at u64 (ns since the epoch, sender's wall clock), interval u16 (ms until the next one),
-        body length u16
+    header (30 bytes): magic b"ZD", version u8 (1; 2 with copies), role u8 (1 gateway, 2 sidecar),
+        flags u8 (bit 0: leader), pad u8, node id u32 (random per process: a restart is a new node),
+        epoch u64 (HA term; 0 without HA), sent at u64 (ns since the epoch, sender's wall clock),
+        interval u16 (ms until the next one), body length u16
     body: node name str8, ingest str8, sidecar str8, stream count u8, then per stream:
         name str8, head u64 (last sequence journaled), rate u32 (records/s over the last interval),
         channel count u8, then per channel: transport u8 (0 epgm, 1 pgm, 2 norm, 3 udp), group 4 bytes,
-        port u16
+        port u16; in version 2 only, after the channels: copy u8 (0 primary, 1 mirror, 2 promoted: what copy of
+        the stream this gateway holds, docs/mirroring.md), source str8 (a mirror's source sidecar; may be empty)
     authenticator (24 bytes, only with a stream key): as on the multicast feeds (gateway.wire.streamkey), the
         tag computed over header and body under the pseudo stream name DOMAIN, which no stream can have.
 
 Beyond one subnet the same announcements are kept in etcd (gateway.discovery.registrar, docs/discovery.md): one
 entry per stream and node, at `etcd_key(stream, role, node_id)` under ETCD_PREFIX, its value the announcement of
 that one stream, signed as on the LAN, bound to the node's lease.
+
+Version 2 is sent only for streams that are not plain primaries, in datagrams of their own (`encode_all`), so a
+listener that speaks version 1 alone still hears every primary stream and drops only the mirrored ones.
 
 str8 is a length u8 then that many bytes of printable ASCII. Endpoints are what a peer on the LAN connects to
 (tcp://ADDRESS:PORT); channels carry no interface, since each listener joins a group on its own interface.
@@ -46,6 +50,7 @@ from gateway.wire.streamkey import AUTH, AUTH_MAGIC, AUTH_VERSION, StreamKey, pa
 
 MAGIC = b"ZD"
 VERSION = 1
+VERSION_COPIES = 2  # streams with a copy and source (site mirroring)
 # 239.192.0.0/14 is the IPv4 Organization Local Scope (RFC 2365): routers do not forward it out of the
 # organisation. 239.192.0.0/24 is kept for the gateway's own infrastructure; .1 is discovery. The port is the
 # one after the ZEPS ingest default (5570) and clear of Zyre's 5670.
@@ -61,6 +66,10 @@ TRANSPORTS = ("epgm", "pgm", "norm", "udp")
 GATEWAY, SIDECAR = 1, 2
 ROLES = {GATEWAY: "gateway", SIDECAR: "sidecar"}
 FLAG_LEADER = 0x01
+# What copy of a stream a gateway holds (docs/mirroring.md): the primary (its own sequencer), a mirror of another
+# site's, or a former mirror promoted to primary. Codes on the wire are the index; append only.
+COPIES = ("primary", "mirror", "promoted")
+PRIMARY, MIRROR, PROMOTED = COPIES
 
 _HEADER = struct.Struct("<2sBBBxIQQHH")
 _STREAM = struct.Struct("<QI")
@@ -90,6 +99,12 @@ class StreamAd:
     head: int = 0
     rate: int = 0
     channels: tuple[Channel, ...] = ()
+    copy: str = PRIMARY  # one of COPIES
+    source: str = ""  # a mirror's source sidecar, as its `zeps mirror` said (empty: not known here)
+
+    @property
+    def version(self) -> int:
+        return VERSION if self.copy == PRIMARY and not self.source else VERSION_COPIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +130,18 @@ class Announcement:
         if len(self.streams) > 255:
             raise McastError(f"{len(self.streams)} streams in one announcement, at most 255: use encode_all")
         body.append(len(self.streams))
+        version = max((ad.version for ad in self.streams), default=VERSION)
         for ad in self.streams:
             _put_str(body, ad.name)
             body += _STREAM.pack(ad.head, min(ad.rate, 0xFFFFFFFF))
             body.append(len(ad.channels))
             for ch in ad.channels:
                 body += _CHANNEL.pack(TRANSPORTS.index(ch.transport), socket.inet_aton(ch.group), ch.port)
+            if version == VERSION_COPIES:
+                body.append(COPIES.index(ad.copy))
+                _put_str(body, ad.source)
         flags = FLAG_LEADER if self.leader else 0
-        header = _HEADER.pack(MAGIC, VERSION, self.role, flags, self.node_id, self.epoch, self.sent_ns,
+        header = _HEADER.pack(MAGIC, version, self.role, flags, self.node_id, self.epoch, self.sent_ns,
                               min(self.interval_ms, 0xFFFF), len(body))  # fmt: skip
         data = header + bytes(body)
         if key is not None:
@@ -132,10 +151,14 @@ class Announcement:
         return data
 
     def encode_all(self, key: StreamKey | None = None) -> list[bytes]:
-        """The datagrams of this announcement, its streams spread over as many as it takes (at least one)."""
+        """The datagrams of this announcement, its streams spread over as many as it takes (at least one);
+        version 2 streams (copies) in datagrams of their own."""
         out: list[bytes] = []
         batch: list[StreamAd] = []
-        for ad in self.streams:
+        for ad in sorted(self.streams, key=lambda ad: ad.version):  # stable: version 1 first, in order
+            if batch and batch[-1].version != ad.version:
+                out.append(replace(self, streams=tuple(batch)).encode(key))
+                batch = []
             try:
                 replace(self, streams=(*batch, ad)).encode(key)
             except McastError:
@@ -146,6 +169,11 @@ class Announcement:
             batch.append(ad)
         out.append(replace(self, streams=tuple(batch)).encode(key))
         return out
+
+
+def announceable(text: str) -> str:
+    """`text` if an announcement can carry it (printable ASCII, at most 255 bytes), else "" (not known)."""
+    return text if len(text) <= 255 and all(0x21 <= ord(c) <= 0x7E for c in text) else ""
 
 
 def etcd_key(stream: str, role: int, node_id: int) -> str:
@@ -162,8 +190,8 @@ def decode(data: bytes | memoryview, keys: Iterable[StreamKey] = ()) -> Announce
     magic, version, role, flags, node_id, epoch, sent_ns, interval_ms, body_len = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise McastError(f"not an announcement (magic {magic!r})")
-    if version != VERSION:
-        raise McastError(f"announcement version {version}, this side speaks {VERSION}: upgrade it")
+    if version not in (VERSION, VERSION_COPIES):
+        raise McastError(f"announcement version {version}, this side speaks {VERSION} and {VERSION_COPIES}: upgrade it")
     if role not in ROLES:
         raise McastError(f"announcement of unknown role {role}")
     end = _HEADER.size + body_len
@@ -184,7 +212,13 @@ def decode(data: bytes | memoryview, keys: Iterable[StreamKey] = ()) -> Announce
         for _ in range(r.u8()):
             transport, group, port = r.unpack(_CHANNEL)
             channels.append(_channel(transport, group, port))
-        streams.append(StreamAd(name, head, rate, tuple(channels)))
+        copy, source = PRIMARY, ""
+        if version == VERSION_COPIES:
+            code = r.u8()
+            if code >= len(COPIES):
+                raise McastError(f"announced stream {name}: unknown copy {code}")
+            copy, source = COPIES[code], r.str8()
+        streams.append(StreamAd(name, head, rate, tuple(channels), copy, source))
     if r.pos != end:
         raise McastError(f"{end - r.pos} bytes after the last announced stream")
     return Announcement(role, node_id, node, tuple(streams), ingest, sidecar, sent_ns, interval_ms, epoch,

@@ -34,7 +34,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     24 REPLICA-ACK     node:s stream:s epoch:8 sequence:8 mac:chunk  C  (a follower gateway to its leader, HA)
     25 REPLICA-COMMIT  stream:s epoch:8 sequence:8 head:8            S  (the leader to its followers, HA)
     26 REPLICA-BATCH   stream:s epoch:8 batch:chunk                  S  (the leader to its followers, HA)
-    27 MIRROR                                                  C       mirror
+    27 MIRROR          source:s                                C       mirror
     28 MIRROR-OK       head:8 head_ts_ns:8                     S       mirror
     29 PROMOTE                                                 C       mirror
     30 PROMOTE-OK      head:8                                  S       mirror
@@ -355,7 +355,10 @@ class ReplicaBatch(Command):
 @_command
 class Mirror(Command):
     """This session mirrors its stream from another site (docs/mirroring.md): where does the stream's journal end
-    here? Answered with MIRROR-OK, or INVALID (not a mirror stream here; promoted)."""
+    here? Answered with MIRROR-OK, or INVALID (not a mirror stream here; promoted). `source`: the source
+    sidecar the mirror reads, which the gateway lists in its announcements (the directory's "mirror of")."""
+
+    source: String = ""
 
 
 @_command

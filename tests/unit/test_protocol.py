@@ -63,7 +63,7 @@ SPEC = {
     ),
     25: ("REPLICA-COMMIT", [("stream", S), ("epoch", N8), ("sequence", N8), ("head", N8)], None),
     26: ("REPLICA-BATCH", [("stream", S), ("epoch", N8), ("committed", N8), ("batch", C)], None),
-    27: ("MIRROR", [], "mirror"),
+    27: ("MIRROR", [("source", S)], "mirror"),
     28: ("MIRROR-OK", [("head", N8), ("head_ts_ns", N8)], "mirror"),
     29: ("PROMOTE", [], "mirror"),
     30: ("PROMOTE-OK", [("head", N8)], "mirror"),
