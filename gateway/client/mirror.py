@@ -11,7 +11,10 @@ Rounds: a round opens a session with one target endpoint (gateway.client.mirror_
 subscribes at one source sidecar after H, and forwards each batch once it starts at the next sequence; at most
 `window` batches wait for their PUBLISH-OK. A failure worth retrying (no answer, a closed connection, a batch
 refused) ends the round; the next one, after a backoff, takes the next source and target endpoint in turn
-(several sidecars of the source, the nodes of a replicated mirror site). A final failure ends the mirror with
+(several sidecars of the source, the nodes of a replicated mirror site). With several sidecars, the others'
+heads are asked as well (gateway.client.source_heads): a sidecar that sends nothing for `timeout_s` while
+another holds more (its journal stopped growing: a source group's former leader whose sidecar lives on) ends
+the round, and the next one starts at the sidecar holding the most. A final failure ends the mirror with
 MirrorError: records gone at the source (TRIMMED, or a first batch beyond H + 1: exactly which are named, nothing
 is skipped in silence), a target that was promoted or is no mirror, a source that refuses the stream.
 
@@ -32,6 +35,7 @@ import zmq
 
 from gateway.client.mirror_target import MirrorTarget
 from gateway.client.replay_client import ReplayClient, probe
+from gateway.client.source_heads import SourceHeads
 from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
@@ -96,6 +100,7 @@ class Mirror:
         self._round = 0
         self._next_log = 0.0
         self._source = ""  # the sidecar of this round
+        self._prefer = ""  # the sidecar the next round starts at, if one was found ahead of this round's
         self._sent_at = 0.0  # when the oldest batch in flight was sent, or the last confirm came
 
     def stop(self) -> None:
@@ -106,7 +111,8 @@ class Mirror:
         backoff = BACKOFF_MIN_S
         while not (self._stopping or until()):
             c = self.config
-            source = c.sources[self._round % len(c.sources)]
+            source = self._prefer or c.sources[self._round % len(c.sources)]
+            self._prefer = ""
             target = c.targets[self._round % len(c.targets)]
             self._round += 1
             progress = self.status.mirrored_records
@@ -134,6 +140,8 @@ class Mirror:
         target = MirrorTarget(target_ep, c.stream, timeout_s=c.timeout_s, curve=c.target_curve, ctx=self.ctx)
         client = None
         self._source = source
+        others = SourceHeads([s for s in c.sources if s != source], c.stream, features=SOURCE_FEATURES,
+                             probe_s=c.probe_s, timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx)  # fmt: skip
         try:
             at = target.mirror(source)
             st.head = at.head
@@ -144,8 +152,9 @@ class Mirror:
                 self._same_history(client, at)
             client.subscribe("", st.head)  # 0: from the first retained, which must then be 1
             log.info("mirror of %s: %s -> %s from sequence %d", c.stream, source, target_ep, st.head + 1)
-            self._forward(client, target, until)
+            self._forward(client, target, others, until)
         finally:
+            others.close()
             target.close()
             if client is not None:
                 client.close()
@@ -166,10 +175,13 @@ class Mirror:
             raise MirrorError(f"{fork}different histories: sequence {at.head} has journal time {ts} at the source, "
                               f"{at.head_ts_ns} at the mirror site; {fix}")  # fmt: skip
 
-    def _forward(self, client: ReplayClient, target: MirrorTarget, until: Callable[[], bool]) -> None:
+    def _forward(
+        self, client: ReplayClient, target: MirrorTarget, others: SourceHeads, until: Callable[[], bool]
+    ) -> None:
         c, st = self.config, self.status
         expected = st.head + 1
         probe, next_probe = -1, 0.0
+        heard = time.monotonic()  # when this round's sidecar last sent records (or the round began)
         poller = zmq.Poller()
         poller.register(target.sock, zmq.POLLIN)
         while not (self._stopping or until()):
@@ -187,11 +199,20 @@ class Mirror:
                 match event:
                     case B.Batch() if event.count:
                         expected = self._send(target, event, expected)
+                        heard = time.monotonic()
                     case P.Trimmed(requested=lo, first_retained=first):
                         raise self._gone(lo, first - 1, first)
                     case P.FetchEnd(request_id=rid, last=head) if rid == probe:
                         st.source_head = max(st.source_head, head)
                 room = len(st.in_flight) < c.window
+            others.poll(now)
+            if room and now - heard > c.timeout_s and (ahead := others.ahead(expected - 1)) is not None:
+                self._prefer = ahead[0]
+                raise ReplayError(
+                    f"the source sidecar at {client.endpoint} sent nothing for {now - heard:.1f} s while the one at "
+                    f"{ahead[0]} holds up to {ahead[1]} (this one's journal stopped at {expected - 1}: a source "
+                    "group's former leader?); moving there"
+                )
             self._report(time.monotonic())
 
     def _send(self, target: MirrorTarget, batch: B.Batch, expected: int) -> int:
