@@ -18,7 +18,7 @@ docs/architecture.md draws them.
 
 from gateway.client.async_publisher import AsyncPublisher
 from gateway.client.async_subscriber import AsyncSubscriber
-from gateway.client.directory import Directory, LanDirectory, StreamInfo
+from gateway.client.directory import Directory, Holder, LanDirectory, StreamInfo
 from gateway.client.etcd_directory import EtcdDirectory
 from gateway.client.file_directory import FileDirectory
 from gateway.client.publisher import Publisher
@@ -77,6 +77,7 @@ __all__ = [
     "Endpoint",
     "EtcdDirectory",
     "FileDirectory",
+    "Holder",
     "JournalCorrupt",
     "JournalError",
     "JournalLocked",
