@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,6 @@ pytestmark = pytest.mark.timeout(180)
 
 STREAMS = ("s1", "s2")
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    server = EtcdProcess(tmp_path).start()
-    yield server
-    server.kill()
 
 
 def zeps(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,13 +41,6 @@ class GroupNode:
     journal: Path
     gateway: GatewayProcess
     sidecar: Side
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    server = EtcdProcess(tmp_path).start()
-    yield server
-    server.kill()
 
 
 def start_node(tmp_path: Path, etcd: EtcdProcess, name: str) -> GroupNode:
