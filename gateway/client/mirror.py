@@ -101,6 +101,7 @@ class Mirror:
         self._next_log = 0.0
         self._source = ""  # the sidecar of this round
         self._prefer = ""  # the sidecar the next round starts at, if one was found ahead of this round's
+        self._behind: set[str] = set()  # sidecars found below the mirror site's head since one was not
         self._sent_at = 0.0  # when the oldest batch in flight was sent, or the last confirm came
 
     def stop(self) -> None:
@@ -150,6 +151,7 @@ class Mirror:
                                   curve=c.source_curve, ctx=self.ctx, fail_unreachable=True)  # fmt: skip
             if at.head:
                 self._same_history(client, at)
+            self._behind.clear()
             client.subscribe("", st.head)  # 0: from the first retained, which must then be 1
             log.info("mirror of %s: %s -> %s from sequence %d", c.stream, source, target_ep, st.head + 1)
             self._forward(client, target, others, until)
@@ -161,7 +163,9 @@ class Mirror:
 
     def _same_history(self, client: ReplayClient, at: P.MirrorOk) -> None:
         """MirrorError unless the source holds the mirror site's head, in a batch of the same journal time: a
-        source whose journal was lost and started again (or another stream) would fork the mirror site's."""
+        source whose journal was lost and started again (or another stream) would fork the mirror site's. A
+        sidecar below the head is only behind while another source sidecar has not been found so too
+        (ReplayError: the next round tries the next one)."""
         end, ts = probe(client, at.head)
         fork = f"mirror of stream {self.config.stream}: the source at {client.endpoint} and the mirror site are "
         fix = (
@@ -169,6 +173,10 @@ class Mirror:
             "other one's journal afresh (or promote the mirror site: `zeps mirror promote`)"
         )
         if end.last < at.head:
+            self._behind.add(client.endpoint)
+            if not self._behind.issuperset(self.config.sources):  # a group's sidecar left behind: try the next
+                raise ReplayError(f"the source sidecar at {client.endpoint} holds up to {end.last}, below the mirror "
+                                  f"site's {at.head} (a source group's former leader?); trying the next")  # fmt: skip
             raise MirrorError(f"{fork}different histories: the source's head is {end.last}, below the mirror "
                               f"site's {at.head} (its journal was lost or cut); {fix}")  # fmt: skip
         if ts is not None and ts != at.head_ts_ns:
