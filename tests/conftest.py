@@ -85,6 +85,16 @@ def lab(make_lab: Callable[..., Lab]) -> Lab:
     return make_lab(["pub", "sub"])
 
 
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[object]:
+    """A real etcd of the test's own (support.etcd.EtcdProcess), killed at its end; a module may define its own."""
+    from support.etcd import EtcdProcess
+
+    server = EtcdProcess(tmp_path).start()
+    yield server
+    server.kill()
+
+
 # One local Spark for every Spark test module (a session starts in 4-30 s). Here, not in a conftest.py of its own:
 # lab hosts import this module by its name, "conftest", which a second conftest.py would take over.
 @pytest.fixture(scope="session")
