@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from gateway.transport.curve import CurveClientKeys
 
 PROBE_S = 0.5  # a source sidecar that neither answers nor takes the connection this long is gone (promote)
+PROBES, PROBE_STAGGER = 3, 0.2  # connections per source sidecar, started this share of PROBE_S apart
 
 
 def endpoints(text: str) -> list[str]:
@@ -117,12 +119,19 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _still_there(source: str, stream: str, timeout_s: float, curve: CurveClientKeys | None) -> str | None:
-    """Why the source sidecar at `source` counts as still there, or None if it is gone: it answers ATTACH (or
-    refuses it), or within `timeout_s` its host took the TCP connection (a process that is there, if slow)."""
+def _still_there(
+    source: str, stream: str, after_s: float, until_s: float, refused: threading.Event, curve: CurveClientKeys | None
+) -> str | None:
+    """Why the source sidecar at `source` counts as still there, or None if it is gone: asked `after_s` from
+    now, it answers ATTACH (or refuses it), or its host takes the TCP connection (a process that is there, if
+    slow), before `until_s` from now. `refused`: set once its host refused a connection (nothing listens
+    there: no later probe is needed)."""
     from gateway.client.replay_client import ReplayClient
     from gateway.errors import ReplayError, ReplayRefused
 
+    if refused.wait(after_s):
+        return None
+    timeout_s = until_s - after_s
     client = ReplayClient(source, stream, timeout=timeout_s, curve=curve, fail_unreachable=True)
     try:
         client.wait_ready()
@@ -132,7 +141,9 @@ def _still_there(source: str, stream: str, timeout_s: float, curve: CurveClientK
     except ReplayError:  # down, unreachable or silent: as a source that is gone looks, unless it took the connection
         client.handshake.explain()
         if client.handshake.established or client.handshake.connected:
-            return f"still answers (it took the connection, but not ATTACH within {timeout_s:g} s)"
+            return f"still answers (it took the connection, but not ATTACH within {until_s:g} s)"
+        if client.handshake.unreachable:
+            refused.set()
         return None
     finally:
         client.close()
@@ -143,10 +154,14 @@ def _promote(args: argparse.Namespace) -> int:
     from gateway.errors import MirrorError, PublishError
 
     curve = keyopts.client_curve(args)
-    sources = [] if args.force else args.source
-    with ThreadPoolExecutor(max(1, len(sources))) as pool:  # all at once: the wait is one probe's, however many
-        answers = list(pool.map(lambda source: _still_there(source, args.stream, args.probe_timeout, curve), sources))
-    for source, why in zip(sources, answers, strict=True):
+    # Every source at once, each over PROBES connections PROBE_STAGGER of the deadline apart (so that one lost SYN,
+    # which TCP sends again only after 1 s, does not make a live source look gone): the wait is one deadline.
+    until = args.probe_timeout
+    refused = {source: threading.Event() for source in args.source or ()}
+    probes = [(s, i * until * PROBE_STAGGER) for s in ([] if args.force else refused) for i in range(PROBES)]
+    with ThreadPoolExecutor(max(1, len(probes))) as pool:
+        answers = list(pool.map(lambda p: _still_there(p[0], args.stream, p[1], until, refused[p[0]], curve), probes))
+    for (source, _), why in zip(probes, answers, strict=True):
         if why is not None:
             raise MirrorError(
                 f"the source sidecar at {source} {why}: promoting now would fork stream {args.stream}. Promote once "
