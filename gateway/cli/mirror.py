@@ -15,7 +15,7 @@ from gateway.cli.options import Parser, duration, host_port, positive, say, stre
 if TYPE_CHECKING:
     from gateway.transport.curve import CurveClientKeys
 
-PROBE_S = 0.5  # a source sidecar that neither answers nor takes the connection this long is gone (promote)
+PROBE_S = 0.3  # a source sidecar that neither answers nor takes the connection this long is gone (promote)
 PROBES, PROBE_STAGGER = 3, 0.2  # connections per source sidecar, started this share of PROBE_S apart
 
 
@@ -74,7 +74,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="the source site's sidecar(s): promotion is refused while one answers")  # fmt: skip
     promote.add_argument("--force", action="store_true", help="promote even if the source answers (or is not named)")
     promote.add_argument("--probe-timeout", type=duration, default=PROBE_S,
-                         help="how long a source sidecar has to answer to count as still there (0.5s)")  # fmt: skip
+                         help="how long a source sidecar has to answer to count as still there (0.3s)")  # fmt: skip
     promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for the gateway (default 3s)")
     keyopts.add_client_options(promote)
     promote.check(_source_or_force)

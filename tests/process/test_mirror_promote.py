@@ -25,6 +25,7 @@ from gateway.client.publisher import Publisher
 from gateway.journal.crosscheck import check_group
 from gateway.journal.promotion import read_promotion
 from gateway.replication.group import group_key
+from gateway.replication.promotions import promote, take_promotions
 from gateway.transport.etcd import Etcd
 
 pytestmark = pytest.mark.timeout(300)
@@ -161,3 +162,18 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
         source.stop()
         for node in nodes:
             node.close()
+
+
+def test_the_groups_promotions_are_written_only_by_its_leader_and_a_leaders_own_marks_join_them(
+    etcd: EtcdProcess,
+) -> None:
+    client, prefix, leader_key = Etcd(etcd.url), "/zeps/ha/t/promoted/", "/zeps/ha/t/leader"
+    epoch = client.create(leader_key, "n0", client.grant(5))
+    assert epoch is not None
+    assert promote(prefix, "s", 10, leader_key, epoch, client)
+    assert not promote(prefix, "s", 11, leader_key, epoch + 1, client), "a write of another epoch is fenced out"
+    assert take_promotions(prefix, {"s": 99, "t": 5}, leader_key, epoch, client) == {"s": 10, "t": 5}
+    assert client.get(f"{prefix}t") == "5", "a mark of the new leader's own journal that etcd lacked"
+    client.delete(leader_key)  # deposed: it reads the group's promotions, and adds none
+    assert take_promotions(prefix, {"u": 1}, leader_key, epoch, client) == {"s": 10, "t": 5}
+    assert client.get(f"{prefix}u") is None
