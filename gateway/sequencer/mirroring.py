@@ -245,10 +245,7 @@ TRANSITIONS: dict[Role, Row] = {
     ),
     Role.PROMOTING: Row(
         on={
-            Hello: M._promoting,
-            MirrorBatch: M._promoting,
-            PublisherBatch: M._promoting,
-            Promote: M._promoting,
+            **dict.fromkeys((Hello, MirrorBatch, PublisherBatch, Promote), M._promoting),  # every writer waits
             Promoted: M._take_promotion,
             NotPromoted: M._not_promoted,
         },
