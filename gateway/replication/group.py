@@ -48,7 +48,7 @@ from gateway.replication.elector import Elector
 from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
 from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
 from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
-from gateway.replication.promotions import promote
+from gateway.replication.promotions import LEARN_EVERY_S, promote, read_promotions
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.send_errors import SendErrors
@@ -57,6 +57,7 @@ from gateway.transport.tls import PeerTls
 log = logging.getLogger(__name__)
 
 PROMOTE_JOB = "promote:"  # the elector job promoting a stream is named this and the stream
+LEARN_JOB = "promotions"  # the follower's job reading the group's promotions
 
 
 def peer_default(ingest: str) -> str:
@@ -88,6 +89,7 @@ class GroupConfig:
     max_frame: int  # the largest ingest frame: a push carries one batch of it
     journal: Path
     peer_tls: PeerTls | None = None  # the group's TLS on the peer link (gateway.transport.tls); None: plain TCP
+    mirrors: tuple[str, ...] = ()  # its mirror streams (docs/mirroring.md): a follower learns their promotions
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class NodeHost:
     unwatch: Unwatch
     reopen: Callable[[str], None]  # open a stream's journal again after a cut
     step_down: Callable[[str], None]  # stop leading: refuse what was not journaled, naming why
-    promoted: Callable[[Mapping[str, int]], None]  # taking the lead: the group's promotions (stream -> sequence)
+    promoted: Callable[[Mapping[str, int]], None]  # the group's promotions (stream -> sequence), as learnt
     send_errors: SendErrors | None = None  # where sends the network refuses are reported (peer link, etcd)
 
 
@@ -145,6 +147,7 @@ class GroupNode:
         self.follower: Follower | None = None
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._promoting: dict[str, Callable[[str | None], None]] = {}  # stream -> told how its promotion ended
+        self._learn_at = 0.0  # a follower reads the group's promotions again then
 
     def _post(self, name: str, job: Callable[..., object]) -> None:
         self.elector.post(name, job)
@@ -254,6 +257,8 @@ class GroupNode:
                 self._written(outcome, now)
             elif name.startswith(PROMOTE_JOB):
                 self._promotion(name[len(PROMOTE_JOB) :], outcome)
+            elif name == LEARN_JOB and not isinstance(outcome, CoordinatorError):
+                self.host.promoted(outcome)  # a follower's mark, in its journal too
             # a status not written is not worth a word: the elector says when etcd is unreachable
         epoch, until = self.elector.authority()
         acting = now < until
@@ -278,6 +283,9 @@ class GroupNode:
         if self.insync is not None:
             self._tell_commits(self.insync, now)
             self.keeper.keep(self.insync, now)
+        elif self.cfg.mirrors and now >= self._learn_at:
+            self._learn_at = now + LEARN_EVERY_S
+            self.elector.post(LEARN_JOB, partial(read_promotions, self.keys.promoted))
         self.keeper.report(now, self._status)
 
     def _written(self, outcome: Written | CoordinatorError, now: float) -> None:

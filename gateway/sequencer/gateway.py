@@ -161,7 +161,8 @@ class Gateway:
     def _group_config(self) -> GroupConfig:
         c = self.config
         return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
-                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls)  # fmt: skip
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls,
+                           tuple(c.mirror))  # fmt: skip
 
     def _node_host(self) -> NodeHost:
         copied = {name: series.copied for name, series in self.metrics.streams.items()}
@@ -666,8 +667,8 @@ class Gateway:
         self._carry_out(identity, stream, rules.on(MR.Promoted(head)))
 
     def group_promoted(self, promotions: Mapping[str, int]) -> None:
-        """This node starts to lead: the group's promotions, made under earlier leaders, become this node's too
-        (in its journal directory, before any mirror batch can reach it as leader)."""
+        """The group's promotions, as a node learns them (starting to lead: before any mirror batch can reach it
+        as leader; following: every second), become this node's too, in its journal directory."""
         for stream, head in promotions.items():
             rules = self.mirrors.get(stream)
             if rules is None or rules.role not in (MR.Role.MIRROR, MR.Role.PROMOTING):

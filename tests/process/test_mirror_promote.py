@@ -2,10 +2,10 @@
 loopback: a source site (gateway + sidecar), a mirror site of two nodes (gateway + sidecar each, etcd), `zeps
 mirror` between them.
 
-What is proved: the promotion is the group's, not the node's that took PROMOTE: after the leader is killed -9,
-the new leader accepts publishers continuing the sequence and refuses the old source's mirror with the
-promotion line; the same after both nodes are killed and started again in the other order; the mark is in
-etcd and in the journal of every node that led since.
+What is proved: the promotion is the group's, not the node's that took PROMOTE: the follower writes the mark
+too; after the leader is killed -9, the new leader accepts publishers continuing the sequence and refuses the
+old source's mirror with the promotion line; the same after both nodes are killed and started again in the
+other order, one of them without its mark (it writes it again); the mark is in etcd and every node's journal.
 """
 
 from __future__ import annotations
@@ -91,6 +91,13 @@ def wait_records(nodes: list[Node], count: int) -> None:
         time.sleep(0.05)
 
 
+def wait_mark(node: Node, head: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while read_promotion(node.root / STREAM) != head:
+        assert time.monotonic() < deadline, f"node {node.name} has no promotion mark"
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     server = EtcdProcess(tmp_path).start()
@@ -127,14 +134,15 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
             client = Etcd(etcd.url)
             assert client.get(f"{group_key([STREAM])}/promoted/{STREAM}") == "300", "the mark is the group's"
             first = leader(client, nodes)
+            second = next(n for n in nodes if n is not first)
             assert read_promotion(first.root / STREAM) == 300
+            wait_mark(second, 300)  # the follower learns it from the group
             assert publish([n.ingest for n in nodes], range(301, 311)) == 310
 
             # the leader killed -9: the follower, which never took PROMOTE, leads as a promoted site
             first.kill9()
-            second = leader(client, [n for n in nodes if n is not first])
+            assert leader(client, [second]) is second
             assert publish([second.ingest], range(311, 321)) == 320, "the sequence continues at the new leader"
-            assert read_promotion(second.root / STREAM) == 300, "the new leader keeps the mark in its journal"
             source_side.start()  # the old source comes back and goes on
             publish([source.ingest], range(1001, 1101))
             assert mirror.wait(WAIT_S) == 1, mirror_log.read_text()
@@ -142,15 +150,19 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
             again = zeps("mirror", "--source", source_side.endpoint, "--to", second.ingest, "--stream", STREAM)
             assert again.returncode == 1 and FENCED.format(300) in again.stderr, again.stderr
 
-            # both killed -9, started again in the other order: whoever leads is still promoted
+            # both killed -9, started again in the other order, one without its mark: whoever leads is promoted,
+            # and the other writes the mark again as it follows
             second.kill9()
-            second.start()
+            (first.root / STREAM / "promoted").unlink()
             first.start()
+            second.start()
             third = leader(client, nodes)
             assert publish([n.ingest for n in nodes], range(321, 331)) == 330
             again = zeps("mirror", "--source", source_side.endpoint, "--to", third.ingest, "--stream", STREAM)
             assert again.returncode == 1 and FENCED.format(300) in again.stderr, again.stderr
             wait_records(nodes, 330)
+            for node in nodes:
+                wait_mark(node, 300)
             result = check_group([n.root for n in nodes], STREAM)
             assert result.violation is None and result.checked == 330, result.plain()
             records = journal_records(nodes[0].root)
