@@ -16,14 +16,9 @@ The layers below (`gateway.wire`, `gateway.transport`, `gateway.journal`, `gatew
 docs/architecture.md draws them.
 """
 
-from gateway.client.async_publisher import AsyncPublisher
-from gateway.client.async_subscriber import AsyncSubscriber
-from gateway.client.directory import Directory, Holder, LanDirectory, StreamInfo
-from gateway.client.etcd_directory import EtcdDirectory
-from gateway.client.file_directory import FileDirectory
-from gateway.client.publisher import Publisher
-from gateway.client.replay_client import ReplayClient, history, snapshot
-from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
+import importlib
+from typing import TYPE_CHECKING
+
 from gateway.errors import (
     AuthError,
     BadRecord,
@@ -49,11 +44,41 @@ from gateway.errors import (
     Unauthenticated,
     ZepsError,
 )
-from gateway.mcast import Endpoint, Tuning
-from gateway.reconcile import Start, State
-from gateway.transport.curve import CurveClientKeys, CurveServerKeys
-from gateway.transport.pgm import PgmSettings
-from gateway.wire.streamkey import StreamKey
+
+if TYPE_CHECKING:
+    from gateway.client.async_publisher import AsyncPublisher
+    from gateway.client.async_subscriber import AsyncSubscriber
+    from gateway.client.directory import Directory, Holder, LanDirectory, StreamInfo
+    from gateway.client.etcd_directory import EtcdDirectory
+    from gateway.client.file_directory import FileDirectory
+    from gateway.client.publisher import Publisher
+    from gateway.client.replay_client import ReplayClient, history, snapshot
+    from gateway.client.subscriber import Checkpoint, Delivery, Received, Subscriber, SubscriberStats
+    from gateway.mcast import Endpoint, Tuning
+    from gateway.reconcile import Start, State
+    from gateway.transport.curve import CurveClientKeys, CurveServerKeys
+    from gateway.transport.pgm import PgmSettings
+    from gateway.wire.streamkey import StreamKey
+
+# The rest of the public API is imported on first use (PEP 562): `import gateway`, which every `zeps` command and
+# every library module does first, then costs the errors alone, not the whole client library, etcd's client and
+# every multicast transport (docs/mirroring.md, "Promotion": a command's start is most of its time).
+_LAZY = {
+    "gateway.client.async_publisher": ("AsyncPublisher",),
+    "gateway.client.async_subscriber": ("AsyncSubscriber",),
+    "gateway.client.directory": ("Directory", "Holder", "LanDirectory", "StreamInfo"),
+    "gateway.client.etcd_directory": ("EtcdDirectory",),
+    "gateway.client.file_directory": ("FileDirectory",),
+    "gateway.client.publisher": ("Publisher",),
+    "gateway.client.replay_client": ("ReplayClient", "history", "snapshot"),
+    "gateway.client.subscriber": ("Checkpoint", "Delivery", "Received", "Subscriber", "SubscriberStats"),
+    "gateway.mcast": ("Endpoint", "Tuning"),
+    "gateway.reconcile": ("Start", "State"),
+    "gateway.transport.curve": ("CurveClientKeys", "CurveServerKeys"),
+    "gateway.transport.pgm": ("PgmSettings",),
+    "gateway.wire.streamkey": ("StreamKey",),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
 
 __version__ = "0.2.0"  # CHANGELOG.md: what changed, and the wire and journal formats' compatibility
 
@@ -108,3 +133,17 @@ __all__ = [
     "history",
     "snapshot",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name not imported yet: imported now, and kept."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gateway' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import argparse
 import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from gateway.cli import keyopts
 from gateway.cli.options import Parser, duration, host_port, positive, say, stream_name, tcp_endpoint
+
+if TYPE_CHECKING:
+    from gateway.transport.curve import CurveClientKeys
+
+PROBE_S = 0.3  # a source sidecar that neither answers nor takes the connection this long is gone (promote)
+PROBES, PROBE_STAGGER = 3, 0.2  # connections per source sidecar, started this share of PROBE_S apart
 
 
 def endpoints(text: str) -> list[str]:
@@ -53,9 +62,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         "promote",
         help="make the mirror site the stream's primary (disaster recovery)",
         description="Turns the mirror at --gateway into the primary: publishers are accepted and sequences "
-        "continue from the mirrored head. Refused while the source sidecar given by --source still answers "
-        "(unless --force). The promotion is persisted in that gateway's journal: from then on it refuses "
-        "every mirror batch. Prints the sequence it was promoted at.",
+        "continue from the mirrored head. Refused while a source sidecar given by --source still answers "
+        "(all are probed at once, for --probe-timeout; --force skips the probe). The promotion is persisted in "
+        "that gateway's journal (a group's: in etcd too, for every node): from then on it refuses every mirror "
+        "batch. Prints the sequence it was promoted at.",
     )
     promote.add_argument("--stream", type=stream_name, required=True, help="the mirrored stream")
     promote.add_argument("--gateway", type=endpoints, required=True, metavar="ENDPOINT[,...]",
@@ -63,7 +73,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     promote.add_argument("--source", type=endpoints, metavar="ENDPOINT[,...]",
                          help="the source site's sidecar(s): promotion is refused while one answers")  # fmt: skip
     promote.add_argument("--force", action="store_true", help="promote even if the source answers (or is not named)")
-    promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for any answer (default 3s)")
+    promote.add_argument("--probe-timeout", type=duration, default=PROBE_S,
+                         help="how long a source sidecar has to answer to count as still there (0.3s)")  # fmt: skip
+    promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for the gateway (default 3s)")
     keyopts.add_client_options(promote)
     promote.check(_source_or_force)
     promote.set_defaults(handler=_promote)
@@ -107,24 +119,54 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _still_there(
+    source: str, stream: str, after_s: float, until_s: float, refused: threading.Event, curve: CurveClientKeys | None
+) -> str | None:
+    """Why the source sidecar at `source` counts as still there, or None if it is gone: asked `after_s` from
+    now, it answers ATTACH (or refuses it), or its host takes the TCP connection (a process that is there, if
+    slow), before `until_s` from now. `refused`: set once its host refused a connection (nothing listens
+    there: no later probe is needed)."""
+    from gateway.client.replay_client import ReplayClient
+    from gateway.errors import ReplayError, ReplayRefused
+
+    if refused.wait(after_s):
+        return None
+    timeout_s = until_s - after_s
+    client = ReplayClient(source, stream, timeout=timeout_s, curve=curve, fail_unreachable=True)
+    try:
+        client.wait_ready()
+        return "still answers"
+    except ReplayRefused:
+        return "still answers"  # and refuses: it is there
+    except ReplayError:  # down, unreachable or silent: as a source that is gone looks, unless it took the connection
+        client.handshake.explain()
+        if client.handshake.established or client.handshake.connected:
+            return f"still answers (it took the connection, but not ATTACH within {until_s:g} s)"
+        if client.handshake.unreachable:
+            refused.set()
+        return None
+    finally:
+        client.close()
+
+
 def _promote(args: argparse.Namespace) -> int:
     from gateway.client.mirror_target import MirrorTarget
-    from gateway.client.replay_client import ReplayClient
-    from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
+    from gateway.errors import MirrorError, PublishError
 
     curve = keyopts.client_curve(args)
-    for source in [] if args.force else args.source:
-        try:
-            with ReplayClient(source, args.stream, timeout=args.timeout, curve=curve, fail_unreachable=True) as client:
-                client.wait_ready()
-        except ReplayRefused:
-            pass  # it answers (and refuses): still there
-        except ReplayError:
-            continue  # down, unreachable or silent: as a source that is gone looks
-        raise MirrorError(
-            f"the source sidecar at {source} still answers: promoting now would fork stream {args.stream}. Promote "
-            "once the source site is gone, or stop its publishers and add --force"
-        )
+    # Every source at once, each over PROBES connections PROBE_STAGGER of the deadline apart (so that one lost SYN,
+    # which TCP sends again only after 1 s, does not make a live source look gone): the wait is one deadline.
+    until = args.probe_timeout
+    refused = {source: threading.Event() for source in args.source or ()}
+    probes = [(s, i * until * PROBE_STAGGER) for s in ([] if args.force else refused) for i in range(PROBES)]
+    with ThreadPoolExecutor(max(1, len(probes))) as pool:
+        answers = list(pool.map(lambda p: _still_there(p[0], args.stream, p[1], until, refused[p[0]], curve), probes))
+    for (source, _), why in zip(probes, answers, strict=True):
+        if why is not None:
+            raise MirrorError(
+                f"the source sidecar at {source} {why}: promoting now would fork stream {args.stream}. Promote once "
+                "the source site is gone, or stop its publishers and add --force"
+            )
     error: PublishError | None = None
     for endpoint in args.gateway:
         target = MirrorTarget(endpoint, args.stream, timeout_s=args.timeout, curve=curve)

@@ -32,6 +32,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -41,17 +42,22 @@ from prometheus_client import Counter
 from gateway.errors import ConfigError, CoordinatorError
 from gateway.journal.committed import CommittedMark
 from gateway.journal.epochs import start_epoch
+from gateway.journal.promotion import read_promotion
 from gateway.replication.copier import ReplicaCopier
 from gateway.replication.elector import Elector
 from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
 from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
 from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
+from gateway.replication.promotions import LEARN_EVERY_S, promote, read_promotions
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
 
 log = logging.getLogger(__name__)
+
+PROMOTE_JOB = "promote:"  # the elector job promoting a stream is named this and the stream
+LEARN_JOB = "promotions"  # the follower's job reading the group's promotions
 
 
 def peer_default(ingest: str) -> str:
@@ -83,6 +89,7 @@ class GroupConfig:
     max_frame: int  # the largest ingest frame: a push carries one batch of it
     journal: Path
     peer_tls: PeerTls | None = None  # the group's TLS on the peer link (gateway.transport.tls); None: plain TCP
+    mirrors: tuple[str, ...] = ()  # its mirror streams (docs/mirroring.md): a follower learns their promotions
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,7 @@ class NodeHost:
     unwatch: Unwatch
     reopen: Callable[[str], None]  # open a stream's journal again after a cut
     step_down: Callable[[str], None]  # stop leading: refuse what was not journaled, naming why
+    promoted: Callable[[Mapping[str, int]], None]  # the group's promotions (stream -> sequence), as learnt
     send_errors: SendErrors | None = None  # where sends the network refuses are reported (peer link, etcd)
 
 
@@ -109,7 +117,7 @@ class GroupNode:
     def __init__(self, cfg: GroupConfig, host: NodeHost, replay: ReplayFactory) -> None:
         self.cfg, self.host, self.node, self._replay = cfg, host, cfg.node, replay
         prefix = group_key(cfg.streams)
-        keys = GroupKeys(f"{prefix}/leader", f"{prefix}/insync", f"{prefix}/nodes/{cfg.node}")
+        keys = GroupKeys(f"{prefix}/leader", f"{prefix}/insync", f"{prefix}/nodes/{cfg.node}", f"{prefix}/promoted/")
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
         # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         ack_key = secrets.token_bytes(32)
@@ -125,6 +133,7 @@ class GroupNode:
         )
         self.info = LeaderInfo(cfg.node, cfg.ingest, cfg.sidecar, self.peers.endpoint, ack_key.hex())
         self._value = self.info.encode()  # the leader key's value while we hold it
+        self.keys = keys
         self.keeper = InSyncKeeper(cfg.node, keys, self._post)
         try:
             self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self.keeper.eligible,
@@ -137,6 +146,8 @@ class GroupNode:
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
+        self._promoting: dict[str, Callable[[str | None], None]] = {}  # stream -> told how its promotion ended
+        self._learn_at = 0.0  # a follower reads the group's promotions again then
 
     def _post(self, name: str, job: Callable[..., object]) -> None:
         self.elector.post(name, job)
@@ -206,6 +217,30 @@ class GroupNode:
                 where = f"the leader of epoch {holder.create_revision} is not of this version"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
+    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
+        """Make the promotion of `stream` at `head` the group's, in etcd fenced by our epoch (a job of the
+        elector's thread); `done(None)` once written, `done(why)` if not (called from `tick`)."""
+        if self.insync is None:
+            done(f"gateway node {self.node} no longer leads the group: promote at its leader")
+            return
+        self._promoting[stream] = done
+        job = partial(promote, self.keys.promoted, stream, head, self.keys.leader, self.insync.epoch)
+        self.elector.post(f"{PROMOTE_JOB}{stream}", job)
+
+    def _promotion(self, stream: str, outcome: bool | CoordinatorError) -> None:
+        done = self._promoting.pop(stream, None)
+        if done is None:
+            return
+        if isinstance(outcome, CoordinatorError):
+            done(str(outcome))
+        else:
+            done(None if outcome else f"gateway node {self.node} no longer leads the group: promote at its leader")
+
+    def _own_promotions(self) -> dict[str, int]:
+        """The promotion marks of this node's journal (a node about to lead adds them to the group's)."""
+        marks = {stream: read_promotion(lane.writer.directory) for stream, lane in self.host.lanes.items()}
+        return {stream: head for stream, head in marks.items() if head is not None}
+
     def journaled(self, stream: str, sealed: bytes) -> None:
         """A batch just journaled goes to the followers level with us (gateway.replication.peer_server.push)."""
         if self.insync is not None:
@@ -220,6 +255,10 @@ class GroupNode:
         for name, outcome in self.elector.outcomes():
             if name == "insync":
                 self._written(outcome, now)
+            elif name.startswith(PROMOTE_JOB):
+                self._promotion(name[len(PROMOTE_JOB) :], outcome)
+            elif name == LEARN_JOB and not isinstance(outcome, CoordinatorError):
+                self.host.promoted(outcome)  # a follower's mark, in its journal too
             # a status not written is not worth a word: the elector says when etcd is unreachable
         epoch, until = self.elector.authority()
         acting = now < until
@@ -227,7 +266,7 @@ class GroupNode:
             self._demote()  # a new epoch means this node's authority lapsed in between: it starts afresh
         if acting and self.insync is None:
             self._unfollow()  # acknowledge nothing more to the old leader before acting as the new one
-            self.keeper.take_over(epoch, now)  # `_written` makes this node lead once written
+            self.keeper.take_over(epoch, now, self._own_promotions)  # `_written` makes this node lead once written
         if self.insync is not None:
             self.insync.advance({s: lane.head for s, lane in self.host.lanes.items()}, now)
         else:
@@ -244,6 +283,9 @@ class GroupNode:
         if self.insync is not None:
             self._tell_commits(self.insync, now)
             self.keeper.keep(self.insync, now)
+        elif self.cfg.mirrors and now >= self._learn_at:
+            self._learn_at = now + LEARN_EVERY_S
+            self.elector.post(LEARN_JOB, partial(read_promotions, self.keys.promoted))
         self.keeper.report(now, self._status)
 
     def _written(self, outcome: Written | CoordinatorError, now: float) -> None:
@@ -255,6 +297,7 @@ class GroupNode:
             return
         authority, until = self.elector.authority()
         if now < until and authority == taken.epoch and self.insync is None:
+            self.host.promoted(taken.promotions)  # before any mirror batch reaches this node as leader
             self._lead_from(taken.epoch, taken.members, now)
 
     def _lead_from(self, epoch: int, members: frozenset[str], now: float) -> None:

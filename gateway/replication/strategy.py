@@ -12,6 +12,7 @@ Threading contract: every method runs on the gateway's loop and never waits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.journal import JournalWriter
@@ -69,6 +70,10 @@ class Replication(Protocol):
     def journaled(self, stream: str, sealed: bytes) -> None:
         """A batch was just journaled (uncommitted until its followers have it)."""
 
+    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
+        """Make the promotion of mirror stream `stream` at `head` the group's (docs/mirroring.md); `done(None)`
+        once it is, `done(why)` if it cannot be, on the loop (at once, or from a later `tick`)."""
+
     def tick(self, now: float) -> None:
         """Before the gateway releases what is committed: hear the group, move the commit points."""
 
@@ -101,6 +106,10 @@ class Solo:
 
     def journaled(self, stream: str, sealed: bytes) -> None:
         """Nothing to tell: there are no followers."""
+
+    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
+        """Nothing to tell: the gateway's own mark is the whole promotion."""
+        done(None)
 
     def tick(self, now: float) -> None:
         """Nothing to hear."""

@@ -37,7 +37,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import zmq
 
@@ -162,12 +162,13 @@ class Gateway:
     def _group_config(self) -> GroupConfig:
         c = self.config
         return GroupConfig(c.node, c.streams, c.etcd, c.ingest, c.replay_endpoint, c.peer_endpoint, c.min_insync,
-                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls)  # fmt: skip
+                           c.ha_lag_s, c.ha_suspect_s, c.max_frame_bytes, c.journal, c.peer_tls,
+                           tuple(c.mirror))  # fmt: skip
 
     def _node_host(self) -> NodeHost:
         copied = {name: series.copied for name, series in self.metrics.streams.items()}
         return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
-                        self.reopen, self.step_down, self.metrics.send_errors)  # fmt: skip
+                        self.reopen, self.step_down, self.group_promoted, self.metrics.send_errors)  # fmt: skip
 
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
@@ -625,16 +626,17 @@ class Gateway:
             verdict = rules.on(MR.MirrorBatch(batch.first_seq, head))
         else:
             verdict = rules.on(MR.Hello(head) if isinstance(cmd, P.Mirror) else MR.Promote(head))
-        if isinstance(verdict, MR.Persist):
-            try:
-                write_promotion(lane.writer.directory, verdict.head)
-            except OSError as exc:
-                self._reject(
-                    identity, f"the promotion could not be persisted ({exc}): stream {stream} is still a mirror"
-                )
-                return
-            log.warning("stream %s: promoted at sequence %d; mirror batches refused from now on", stream, verdict.head)
-            verdict = rules.on(MR.Promoted(verdict.head))
+        if isinstance(verdict, MR.Persist):  # the group's first (a node's), then our journal's; answered then
+            at = verdict.head
+            self.replication.promote(stream, at, lambda failure: self._promoted(identity, stream, at, failure))
+            return
+        self._carry_out(identity, stream, verdict, batch, confirm)
+
+    def _carry_out(
+        self, identity: bytes, stream: str, verdict: MR.Verdict, batch: B.Batch | None = None, confirm: bool = False
+    ) -> None:
+        """Answer (or journal) as the stream's mirror rules decided."""
+        lane = self.lanes[stream]
         match verdict:
             case MR.Refuse(reason=reason):
                 self._reject(identity, reason, kind="mirror")
@@ -650,6 +652,37 @@ class Gateway:
                 self.metrics.streams[stream].published.inc(batch.count)
                 if self._journal(lane, batch, verbatim=True) is not None:
                     lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
+
+    def _promoted(self, identity: bytes, stream: str, head: int, failure: str | None) -> None:
+        """The promotion asked for at `head` is the group's (or a single gateway's) unless `failure`: mark it in
+        the stream's journal directory and answer. A single gateway's mark is its only record, so one not
+        written is no promotion; a node's is a copy of the group's (which a new leader reads from etcd)."""
+        if failure is None:
+            try:
+                write_promotion(self.lanes[stream].writer.directory, head)
+            except OSError as exc:
+                if not self.config.node:
+                    failure = str(exc)
+                log.error("stream %s: the promotion mark could not be written (%s)", stream, exc)
+        rules = self.mirrors[stream]
+        if failure is not None:
+            self._carry_out(identity, stream, rules.on(MR.NotPromoted(failure)))
+            return
+        log.warning("stream %s: promoted at sequence %d; mirror batches refused from now on", stream, head)
+        self._carry_out(identity, stream, rules.on(MR.Promoted(head)))
+
+    def group_promoted(self, promotions: Mapping[str, int]) -> None:
+        """The group's promotions, as a node learns them (starting to lead: before any mirror batch can reach it
+        as leader; following: every second), become this node's too, in its journal directory."""
+        for stream, head in promotions.items():
+            rules = self.mirrors.get(stream)
+            if rules is None or rules.role not in (MR.Role.MIRROR, MR.Role.PROMOTING):
+                continue
+            with contextlib.suppress(OSError):  # etcd holds it: a mark not written here is read again next time
+                if read_promotion(self.lanes[stream].writer.directory) is None:
+                    write_promotion(self.lanes[stream].writer.directory, head)
+            rules.on(MR.Promoted(head))
+            log.warning("stream %s: the group was promoted at sequence %d; mirror batches refused", stream, head)
 
     # --- plain PUB ingest -----------------------------------------------------------------------------
 

@@ -4,29 +4,35 @@ Rules
 =====
 
 1. A stream is PRIMARY (an ordinary stream: its publishers sequence it), MIRROR (`zeps gateway --mirror S`: a
-   copy of another site's stream, written only by a mirror session, `zeps mirror`) or PROMOTED (a mirror made
-   the primary by `zeps mirror promote`; it stays so across restarts, by the journal's promotion mark).
+   copy of another site's stream, written only by a mirror session, `zeps mirror`), PROMOTING (a promotion asked
+   for and not yet persisted) or PROMOTED (a mirror made the primary by `zeps mirror promote`; it stays so across
+   restarts and failovers, by the promotion mark).
 2. A MIRROR accepts a mirror batch only if it starts right after its journal's head (first == head + 1), so
    the source's sequences are kept and two mirrors can never interleave or repeat a record: the second one's
    batch is refused naming both numbers, and it resumes from the head it is told.
 3. A MIRROR refuses every ordinary publisher (PUBLISH, PUBLISH-BATCH, plain PUB) naming the two ways out:
    publish at the source, or promote this site.
 4. Promotion happens once the mark is persisted: PROMOTE in MIRROR asks the shell to persist it at the head
-   (`Persist`), and only `Promoted` (the shell wrote it) moves the stream to PROMOTED. A PROMOTE in PROMOTED
-   answers with the sequence it was promoted at (promoting twice is harmless).
+   (`Persist`: a single gateway writes its file; a node of a group makes it the group's first, fenced by its
+   epoch) and waits in PROMOTING, where nothing writes the stream (so the head it was promoted at stays the
+   head) and every writer is told to retry later. `Promoted` (the shell persisted it) moves the stream to
+   PROMOTED; `NotPromoted` (it could not) back to MIRROR, the asker told why. A PROMOTE in PROMOTED answers
+   with the sequence it was promoted at (promoting twice is harmless).
 5. A PROMOTED stream takes publishers (sequences continue from the head it was promoted at) and never a mirror
    batch again, nor tells a mirror where to resume: the fence between the old source and the new primary.
-6. A PRIMARY stream refuses mirror sessions and promotion, naming --mirror; it accepts publishers (the shell
+6. A MIRROR also takes `Promoted` without asking: a node of a group that starts to lead learns so that the group
+   was promoted under an earlier leader (docs/mirroring.md, "Promoting a group").
+7. A PRIMARY stream refuses mirror sessions and promotion, naming --mirror; it accepts publishers (the shell
    skips this machine for them: the publish path is hot and the answer never changes).
-7. Nothing here does I/O or reads a clock; the shell (gateway.sequencer.gateway) journals, persists and answers.
+8. Nothing here does I/O or reads a clock; the shell (gateway.sequencer.gateway) journals, persists and answers.
 
 Theory of operation
 ===================
 
 The gateway keeps one `MirrorRules` per stream and feeds it an event per command that writes the stream;
-`on(event)` returns the verdict: `Accept`, `Resume(head)` (MIRROR-OK), `Persist(head)` (write the promotion
-mark, then feed `Promoted`), `PromotedAt(head)` (PROMOTE-OK) or `Refuse(reason)` (INVALID). Every state's
-handlers and transitions are in TRANSITIONS, in the table form of gateway.machine;
+`on(event)` returns the verdict: `Accept`, `Resume(head)` (MIRROR-OK), `Persist(head)` (persist the promotion
+mark, then feed `Promoted` or `NotPromoted`), `PromotedAt(head)` (PROMOTE-OK) or `Refuse(reason)` (INVALID).
+Every state's handlers and transitions are in TRANSITIONS, in the table form of gateway.machine;
 `describe_transitions()` renders it for docs/mirroring.md and a test keeps the two equal.
 """
 
@@ -36,11 +42,13 @@ import enum
 from dataclasses import dataclass
 
 from gateway import machine
+from gateway.wire.protocol import RETRY_LATER
 
 
 class Role(enum.Enum):
     PRIMARY = "primary"
     MIRROR = "mirror"
+    PROMOTING = "promoting"
     PROMOTED = "promoted"
 
 
@@ -76,13 +84,20 @@ class Promote:
 
 @dataclass(frozen=True, slots=True)
 class Promoted:
-    """The shell persisted the promotion at `head`."""
+    """The promotion at `head` is persisted (asked for here, or learnt from the group on taking the lead)."""
 
     head: int
 
 
-EVENT_KINDS = (Hello, MirrorBatch, PublisherBatch, Promote, Promoted)
-Event = Hello | MirrorBatch | PublisherBatch | Promote | Promoted
+@dataclass(frozen=True, slots=True)
+class NotPromoted:
+    """The shell could not persist the promotion asked for, for `reason`."""
+
+    reason: str
+
+
+EVENT_KINDS = (Hello, MirrorBatch, PublisherBatch, Promote, Promoted, NotPromoted)
+Event = Hello | MirrorBatch | PublisherBatch | Promote | Promoted | NotPromoted
 
 # --- verdicts ---------------------------------------------------------------------------------------------
 
@@ -101,7 +116,7 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class Persist:
-    """Write the promotion mark at `head` (synced), then feed Promoted(head); answer INVALID if it fails."""
+    """Persist the promotion mark at `head`, then feed Promoted(head), or NotPromoted(why) if it cannot."""
 
     head: int
 
@@ -133,6 +148,7 @@ class MirrorRules:
         self.stream = stream
         self.role = role
         self.promoted_at = promoted_at
+        self.persisting: int | None = None  # PROMOTING: the head the promotion asked for is to be persisted at
         self.verdict: Verdict = Accept()
 
     def on(self, event: Event) -> Verdict:
@@ -165,13 +181,24 @@ class MirrorRules:
         self.verdict = Accept()
 
     def _persist(self, event: Promote) -> None:
+        self.persisting = event.head
         self.verdict = Persist(event.head)
 
     def _take_promotion(self, event: Promoted) -> None:
-        self.promoted_at = event.head
+        self.promoted_at, self.persisting = event.head, None
         self.verdict = PromotedAt(event.head)
 
-    def _promoted_already(self, event: Promote) -> None:
+    def _not_promoted(self, event: NotPromoted) -> None:
+        self.persisting = None
+        self.verdict = Refuse(f"the promotion could not be persisted ({event.reason}): stream {self.stream} is still a "
+                              "mirror")  # fmt: skip
+
+    def _promoting(self, event: Hello | MirrorBatch | PublisherBatch | Promote) -> None:
+        self.verdict = Refuse(
+            f"stream {self.stream} is being promoted at sequence {self.persisting} at this site: {RETRY_LATER}"
+        )
+
+    def _promoted_already(self, event: Promote | Promoted) -> None:
         assert self.promoted_at is not None
         self.verdict = PromotedAt(self.promoted_at)
 
@@ -191,6 +218,12 @@ class MirrorRules:
     def _persisted(self) -> bool:
         return self.promoted_at is not None
 
+    def _asked(self) -> bool:
+        return self.persisting is not None
+
+    def _given_up(self) -> bool:
+        return self.persisting is None and self.promoted_at is None
+
 
 Go = machine.Go[MirrorRules, Role]
 Row = machine.Row[MirrorRules, Role]
@@ -208,10 +241,24 @@ TRANSITIONS: dict[Role, Row] = {
             Promote: M._persist,
             Promoted: M._take_promotion,
         },
-        go=(Go(M._persisted, Role.PROMOTED),),
+        go=(Go(M._persisted, Role.PROMOTED), Go(M._asked, Role.PROMOTING)),
+    ),
+    Role.PROMOTING: Row(
+        on={
+            **dict.fromkeys((Hello, MirrorBatch, PublisherBatch, Promote), M._promoting),  # every writer waits
+            Promoted: M._take_promotion,
+            NotPromoted: M._not_promoted,
+        },
+        go=(Go(M._persisted, Role.PROMOTED), Go(M._given_up, Role.MIRROR)),
     ),
     Role.PROMOTED: Row(
-        on={Hello: M._fenced, MirrorBatch: M._fenced, PublisherBatch: M._accept, Promote: M._promoted_already},
+        on={
+            Hello: M._fenced,
+            MirrorBatch: M._fenced,
+            PublisherBatch: M._accept,
+            Promote: M._promoted_already,
+            Promoted: M._promoted_already,
+        },
     ),
 }
 del M

@@ -305,6 +305,7 @@ class Handshake:
         self.dropped = False  # an established connection ended (with watch_drops); refusals end none
         self.unreachable = False  # a connect failed since the last handshake (with watch_connects)
         self._connected = False  # a TCP connection was made since the last retry
+        self.connected = False  # a TCP connection was made at all (with watch_connects)
         self.keyless = sock.get(zmq.MECHANISM) == zmq.NULL
         self.failure: str | None = None
         self.certainty = -1  # of `failure`: the most specific reason seen is kept
@@ -333,7 +334,7 @@ class Handshake:
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 self.dropped = self.established
             elif event["event"] == zmq.EVENT_CONNECTED:
-                self._connected = True
+                self._connected = self.connected = True
             elif event["event"] == zmq.EVENT_CONNECT_RETRIED:
                 self.unreachable = self.unreachable or not self._connected
                 self._connected = False

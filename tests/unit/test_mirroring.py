@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.client.opening import sends_elsewhere
 from gateway.journal.promotion import read_promotion, write_promotion
 from gateway.sequencer import mirroring as MR
 
@@ -39,8 +40,7 @@ def test_a_mirror_refuses_publishers_naming_both_ways_out() -> None:
 def test_promotion_waits_for_the_mark_then_fences_the_mirror() -> None:
     rules = MR.MirrorRules("s", MR.Role.MIRROR)
     assert rules.on(MR.Promote(7)) == MR.Persist(7)
-    assert rules.role is MR.Role.MIRROR, "not promoted before the mark is persisted"
-    assert rules.on(MR.MirrorBatch(8, 7)) == MR.Accept()
+    assert rules.role is MR.Role.PROMOTING, "not promoted before the mark is persisted"
     assert rules.on(MR.Promoted(7)) == MR.PromotedAt(7)
     assert rules.role is MR.Role.PROMOTED
     fenced = MR.Refuse("this site was promoted at sequence 7; it no longer accepts mirror batches")
@@ -48,6 +48,39 @@ def test_promotion_waits_for_the_mark_then_fences_the_mirror() -> None:
     assert rules.on(MR.Hello(9)) == fenced
     assert rules.on(MR.PublisherBatch()) == MR.Accept()
     assert rules.on(MR.Promote(12)) == MR.PromotedAt(7), "promoting again answers the first promotion"
+    assert rules.on(MR.Promoted(12)) == MR.PromotedAt(7), "a group's mark learnt again changes nothing"
+
+
+def test_while_the_mark_is_persisted_nothing_writes_the_stream_and_everyone_retries() -> None:
+    rules = MR.MirrorRules("s", MR.Role.MIRROR)
+    rules.on(MR.Promote(7))
+    wait = MR.Refuse("stream s is being promoted at sequence 7 at this site: retry later")
+    for event in (MR.MirrorBatch(8, 7), MR.Hello(7), MR.PublisherBatch(), MR.Promote(7)):
+        assert rules.on(event) == wait
+        assert rules.role is MR.Role.PROMOTING
+    assert isinstance(wait, MR.Refuse) and sends_elsewhere(wait.reason), "clients retry, they do not give up"
+
+
+def test_a_promotion_not_persisted_leaves_a_mirror_and_says_why() -> None:
+    rules = MR.MirrorRules("s", MR.Role.MIRROR)
+    rules.on(MR.Promote(7))
+    assert rules.on(MR.NotPromoted("gateway node n0 no longer leads the group: promote at its leader")) == MR.Refuse(
+        "the promotion could not be persisted (gateway node n0 no longer leads the group: promote at its leader): "
+        "stream s is still a mirror"
+    )
+    assert rules.role is MR.Role.MIRROR
+    assert rules.on(MR.MirrorBatch(8, 7)) == MR.Accept()
+    assert rules.on(MR.Promote(8)) == MR.Persist(8), "it may be asked again"
+
+
+def test_a_mirror_learns_a_promotion_its_group_made_under_an_earlier_leader() -> None:
+    rules = MR.MirrorRules("s", MR.Role.MIRROR)
+    assert rules.on(MR.Promoted(30)) == MR.PromotedAt(30)
+    assert rules.role is MR.Role.PROMOTED
+    assert rules.on(MR.MirrorBatch(31, 30)) == MR.Refuse(
+        "this site was promoted at sequence 30; it no longer accepts mirror batches"
+    )
+    assert rules.on(MR.PublisherBatch()) == MR.Accept()
 
 
 def test_a_primary_stream_is_no_mirror() -> None:

@@ -1,0 +1,191 @@
+"""Promoting a mirror site that is a replicated group (docs/mirroring.md, "Promoting a group"), real processes on
+loopback: a source site (gateway + sidecar), a mirror site of two nodes (gateway + sidecar each, etcd), `zeps
+mirror` between them.
+
+What is proved: the promotion is the group's, not the node's that took PROMOTE: the follower writes the mark
+too; after the leader is killed -9, the new leader accepts publishers continuing the sequence and refuses the
+old source's mirror with the promotion line; the same after both nodes are killed and started again in the
+other order, one of them without its mark (it writes it again); the mark is in etcd and every node's journal.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support.etcd import EtcdProcess
+from support.servers import STREAM, GatewayProcess, Side, free_port, journal_records, side
+
+from gateway.client.publisher import Publisher
+from gateway.journal.crosscheck import check_group
+from gateway.journal.promotion import read_promotion
+from gateway.replication.group import group_key
+from gateway.replication.promotions import promote, take_promotions
+from gateway.transport.etcd import Etcd
+
+pytestmark = pytest.mark.timeout(300)
+WAIT_S = 60.0
+FENCED = "this site was promoted at sequence {}; it no longer accepts mirror batches"
+
+
+class Node:
+    """A node of the mirror site: `zeps replay` on a fixed port and `zeps gateway --etcd --node --mirror`."""
+
+    def __init__(self, root: Path, name: str, etcd: str) -> None:
+        self.name, self.root = name, root / name
+        self.root.mkdir()
+        self.side = Side(self.root, free_port())
+        self.gateway: GatewayProcess | None = None
+        self.args = ("--etcd", etcd, "--node", name, "--replay-endpoint", self.side.endpoint, "--mirror", STREAM)
+        self.start()
+
+    def start(self) -> None:
+        if self.gateway is None:
+            self.gateway = GatewayProcess(self.root, *self.args, streams=(STREAM,))
+        else:
+            self.gateway.restart()
+        self.ingest = self.gateway.ingest
+
+    def kill9(self) -> None:
+        assert self.gateway is not None
+        if self.gateway.proc.poll() is None:
+            self.gateway.kill9()
+
+    def close(self) -> None:
+        self.kill9()
+        self.side.stop()
+
+
+def leader(etcd: Etcd, nodes: list[Node], timeout_s: float = 20.0) -> Node:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        holder = etcd.holder(f"{group_key([STREAM])}/leader")
+        for node in nodes:
+            if holder is not None and f'"node": "{node.name}"' in holder.value:
+                return node
+        time.sleep(0.05)
+    raise AssertionError("no leader elected")
+
+
+def zeps(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def publish(endpoints: list[str], bodies: range) -> int:
+    """Publish numbered records, confirmed (the Publisher tries each node in turn); the last sequence."""
+    with Publisher(endpoints, STREAM, confirm=True, timeout=20) as pub:
+        for i in bodies:
+            pub.publish("k", b"record %d" % i)
+        return pub.flush()
+
+
+def wait_records(nodes: list[Node], count: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while min(len(journal_records(n.root)) for n in nodes) < count:
+        assert time.monotonic() < deadline, {n.name: len(journal_records(n.root)) for n in nodes}
+        time.sleep(0.05)
+
+
+def wait_mark(node: Node, head: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while read_promotion(node.root / STREAM) != head:
+        assert time.monotonic() < deadline, f"node {node.name} has no promotion mark"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    server = EtcdProcess(tmp_path).start()
+    yield server
+    server.kill()
+
+
+def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    source_root, site = tmp_path / "source", tmp_path / "site"
+    source_root.mkdir()
+    site.mkdir()
+    source = GatewayProcess(source_root, streams=(STREAM,))
+    nodes: list[Node] = []
+    mirror_log = tmp_path / "mirror.log"
+    mirror = None
+    try:
+        with side(source_root) as source_side:
+            nodes = [Node(site, f"n{i}", etcd.url) for i in range(2)]
+            to = ",".join(n.ingest for n in nodes)
+            publish([source.ingest], range(1, 301))
+            with open(mirror_log, "ab") as log:
+                mirror = subprocess.Popen([sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source",
+                                           source_side.endpoint, "--to", to, "--stream", STREAM, "--timeout", "2s"],
+                                          stderr=log)  # fmt: skip
+            wait_records(nodes, 300)
+
+            # the source site disappears; the group is promoted (the probe finds it gone: no --force)
+            source_side.kill9()
+            done = zeps("mirror", "promote", "--stream", STREAM, "--gateway", to, "--source", source_side.endpoint)
+            assert done.returncode == 0, done.stderr
+            assert "promoted at sequence 300" in done.stdout
+            client = Etcd(etcd.url)
+            assert client.get(f"{group_key([STREAM])}/promoted/{STREAM}") == "300", "the mark is the group's"
+            first = leader(client, nodes)
+            second = next(n for n in nodes if n is not first)
+            assert read_promotion(first.root / STREAM) == 300
+            wait_mark(second, 300)  # the follower learns it from the group
+            assert publish([n.ingest for n in nodes], range(301, 311)) == 310
+
+            # the leader killed -9: the follower, which never took PROMOTE, leads as a promoted site
+            first.kill9()
+            assert leader(client, [second]) is second
+            assert publish([second.ingest], range(311, 321)) == 320, "the sequence continues at the new leader"
+            source_side.start()  # the old source comes back and goes on
+            publish([source.ingest], range(1001, 1101))
+            assert mirror.wait(WAIT_S) == 1, mirror_log.read_text()
+            assert FENCED.format(300) in mirror_log.read_text()
+            again = zeps("mirror", "--source", source_side.endpoint, "--to", second.ingest, "--stream", STREAM)
+            assert again.returncode == 1 and FENCED.format(300) in again.stderr, again.stderr
+
+            # both killed -9, started again in the other order, one without its mark: whoever leads is promoted,
+            # and the other writes the mark again as it follows
+            second.kill9()
+            (first.root / STREAM / "promoted").unlink()
+            first.start()
+            second.start()
+            third = leader(client, nodes)
+            assert publish([n.ingest for n in nodes], range(321, 331)) == 330
+            again = zeps("mirror", "--source", source_side.endpoint, "--to", third.ingest, "--stream", STREAM)
+            assert again.returncode == 1 and FENCED.format(300) in again.stderr, again.stderr
+            wait_records(nodes, 330)
+            for node in nodes:
+                wait_mark(node, 300)
+            result = check_group([n.root for n in nodes], STREAM)
+            assert result.violation is None and result.checked == 330, result.plain()
+            records = journal_records(nodes[0].root)
+            assert [body for _, _, body in records[300:]] == [b"record %d" % i for i in range(301, 331)]
+    finally:
+        if mirror is not None and mirror.poll() is None:
+            mirror.send_signal(signal.SIGTERM)
+            mirror.wait(15)
+        source.stop()
+        for node in nodes:
+            node.close()
+
+
+def test_the_groups_promotions_are_written_only_by_its_leader_and_a_leaders_own_marks_join_them(
+    etcd: EtcdProcess,
+) -> None:
+    client, prefix, leader_key = Etcd(etcd.url), "/zeps/ha/t/promoted/", "/zeps/ha/t/leader"
+    epoch = client.create(leader_key, "n0", client.grant(5))
+    assert epoch is not None
+    assert promote(prefix, "s", 10, leader_key, epoch, client)
+    assert not promote(prefix, "s", 11, leader_key, epoch + 1, client), "a write of another epoch is fenced out"
+    assert take_promotions(prefix, {"s": 99, "t": 5}, leader_key, epoch, client) == {"s": 10, "t": 5}
+    assert client.get(f"{prefix}t") == "5", "a mark of the new leader's own journal that etcd lacked"
+    client.delete(leader_key)  # deposed: it reads the group's promotions, and adds none
+    assert take_promotions(prefix, {"u": 1}, leader_key, epoch, client) == {"s": 10, "t": 5}
+    assert client.get(f"{prefix}u") is None
