@@ -316,7 +316,7 @@ class Gateway:
     def _stream_ads(self) -> list[A.StreamAd]:
         """The streams as announced: heads, channels, and what copy this gateway holds (docs/mirroring.md)."""
         heads = {name: lane.writer.last_seq for name, lane in self.lanes.items()}
-        copies = {name: (rules.role.value, self.mirror_sources.get(name, "")) for name, rules in self.mirrors.items()}
+        copies = {name: (rules.role.copy, self.mirror_sources.get(name, "")) for name, rules in self.mirrors.items()}
         return gateway_streams(heads, [(o.endpoint, o.sent_head) for o in self.outs], copies)
 
     def _publishers_wait(self) -> bool:
@@ -630,6 +630,8 @@ class Gateway:
             at = verdict.head
             self.replication.promote(stream, at, lambda failure: self._promoted(identity, stream, at, failure))
             return
+        if isinstance(cmd, P.Mirror) and isinstance(verdict, MR.Resume):
+            self.mirror_sources[stream] = A.announceable(cmd.source)  # announced as this copy's source
         self._carry_out(identity, stream, verdict, batch, confirm)
 
     def _carry_out(
@@ -641,8 +643,6 @@ class Gateway:
             case MR.Refuse(reason=reason):
                 self._reject(identity, reason, kind="mirror")
             case MR.Resume(head=at):
-                assert isinstance(cmd, P.Mirror)
-                self.mirror_sources[stream] = A.announceable(cmd.source)
                 self.reply(identity, P.MirrorOk(at, lane.writer.last_ts_ns))
             case MR.PromotedAt(head=at):
                 self.reply(identity, P.PromoteOk(at))

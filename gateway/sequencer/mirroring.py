@@ -42,6 +42,7 @@ import enum
 from dataclasses import dataclass
 
 from gateway import machine
+from gateway.wire import announce as A
 from gateway.wire.protocol import RETRY_LATER
 
 
@@ -50,6 +51,12 @@ class Role(enum.Enum):
     MIRROR = "mirror"
     PROMOTING = "promoting"
     PROMOTED = "promoted"
+
+    @property
+    def copy(self) -> str:
+        """The copy a gateway announces holding (gateway.wire.announce.COPIES): a promotion not persisted yet
+        is still a mirror."""
+        return A.MIRROR if self is Role.PROMOTING else self.value
 
 
 # --- events -----------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ def ann(node_id: int, node: str, *streams: A.StreamAd, ingest: str = "") -> A.An
 
 
 def test_the_copies_are_the_mirroring_rules_roles() -> None:
-    assert [role.value for role in MR.Role] == list(A.COPIES)
+    assert sorted({role.copy for role in MR.Role}) == sorted(A.COPIES)
+    assert MR.Role.PROMOTING.copy == A.MIRROR  # not promoted until the mark is persisted
 
 
 @pytest.mark.parametrize("key", [None, KEY])
