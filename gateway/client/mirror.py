@@ -15,7 +15,8 @@ refused) ends the round; the next one, after a backoff, takes the next source an
 MirrorError: records gone at the source (TRIMMED, or a first batch beyond H + 1: exactly which are named, nothing
 is skipped in silence), a target that was promoted or is no mirror, a source that refuses the stream.
 
-Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`;
+Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`, and
+between rounds in a session of its own (so the lag grows while the mirror site is down);
 `status` holds the heads and lag, read by the metrics (gateway.client.mirror_metrics) and a log line every `log_s`.
 Threading: one thread runs `run()`; the metrics' HTTP thread only reads `status` (ints and floats, each whole).
 """
@@ -120,8 +121,21 @@ class Mirror:
                 if self.status.mirrored_records > progress:  # that round did mirror: a new fault, a short wait
                     backoff = BACKOFF_MIN_S
                 log.warning("mirror of %s: %s; resuming from the mirror site's head in %.1f s", c.stream, exc, backoff)
-            self._sleep(backoff, until)
+            self._sleep(backoff - self._watch_source(source, backoff), until)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _watch_source(self, source: str, within: float) -> float:
+        """Between rounds, the source's head, asked within `within` s: the lag keeps growing while the mirror
+        site is down (a round's own probe runs only while it forwards). Best effort; the seconds it took."""
+        c, st, t0 = self.config, self.status, time.monotonic()
+        try:
+            with ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=within, curve=c.source_curve,
+                              ctx=self.ctx, fail_unreachable=True) as client:  # fmt: skip
+                st.source_head = max(st.source_head, probe(client, B.MAX_SEQ)[0].last)
+        except ReplayError:
+            pass  # the source is down or silent too: the head last seen stands
+        self._report(time.monotonic())
+        return time.monotonic() - t0
 
     def _sleep(self, seconds: float, until: Callable[[], bool]) -> None:
         end = time.monotonic() + seconds
