@@ -11,7 +11,9 @@ Rounds: a round opens a session with one target endpoint (gateway.client.mirror_
 subscribes at one source sidecar after H, and forwards each batch once it starts at the next sequence; at most
 `window` batches wait for their PUBLISH-OK. A failure worth retrying (no answer, a closed connection, a batch
 refused) ends the round; the next one, after a backoff, takes the next source and target endpoint in turn
-(several sidecars of the source, the nodes of a replicated mirror site). A final failure ends the mirror with
+(several sidecars of the source, the nodes of a replicated mirror site). A round whose source sidecar has
+been idle for `probe_s` asks the others' heads, and ends if one holds more (a source group's leader that died
+beside its sidecar leaves that sidecar serving a journal that no longer grows). A final failure ends the mirror with
 MirrorError: records gone at the source (TRIMMED, or a first batch beyond H + 1: exactly which are named, nothing
 is skipped in silence), a target that was promoted or is no mirror, a source that refuses the stream.
 
@@ -127,15 +129,37 @@ class Mirror:
     def _watch_source(self, source: str, within: float) -> float:
         """Between rounds, the source's head, asked within `within` s: the lag keeps growing while the mirror
         site is down (a round's own probe runs only while it forwards). Best effort; the seconds it took."""
-        c, st, t0 = self.config, self.status, time.monotonic()
+        t0 = time.monotonic()
+        self._head_at(source, within)
+        self._report(time.monotonic())
+        return time.monotonic() - t0
+
+    def _head_at(self, source: str, within: float) -> int | None:
+        """The head of the sidecar at `source`, asked in a session of its own within `within` s (None: down or
+        silent); it raises the source's head as known."""
+        c, st = self.config, self.status
         try:
             with ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=within, curve=c.source_curve,
                               ctx=self.ctx, fail_unreachable=True) as client:  # fmt: skip
-                st.source_head = max(st.source_head, probe(client, B.MAX_SEQ)[0].last)
+                head = probe(client, B.MAX_SEQ)[0].last
         except ReplayError:
-            pass  # the source is down or silent too: the head last seen stands
-        self._report(time.monotonic())
-        return time.monotonic() - t0
+            return None
+        st.source_head = max(st.source_head, head)
+        return head
+
+    def _ahead_elsewhere(self) -> None:
+        """PublishError if another source sidecar holds records this round's has not delivered: asked while this
+        one is idle and level. A sidecar beside a source gateway that died (its leader killed, the sidecar left
+        running) serves a journal that no longer grows, and says so to every probe; its group's new leader
+        journals on another node, whose sidecar is the one to read."""
+        c, st = self.config, self.status
+        for other in (s for s in c.sources if s != self._source):
+            head = self._head_at(other, min(c.timeout_s, 1.0))
+            if head is not None and head > st.head:
+                raise PublishError(
+                    f"the source sidecar at {self._source} delivered nothing for {c.probe_s:g} s at sequence "
+                    f"{st.head} while {other} holds up to {head} (the source's leader moved?): reading there"
+                )
 
     def _sleep(self, seconds: float, until: Callable[[], bool]) -> None:
         end = time.monotonic() + seconds
@@ -183,13 +207,15 @@ class Mirror:
     def _forward(self, client: ReplayClient, target: MirrorTarget, until: Callable[[], bool]) -> None:
         c, st = self.config, self.status
         expected = st.head + 1
-        probe, next_probe = -1, 0.0
+        probe, next_probe, fed_at = -1, 0.0, time.monotonic()
         poller = zmq.Poller()
         poller.register(target.sock, zmq.POLLIN)
         while not (self._stopping or until()):
             now = time.monotonic()
             if client.ready and now >= next_probe:
-                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), now + c.probe_s
+                if now - fed_at >= c.probe_s and not st.in_flight and len(c.sources) > 1:
+                    self._ahead_elsewhere()  # this one is idle: is it the one that moves?
+                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), time.monotonic() + c.probe_s
             room = len(st.in_flight) < c.window
             poller.register(client.sock, zmq.POLLIN if room else 0)
             poller.poll(50 if client.ready else 10)
@@ -200,7 +226,7 @@ class Mirror:
             while room and (event := client.recv(0)) is not None:
                 match event:
                     case B.Batch() if event.count:
-                        expected = self._send(target, event, expected)
+                        expected, fed_at = self._send(target, event, expected), time.monotonic()
                     case P.Trimmed(requested=lo, first_retained=first):
                         raise self._gone(lo, first - 1, first)
                     case P.FetchEnd(request_id=rid, last=head) if rid == probe:

@@ -960,3 +960,50 @@ def test_a_mirror_site_that_is_a_group_journals_the_source_on_every_node_across_
         source.stop()
         for node in nodes:
             node.kill9()
+
+
+@pytest.mark.parametrize("whole_node", [True, False], ids=["node-killed", "gateway-only-killed"])
+def test_a_mirror_of_a_source_group_follows_it_across_its_leaders_kill(
+    etcd: EtcdProcess, tmp_path: Path, whole_node: bool
+) -> None:
+    """Site mirroring (docs/mirroring.md) from a replicated source group, `--source` naming every node's sidecar,
+    the leader's first: the source's leader is killed -9 (its whole node, or its gateway alone while its sidecar
+    goes on serving a journal that no longer grows); the mirror site gets every record the new leader journals."""
+    nodes = start_group(tmp_path, etcd, 2)
+    first, _ = leader(etcd, nodes)
+    ordered = [first, *(n for n in nodes if n is not first)]
+    mirror_root = tmp_path / "mirror"
+    mirror_root.mkdir()
+    site_b = GatewayProcess(mirror_root, "--mirror", STREAM, streams=(STREAM,))
+    log = open(tmp_path / "mirror.log", "ab")  # noqa: SIM115 (the child keeps it)
+    mirror = subprocess.Popen([*ZEPS, "mirror", "-v", "--source", ",".join(n.replay for n in ordered), "--to",
+                               site_b.ingest, "--stream", STREAM, "--timeout", "2s"], stderr=log)  # fmt: skip
+    try:
+        sent = 0
+        for killed in (False, True):
+            up = [n.ingest for n in nodes if not (killed and n is first)]
+            with Client(up, STREAM, confirm=True, timeout=30) as pub:
+                for i in range(sent + 1, sent + 1001):
+                    pub.publish("k", f"record-{i}".encode())
+                sent = pub.flush() or 0
+            deadline = time.monotonic() + 60
+            while len(journal_records(mirror_root, STREAM)) < sent:
+                assert time.monotonic() < deadline and mirror.poll() is None, (tmp_path / "mirror.log").read_text()
+                time.sleep(0.1)
+            survivor = next(n for n in ordered if n.procs and n is not (first if killed else None))
+            result = check_group([survivor.journal, mirror_root], STREAM)
+            assert result.violation is None and result.checked == sent, result.plain()
+            if not killed:
+                if whole_node:
+                    first.kill9()
+                else:
+                    first.signal(signal.SIGKILL)  # the gateway; its sidecar serves on
+                    first.procs[0].wait(10)
+                leader(etcd, [n for n in nodes if n is not first])
+    finally:
+        mirror.send_signal(signal.SIGTERM)
+        code = mirror.wait(15)
+        site_b.stop()
+        for node in nodes:
+            node.kill9()
+    assert code == 0, (tmp_path / "mirror.log").read_text()
