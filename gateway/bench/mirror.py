@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from gateway.bench.runner import (
     repeat,
     runqueue_seconds,
     stop,
+    stop_process,
     times,
 )
 from gateway.client.publisher import Publisher
@@ -352,13 +352,8 @@ class _Mirror:
         return lines[-1] if lines else "(nothing on stderr)"
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 @contextlib.contextmanager
