@@ -23,6 +23,7 @@ SCENARIOS = (
     "memory",
     "sink",
     "failover",
+    "mirror",
     "chaos",
     "soak",
 )

@@ -224,6 +224,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
+def runqueue_seconds(pid: int) -> float:
+    """Time a process's threads spent runnable but waiting for a CPU, from /proc/PID/task/*/schedstat: on a
+    loaded machine, what starves a pipeline whose processes each use little CPU."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/statm."""
     with open(f"/proc/{pid}/statm") as f:

@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "top",
-        help="live view of a deployment from its metrics endpoints (streams, sidecars, subscribers)",
+        help="live view of a deployment from its metrics endpoints (streams, sidecars, subscribers, mirrors)",
         description="Scrapes the --metrics endpoints of gateways, replay sidecars and subscribers every --interval "
         "seconds and shows, refreshed in place: per stream the head, rates, bytes and publishers; multicast "
-        "outputs; the sidecars' clients and credit; each subscriber's state, lag, gaps and losses; and every "
+        "outputs; the sidecars' clients and credit; each subscriber's state, lag, gaps and losses; each site "
+        "mirror's heads and how far it is behind its source (records and seconds); and every "
         "error counter that moved. --once --json prints one view as JSON (rates over one --interval) for scripts.",
     )
     p.add_argument(
@@ -39,6 +40,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="a subscriber's --metrics",
     )
+    p.add_argument(
+        "--mirror", action="append", default=[], type=host_port, metavar="HOST:PORT", help="a `zeps mirror`'s --metrics"
+    )
     p.add_argument("--interval", type=duration, default=1.0, help="seconds between refreshes (default 1)")
     p.add_argument("--once", action="store_true", help="one view (two scrapes, --interval apart, for rates), then exit")
     p.add_argument("--json", action="store_true", help="JSON instead of tables: one object per refresh, one line each")
@@ -51,9 +55,12 @@ def _run(args: argparse.Namespace) -> int:
     if not args.interval > 0:
         print(f"zeps top: --interval {args.interval:g}: must be more than 0 seconds", file=sys.stderr)
         return 2
-    chosen = targets(args.gateway, args.replay, args.subscriber)
+    chosen = targets(args.gateway, args.replay, args.subscriber, args.mirror)
     if not chosen:
-        print("zeps top: name at least one endpoint: --gateway, --replay or --subscriber HOST:PORT", file=sys.stderr)
+        print(
+            "zeps top: name at least one endpoint: --gateway, --replay, --subscriber or --mirror HOST:PORT",
+            file=sys.stderr,
+        )
         return 2
     if not args.json and not extras.importable("rich"):
         # As every command short of an extra: exit 2, one line naming it and the pip command (gateway.cli.extras).
@@ -100,4 +107,6 @@ def _live(top: Top, interval: float) -> int:
 
 
 def _all_up(view: dict[str, Any]) -> bool:
-    return all(entry["up"] for kind in ("gateway", "replay", "subscriber") for entry in view[kind])
+    from gateway.tools.top import KINDS
+
+    return all(entry["up"] for kind in KINDS for entry in view[kind])

@@ -18,7 +18,8 @@ the round, and the next one starts at the sidecar holding the most. A final fail
 MirrorError: records gone at the source (TRIMMED, or a first batch beyond H + 1: exactly which are named, nothing
 is skipped in silence), a target that was promoted or is no mirror, a source that refuses the stream.
 
-Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`;
+Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`, and
+between rounds in a session of its own (so the lag grows while the mirror site is down);
 `status` holds the heads and lag, read by the metrics (gateway.client.mirror_metrics) and a log line every `log_s`.
 Threading: one thread runs `run()`; the metrics' HTTP thread only reads `status` (ints and floats, each whole).
 """
@@ -127,8 +128,29 @@ class Mirror:
                 if self.status.mirrored_records > progress:  # that round did mirror: a new fault, a short wait
                     backoff = BACKOFF_MIN_S
                 log.warning("mirror of %s: %s; resuming from the mirror site's head in %.1f s", c.stream, exc, backoff)
-            self._sleep(backoff, until)
+            self._sleep(backoff - self._watch_source(source, backoff), until)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    def _watch_source(self, source: str, within: float) -> float:
+        """Between rounds, the source's head, asked within `within` s: the lag keeps growing while the mirror
+        site is down (a round's own probe runs only while it forwards). Best effort; the seconds it took."""
+        t0 = time.monotonic()
+        self._head_at(source, within)
+        self._report(time.monotonic())
+        return time.monotonic() - t0
+
+    def _head_at(self, source: str, within: float) -> int | None:
+        """The head of the sidecar at `source`, asked in a session of its own within `within` s (None: down or
+        silent); it raises the source's head as known."""
+        c, st = self.config, self.status
+        try:
+            with ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=within, curve=c.source_curve,
+                              ctx=self.ctx, fail_unreachable=True) as client:  # fmt: skip
+                head = probe(client, B.MAX_SEQ)[0].last
+        except ReplayError:
+            return None
+        st.source_head = max(st.source_head, head)
+        return head
 
     def _sleep(self, seconds: float, until: Callable[[], bool]) -> None:
         end = time.monotonic() + seconds
@@ -195,7 +217,7 @@ class Mirror:
         while not (self._stopping or until()):
             now = time.monotonic()
             if client.ready and now >= next_probe:
-                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), now + c.probe_s
+                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), time.monotonic() + c.probe_s
             room = len(st.in_flight) < c.window
             poller.register(client.sock, zmq.POLLIN if room else 0)
             poller.poll(50 if client.ready else 10)

@@ -9,6 +9,8 @@ The view is what the terminal shows (gateway.tools.top_view) and what `zeps top 
   and bytes served per second, gap-fill requests (FETCH) per second, stalls;
 - per subscriber: state, head, lag, records delivered per second and by source, gaps detected and repaired
   from replay, records lost, messages rejected, replay reconnects;
+- per site mirror (`zeps mirror --metrics`), per stream: the mirror site's head and the source's, how far
+  behind the source it is in records and seconds, records mirrored per second, and its resumes;
 - for every target, `problems`: each error counter that is not 0 (empty in a healthy deployment).
 
 Rates are the difference between two scrapes over the time between them (None after the first, or when a
@@ -26,7 +28,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-KINDS = ("gateway", "replay", "subscriber")
+KINDS = ("gateway", "replay", "subscriber", "mirror")
 
 Labels = frozenset[tuple[str, str]]
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # sample name -> (labels, value) for each series
@@ -47,6 +49,7 @@ ERRORS: dict[str, tuple[tuple[str, str, frozenset[str] | None], ...]] = {
         ("zeps_subscriber_lost_records_total", "stream", None),
         ("zeps_subscriber_rejected_messages_total", "reason", None),
     ),
+    "mirror": (),  # its failures end it (exit 1) or show as resumes and lag
 }
 
 
@@ -195,7 +198,22 @@ def _subscriber(s: _Scrape) -> dict[str, Any]:
     return {"streams": streams}
 
 
-_VIEWS = {"gateway": _gateway, "replay": _replay, "subscriber": _subscriber}
+def _mirror(s: _Scrape) -> dict[str, Any]:
+    streams = {}
+    for name in s.values("zeps_mirror_head_sequence", "stream"):
+        streams[name] = {
+            "head": s.count("zeps_mirror_head_sequence", stream=name),
+            "source_head": s.count("zeps_mirror_source_head_sequence", stream=name),
+            "lag_records": s.count("zeps_mirror_lag_records", stream=name),
+            "lag_seconds": s.get("zeps_mirror_lag_seconds", stream=name),
+            "records_per_s": s.rate("zeps_mirror_mirrored_records_total", stream=name),
+            "mirrored_records": s.count("zeps_mirror_mirrored_records_total", stream=name),
+            "resumes": s.count("zeps_mirror_resumes_total", stream=name),
+        }
+    return {"streams": streams}
+
+
+_VIEWS = {"gateway": _gateway, "replay": _replay, "subscriber": _subscriber, "mirror": _mirror}
 
 
 class Top:
@@ -215,7 +233,7 @@ class Top:
 
     def view(self) -> dict[str, Any]:
         """One scrape of every target, as the view described in the module docstring."""
-        out: dict[str, Any] = {"time": time.time(), "gateway": [], "replay": [], "subscriber": []}
+        out: dict[str, Any] = {"time": time.time(), **{kind: [] for kind in KINDS}}
         for target, (at, got) in zip(self.targets, self._pool.map(self._fetch, self.targets), strict=True):
             entry: dict[str, Any] = {"address": target.address, "up": not isinstance(got, str)}
             if isinstance(got, str):
@@ -234,11 +252,14 @@ class Top:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def targets(gateways: Iterable[str], replays: Iterable[str], subscribers: Iterable[str]) -> list[Target]:
+def targets(
+    gateways: Iterable[str], replays: Iterable[str], subscribers: Iterable[str], mirrors: Iterable[str] = ()
+) -> list[Target]:
     return [
         *(Target("gateway", a) for a in gateways),
         *(Target("replay", a) for a in replays),
         *(Target("subscriber", a) for a in subscribers),
+        *(Target("mirror", a) for a in mirrors),
     ]
 
 

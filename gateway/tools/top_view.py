@@ -1,7 +1,7 @@
 """`zeps top`'s screen: the view of gateway.tools.top as rich tables, one per part of the deployment.
 
-Streams (per gateway), multicast outputs, replay sidecars, subscribers, then problems (targets down and every
-error counter that is not 0): the order in which data flows. Numbers are exact where they identify something
+Streams (per gateway), multicast outputs, replay sidecars, subscribers, site mirrors, then problems (targets down
+and every error counter that is not 0): the order in which data flows. Numbers are exact where they identify something
 (sequences) and short where they measure (12.3k, 4.5MB). Red is wrong; yellow needs a look.
 """
 
@@ -15,8 +15,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-KINDS = ("gateway", "replay", "subscriber")
-_NAMES = {"gateway": "gateway", "replay": "sidecar", "subscriber": "subscriber"}
+KINDS = ("gateway", "replay", "subscriber", "mirror")
+_NAMES = {"gateway": "gateway", "replay": "sidecar", "subscriber": "subscriber", "mirror": "mirror"}
+MIRROR_LATE_S = 10.0  # a mirror this far behind its source shows red
 _STATE_STYLE = {"MERGED": "green", "CATCHING_UP": "yellow", "RECOVERING": "yellow", "CLOSED": "red"}
 
 
@@ -166,6 +167,28 @@ def _subscribers(view: dict[str, Any]) -> Table:
     return t.table
 
 
+def _mirrors(view: dict[str, Any]) -> Table:
+    t = _Section("Mirrors", view["mirror"], "mirror", "stream", "head", "source head", "behind", "behind s", "rec/s",
+                 "resumes")  # fmt: skip
+    for mirror in view["mirror"]:
+        if not mirror["up"]:
+            t.down(mirror)
+            continue
+        for name, s in mirror["streams"].items():
+            late = "red" if s["lag_seconds"] >= MIRROR_LATE_S else "yellow" if s["lag_records"] else ""
+            t.row(
+                mirror,
+                name,
+                f"{s['head']:,}",
+                f"{s['source_head']:,}",
+                Text(f"{s['lag_records']:,}", style=late),
+                Text(f"{s['lag_seconds']:.3f}", style=late),
+                short(s["records_per_s"]),
+                Text(str(s["resumes"]), style="yellow" if s["resumes"] else ""),
+            )
+    return t.table
+
+
 def _problems(view: dict[str, Any]) -> Text:
     lines = []
     for kind in KINDS:
@@ -189,6 +212,8 @@ def render(view: dict[str, Any], interval: float) -> RenderableType:
         parts.append(_replay(view))
     if view["subscriber"]:
         parts.append(_subscribers(view))
+    if view["mirror"]:
+        parts.append(_mirrors(view))
     parts.append(_problems(view))
     spaced: list[RenderableType] = []
     for part in parts:

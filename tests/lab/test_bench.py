@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench import SCENARIOS, BenchError, failover, report, scenario
+from gateway.bench import SCENARIOS, BenchError, failover, mirror, report, scenario
 from gateway.bench.runner import Result, Settings, machine
 from gateway.cli.main import main
 from gateway.tools.hagroup import NODE_OPTIONS
@@ -33,7 +33,7 @@ def _check(result: Result, name: str) -> None:
     assert not [n for n in result.notes if "failed" in n], result.notes
 
 
-@pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in ("replay", "memory", "failover", "soak")])
+@pytest.mark.parametrize("name", [s for s in SCENARIOS if s not in ("replay", "memory", "failover", "soak", "mirror")])
 def test_scenario_quick(name: str, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.fail("zeps bench needs root (network namespaces): run the tests as root", pytrace=False)
@@ -75,6 +75,33 @@ def test_failover_quick_delivers_every_record_once(tmp_path: Path) -> None:
     ]
     assert all(row[1].median > 0 and row[2].median > 0 for row in cost.rows)  # publisher and subscriber clocks
     assert len(result.targets) == 3
+    assert not _my_labs()
+    assert not any(tmp_path.iterdir())
+
+
+def test_mirror_quick_measures_every_link_and_numbers_are_sane(tmp_path: Path) -> None:
+    """Issue #35's benchmark in the two-site lab: a row per link in each table, every cell measured and plausible
+    (a run that missed a record or failed to promote fails, as a "failed" note)."""
+    result = scenario("mirror").run(Settings(runs=1, quick=True, tmp=tmp_path))
+    _check(result, "mirror")
+    lag, rates, promotion = result.tables
+    links = [link.name for link in mirror.LINKS]
+    assert [[row[0] for row in table.rows] for table in result.tables] == [links] * 3
+    for row in lag.rows:
+        a_p50, a_p99, b_p50, b_p99, added = (cell.median for cell in row[1:])
+        assert 0 < a_p50 <= a_p99 < 1_000 and 0 < b_p50 <= b_p99 < 10_000
+        assert added == pytest.approx(b_p99 - a_p99)
+    _, *wans = lag.rows
+    assert all(wan[3].median > mirror.WAN.delay_ms for wan in wans)  # B's p50: one way across the WAN at least
+    for row in rates.rows:
+        mirrored, read, *cpu_us, waiting = (cell.median for cell in row[1:])
+        assert 1_000 < mirrored < 10_000_000 and 1_000 < read < 10_000_000
+        assert all(0 < us < 1_000 for us in cpu_us) and 0 <= waiting <= 100 * os.cpu_count()
+    for row in promotion.rows:
+        command, first_publish = row[2].median, row[3].median
+        assert 0 < command <= first_publish < 60
+    assert {t.issue for t in result.targets} == {None} and result.issue == 35
+    assert len(result.targets) == 2 + 2 * len(wans) + len(links)
     assert not _my_labs()
     assert not any(tmp_path.iterdir())
 

@@ -5,17 +5,19 @@ What is proved: the mirror site's journal equals the source's over the mirrored 
 comparison: one content per sequence, journal times included, no gap); a subscriber at the mirror site gets
 1..N exactly once; a mirror killed -9 resumes exactly; two mirrors at once duplicate nothing; an ordinary
 publisher at the mirror site is refused with the line; records gone at the source stop the mirror naming them;
-promotion is refused while the source answers, and fences the old source for good (across a restart).
+promotion is refused while the source answers, and fences the old source for good (across a restart); `zeps top`
+shows the mirror's lag, growing while the mirror site is down.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from gateway.client.subscriber import Subscriber
 from gateway.journal import JournalReader
 from gateway.journal.crosscheck import check_group
 from gateway.journal.layout import write_head
+from gateway.tools.top import Top, targets
 from gateway.wire import protocol as P
 
 WAIT_S = 60.0
@@ -303,3 +306,40 @@ def test_a_source_whose_journal_started_again_is_not_mirrored(sites: Sites, agai
     assert done.returncode == 1, done.stderr
     assert "different histories" in done.stderr and named in done.stderr, done.stderr
     assert head_of(sites.b_root) == 100
+
+
+def mirror_lag(port: int, wanted: Callable[[dict], bool]) -> dict:
+    """`zeps top`'s view of the mirror serving metrics on `port` (its one stream), once `wanted(view)`."""
+    top, deadline = Top(targets((), (), (), [f"127.0.0.1:{port}"])), time.monotonic() + WAIT_S
+    try:
+        while not wanted(got := top.view()["mirror"][0].get("streams", {}).get(STREAM, {})):
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        return got
+    finally:
+        top.close()
+
+
+def test_zeps_top_shows_the_mirror_behind_while_the_mirror_site_is_down(sites: Sites) -> None:
+    port = free_port()
+    sites.publish(1000)
+    mirror = sites.mirror("mirror", "--metrics", f"127.0.0.1:{port}")
+    try:
+        level = mirror_lag(port, lambda s: s.get("source_head") == 1000 and s.get("head") == 1000)
+        assert (level["lag_records"], level["lag_seconds"], level["mirrored_records"]) == (0, 0.0, 1000)
+        sites.b.kill9()
+        sites.publish(500)  # the source goes on without the mirror site
+        mirror_lag(port, lambda s: s.get("source_head") == 1500)  # asked between the mirror's rounds
+        done = zeps("top", "--once", "--json", "--interval", "1", "--mirror", f"127.0.0.1:{port}")
+        assert done.returncode == 0, done.stderr
+        [entry] = json.loads(done.stdout)["mirror"]
+        behind = entry["streams"][STREAM]
+        assert (behind["head"], behind["source_head"], behind["lag_records"]) == (1000, 1500, 500), behind
+        assert behind["lag_seconds"] > 0 and behind["resumes"] >= 1, behind
+        assert entry["up"] and entry["problems"] == []
+        sites.b.restart()
+        caught_up = mirror_lag(port, lambda s: s.get("head") == 1500)
+        assert caught_up["lag_records"] == 0 and caught_up["lag_seconds"] == 0.0, caught_up
+    finally:
+        assert stop(mirror) == 0, sites.log()
+    sites.assert_equal_journals()

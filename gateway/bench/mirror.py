@@ -1,0 +1,384 @@
+"""Scenario: site mirroring (issue #35), `zeps mirror` between the two LANs of netlab's two-site lab.
+
+Site A: host a-gw runs the source's gateway and sidecar, a-pub the publisher, a-sub a subscriber. Site B: b-gw a
+gateway serving the stream with `--mirror` and its sidecar, b-sub a subscriber, b-mirror `zeps mirror` reading
+A's sidecar across the router and writing B's ingest. Both gateways run with `--rate-kbps` 1,000,000 (epgm). Each
+run starts both sites on fresh journals: with a perfect link between the sites (LAN to LAN); with the WAN
+delaying every packet 30 ms and losing 1% each way (RTT 60 ms; netlab's impairments on the router); and over
+that WAN with every host's TCP congestion control set to BBR (a sysctl of each namespace) instead of Linux's
+default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream).
+
+- Lag: A publishes at 10,000 records/s (100-byte bodies) while a reconciling subscriber on each LAN takes them
+  from its own site's multicast; each times publish -> delivery with the one clock of the machine. The mirror's
+  lag is B's p99 against A's, in the same run.
+- Throughput: the mirror is stopped, A's journal gets a burst (publish_many), and the mirror started again: the
+  rate at which B's journal head advances, from its first step to level (or for at most a bounded time over the
+  WAN), is the most the mirror keeps up with. Per stage, to find the hop that limits it: the rate of a plain
+  reader of A's sidecar on b-mirror (the same subscription, no forwarding), the CPU time per record each process
+  of the path spent while the mirror caught up (A's sidecar, the mirror, B's gateway: 1 / that is what the stage
+  would do with a core to itself), and the share of that time the mirror waited for a CPU (/proc schedstat: on
+  a loaded machine, what starves a pipeline whose processes each use little CPU).
+- Promotion: right after the catch-up, `zeps mirror promote` on b-mirror, and one confirmed publish at B: from
+  the command's start to that confirm (B need not be level: it continues from its own head). Python's start and
+  the CLI's imports are part of that; `zeps mirror promote --help`, timed just before, shows what they cost. LAN
+  to LAN with `--force` (A's publishers stopped: the command's own cost); over the WAN with A cut off and
+  `--source A` (the disaster case: the command first finds A silent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.bench import BenchError, pipeline
+from gateway.bench.runner import (
+    STREAM,
+    Progress,
+    Result,
+    Settings,
+    Stat,
+    Table,
+    Target,
+    cpu_seconds,
+    percentiles,
+    repeat,
+    runqueue_seconds,
+    stop,
+    stop_process,
+    times,
+)
+from gateway.client.publisher import Publisher
+from gateway.client.replay_client import ReplayClient
+from gateway.journal import JournalReader
+from gateway.tools.deployment import Deployment
+from gateway.wire import batch as B
+from netlab import MP, Impairment, Sites, ns
+
+TITLE = "Site mirroring: throughput, lag and promotion between two LANs"
+LAG_RATE = 10_000.0
+WAN = Impairment(delay_ms=30, loss_pct=1)
+RTT_MS = 2 * WAN.delay_ms
+
+
+@dataclass(frozen=True)
+class Link:
+    """How the sites are joined: the WAN's impairment (None: a perfect link) and the hosts' TCP congestion
+    control (a sysctl of each namespace; None: the kernel's default, CUBIC)."""
+
+    name: str
+    wan: Impairment | None = None
+    congestion: str | None = None
+
+
+LAN = Link("LAN to LAN")
+LINKS = (LAN, Link("WAN 30 ms, 1% loss", WAN), Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"))
+A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror")
+TARGET_LAN_RATE, TARGET_WAN_RATE = 500_000.0, 200_000.0
+TARGET_ADDED_P99_MS = 5.0  # LAN to LAN: B's p99 at most this above A's
+TARGET_WAN_P99_MS = RTT_MS + 20.0  # over the WAN: B's p99 (publish at A -> delivery at B) at most this
+TARGET_PROMOTION_S = 1.0
+CATCHUP_S = 30.0  # longest a catch-up is timed (over the WAN it does not finish: the rate so far)
+POLL_S = 0.02
+CONGESTION = "/proc/sys/net/ipv4/tcp_congestion_control"
+STAGES = ("sidecar_us", "mirror_us", "b_gateway_us")
+
+
+def estimate(settings: Settings) -> float:
+    return 60 + len(LINKS) * settings.runs * (40 if settings.quick else 120)
+
+
+def run(settings: Settings) -> Result:
+    progress = Progress("mirror")
+    lag_count = settings.size(60_000, 3_000)
+    burst = settings.size(1_000_000, 50_000)
+    failures: list[str] = []
+    stats: dict[str, dict[str, list[float]]] = {}
+    for link in LINKS:
+        with Sites(A_HOSTS, B_HOSTS, wan=link.wan) as sites:
+            if link.congestion:
+                for host in sites.hosts:
+                    ns.call_in_netns(host.netns, Path(CONGESTION).write_text, link.congestion)
+            what = f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion"
+            stats[link.name] = repeat(settings.runs, progress, what, _Run(sites, settings, link, lag_count, burst),
+                                      failures)  # fmt: skip
+
+    def cell(link: Link, key: str, unit: str = "", digits: int = 0) -> Stat:
+        return Stat.of(stats[link.name].get(key), unit, digits)
+
+    lag_rows = [
+        (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
+        for link in LINKS
+    ]
+    rate_rows = [
+        (link.name, cell(link, "mirror_rate"), cell(link, "read_rate"), *(cell(link, k, digits=2) for k in STAGES),
+         cell(link, "mirror_waiting", "%"))
+        for link in LINKS
+    ]  # fmt: skip
+    promo_rows = [
+        (link.name, "--force" if link.wan is None else "A cut off, --source A", cell(link, "promote_s", "s", 2),
+         cell(link, "first_publish_s", "s", 2), cell(link, "cold_start_s", "s", 2))
+        for link in LINKS
+    ]  # fmt: skip
+    targets = [
+        _at_least(f"{LAN.name}: the mirror keeps up with >= {TARGET_LAN_RATE:,.0f} records/s",
+                  cell(LAN, "mirror_rate"), TARGET_LAN_RATE),
+        _at_most(f"{LAN.name}: mirror lag p99 at {LAG_RATE:,.0f}/s at most {TARGET_ADDED_P99_MS:g} ms above the "
+                 "source's own publish -> delivery p99", cell(LAN, "added_p99", "ms", 2), TARGET_ADDED_P99_MS),
+    ]  # fmt: skip
+    for link in (link for link in LINKS if link.wan is not None):
+        targets += [
+            _at_least(f"{link.name}: >= {TARGET_WAN_RATE:,.0f} records/s sustained", cell(link, "mirror_rate"),
+                      TARGET_WAN_RATE),
+            _at_most(f"{link.name}: lag p99 at {LAG_RATE:,.0f}/s (publish at A -> delivery at B) <= RTT + 20 ms "
+                     f"({TARGET_WAN_P99_MS:g} ms)", cell(link, "b_p99", "ms", 2), TARGET_WAN_P99_MS),
+        ]  # fmt: skip
+    targets += [
+        _at_most(
+            f"{link.name}: promotion, command to first publish accepted at B, < {TARGET_PROMOTION_S:g} s",
+            cell(link, "first_publish_s", "s", 2),
+            TARGET_PROMOTION_S,
+        )
+        for link in LINKS
+    ]
+    return Result(
+        "mirror",
+        TITLE,
+        method=__doc__.split("\n\n", 1)[1].strip(),
+        tables=[
+            Table(
+                f"publish -> delivery at {LAG_RATE:,.0f} records/s, {lag_count:,} records: at site A (the source's "
+                "own) and at site B (through the mirror)",
+                ("link", "A p50", "A p99", "B p50", "B p99", "B p99 - A p99"),
+                lag_rows,
+            ),
+            Table(
+                f"catch-up of a {burst:,}-record burst (at most {CATCHUP_S:g} s timed), records/s; per stage: a "
+                "plain reader of A's sidecar on b-mirror, each process's CPU time per record while the mirror "
+                "caught up (1 / that is the stage's rate with a core of its own), and the share of that time the "
+                "mirror's threads waited for a CPU (the machine's load)",
+                (
+                    "link",
+                    "mirror",
+                    "sidecar read alone",
+                    "A's sidecar CPU µs/record",
+                    "mirror CPU µs/record",
+                    "B's gateway CPU µs/record",
+                    "mirror waiting for a CPU",
+                ),
+                rate_rows,
+            ),
+            Table(
+                "promotion: `zeps mirror promote` started -> it returned, and -> the first publish confirmed at B; "
+                "and, for reference, `zeps mirror promote --help` on that host (Python's start and the CLI's imports)",
+                ("link", "how", "command", "first publish at B", "`--help` alone"),
+                promo_rows,
+            ),
+        ],
+        targets=targets,
+        notes=failures,
+        runs=settings.runs,
+        seconds=time.monotonic() - progress.start,
+        issue=35,
+    )
+
+
+def _at_least(goal: str, stat: Stat, bound: float) -> Target:
+    return Target(goal, str(stat), stat.median >= bound)
+
+
+def _at_most(goal: str, stat: Stat, bound: float) -> Target:
+    return Target(goal, str(stat), stat.median <= bound)
+
+
+class _Run:
+    """One run on `sites`: fresh deployments at both sites, then lag, catch-up and promotion, in that order."""
+
+    def __init__(self, sites: Sites, settings: Settings, link: Link, lag_count: int, burst: int) -> None:
+        self.sites, self.settings, self.link = sites, settings, link
+        self.lag_count, self.burst = lag_count, burst
+        self.catchup_s = 5.0 if settings.quick else CATCHUP_S
+
+    def __call__(self, _: int) -> dict[str, float]:
+        with (
+            tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=self.settings.tmp) as tmp,
+            _site(self.sites, "a", Path(tmp) / "a") as a,
+            _site(self.sites, "b", Path(tmp) / "b", "--mirror", STREAM) as b,
+        ):
+            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log")
+            try:
+                out = self._lag(a, b, mirror)
+                out.update(self._catchup(a, b, mirror))
+                out.update(self._promotion(a, b, mirror))
+            finally:
+                mirror.stop()
+                self.sites.heal_wan()
+            return out
+
+    def _lag(self, a: Deployment, b: Deployment, mirror: _Mirror) -> dict[str, float]:
+        subs, readies = [], []
+        try:
+            for dep, host in ((a, "a-sub"), (b, "b-sub")):
+                ready = MP.Queue()
+                readies.append(ready)
+                subs.append(self.sites.start(host, pipeline.subscribe, dep.for_host(host), dep.replay, self.lag_count,
+                                             ready, pipeline.RATE_KBPS, False, True, 300.0))  # fmt: skip
+            for ready in readies:
+                if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
+                    raise BenchError("a subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+            self.sites.run("a-pub", pipeline.publish, a.ingest, self.lag_count, LAG_RATE, timeout=300)
+            got = [sub.result(timeout=300) for sub in subs]
+        finally:
+            stop(*subs)
+        out: dict[str, float] = {}
+        for site, result in zip("ab", got, strict=True):
+            if result["missing"] or result["disorder"]:
+                raise BenchError(f"site {site}'s subscriber missed {result['missing']} records: {result['summary']}")
+            out.update({f"{site}_{k}": v for k, v in percentiles(times(result["latencies"]), (50.0, 99.0)).items()})
+        out["added_p99"] = out["b_p99"] - out["a_p99"]
+        _wait_head(b.journal, self.lag_count, 60.0)
+        return out
+
+    def _catchup(self, a: Deployment, b: Deployment, mirror: _Mirror) -> dict[str, float]:
+        mirror.stop()
+        level = _head(b.journal)
+        total = level + self.burst
+        self.sites.run("a-pub", pipeline.publish, a.ingest, self.burst, 0.0, 0.0, 300.0, 1_000, timeout=330)
+        _wait_head(a.journal, total, 60.0)
+        read = self.sites.run("b-mirror", read_source, a.replay, level, total, self.catchup_s,
+                              timeout=self.catchup_s + 60)  # fmt: skip
+        mirror.start()
+        deadline = time.monotonic() + 60.0
+        while (start := _head(b.journal)) == level:  # the mirror's process starting and its session opening
+            mirror.check()
+            if time.monotonic() > deadline:
+                raise BenchError(f"the mirror did not start copying within 60 s: {mirror.tail()}")
+            time.sleep(POLL_S)
+        pids = dict(zip(STAGES, (_pid(a.sidecar), mirror.pid, b.gateway_pid), strict=True))
+        cpu0, wait0 = {k: cpu_seconds(pid) for k, pid in pids.items()}, runqueue_seconds(mirror.pid)
+        t0 = time.monotonic()
+        end = t0 + self.catchup_s
+        while (head := _head(b.journal)) < total and time.monotonic() < end:
+            time.sleep(POLL_S)
+        elapsed, records = time.monotonic() - t0, max(1, head - start)
+        out = {k: (cpu_seconds(pid) - cpu0[k]) / records * 1e6 for k, pid in pids.items()}
+        out["mirror_waiting"] = (runqueue_seconds(mirror.pid) - wait0) / elapsed * 100
+        return {"mirror_rate": (head - start) / elapsed, "read_rate": read, **out}
+
+    def _promotion(self, a: Deployment, b: Deployment, mirror: _Mirror) -> dict[str, float]:
+        if self.link.wan is None:
+            how = ["--force"]
+        else:
+            self.sites.cut_wan()
+            how = ["--source", a.replay]
+        done = self.sites.run("b-mirror", promote_and_publish, b.ingest, how, timeout=120)
+        promoted = re.search(r"promoted at sequence (\d+)", done["stdout"])
+        if done["code"] != 0 or promoted is None or done["seq"] != int(promoted[1]) + 1:
+            raise BenchError(f"promotion failed (exit {done['code']}, first sequence {done['seq']}): {done['stderr']}")
+        return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
+
+
+def read_source(replay: str, after: int, last: int, seconds: float) -> float:
+    """In host b-mirror: the mirror's subscription at A's sidecar (after `after`), read and nothing else, until
+    `last` or for at most `seconds`; records/s from the first batch."""
+    with ReplayClient(replay, STREAM, features=("batch", "range"), timeout=30.0) as client:
+        client.subscribe("", after)
+        head, t0, end = after, 0.0, time.monotonic() + 60.0
+        while head < last and time.monotonic() < end:
+            event = client.recv(1.0)
+            if isinstance(event, B.Batch) and event.count:
+                if not t0:
+                    t0, first, end = time.monotonic(), event.first_seq - 1, time.monotonic() + seconds
+                head = event.last_seq
+        if not t0:
+            raise BenchError(f"nothing came from the sidecar at {replay} within 60 s")
+        return (head - first) / (time.monotonic() - t0)
+
+
+def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
+    """In host b-mirror: `zeps mirror promote` with `how`, then one confirmed publish at B; the exit, what it
+    printed, the first sequence published, the seconds from the command's start to its end and to that confirm,
+    and for reference the wall time of `zeps mirror promote --help` on this host (the interpreter's start and the
+    CLI's imports: what the command costs before it does anything)."""
+    zeps = [sys.executable, "-m", "gateway.cli", "mirror", "promote"]
+    t0 = time.monotonic()
+    subprocess.run([*zeps, "--help"], capture_output=True, timeout=60, check=True)
+    cold_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    done = subprocess.run([*zeps, "--stream", STREAM, "--gateway", gateway, *how], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    promote_s, code = time.monotonic() - t0, done.returncode
+    seq = None
+    if code == 0:
+        with Publisher(gateway, STREAM, confirm=True, timeout=30.0) as pub:
+            pub.publish("key000", b"x" * 100)
+            seq = pub.flush()
+    return {"code": code, "stdout": done.stdout, "stderr": done.stderr, "seq": seq, "promote_s": promote_s,
+            "first_publish_s": time.monotonic() - t0, "cold_start_s": cold_s}  # fmt: skip
+
+
+class _Mirror:
+    """`zeps mirror` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
+
+    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path) -> None:
+        self.sites, self.log = sites, log
+        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", b.ingest,
+                     "--stream", STREAM]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.proc = self.sites.popen("b-mirror", self.argv, stderr=log)
+
+    def check(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise BenchError(f"the mirror exited {self.proc.returncode}: {self.tail()}")
+
+    def tail(self) -> str:
+        lines = self.log.read_text(errors="replace").strip().splitlines()
+        return lines[-1] if lines else "(nothing on stderr)"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+
+@contextlib.contextmanager
+def _site(sites: Sites, site: str, journal: Path, *extra: str) -> Iterator[Deployment]:
+    """The gateway (PGM at pipeline.RATE_KBPS) and sidecar on host "{site}-gw"; stopped on exit."""
+    dep = Deployment(sites.lab(site), journal, STREAM, host=f"{site}-gw",
+                     gateway_args=[*pipeline.gateway_options(), *extra])  # fmt: skip
+    try:
+        yield dep
+    finally:
+        dep.close()
+
+
+def _pid(proc: subprocess.Popen | None) -> int:
+    assert proc is not None  # a Deployment starts both at once
+    return proc.pid
+
+
+def _head(journal: Path) -> int:
+    return JournalReader(journal, STREAM).last_seq
+
+
+def _wait_head(journal: Path, head: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while _head(journal) < head:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the journal {journal} holds {_head(journal):,} of {head:,} records after {timeout:g} s")
+        time.sleep(POLL_S)
