@@ -130,6 +130,8 @@ class Gateway:
             self.outs.append(
                 McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
             )
+        # Per stream, the channels mapped to it: looked up once, not per batch.
+        self.outs_of = {name: [out for out in self.outs if name in out.sent_head] for name in self.lanes}
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key,
                                            errors=self.metrics.send_errors)  # fmt: skip
@@ -540,8 +542,7 @@ class Gateway:
 
     def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
         """Queue a committed batch on every multicast output that carries its stream."""
-        outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
-        fan_out(outs, self.config.stream_key, lane.stream, journaled)
+        fan_out(self.outs_of[lane.stream], self.config.stream_key, lane.stream, journaled)
 
     def _disk_full(self, lane: Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
