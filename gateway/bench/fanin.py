@@ -7,8 +7,11 @@ settings), spread over 4 processes on pub, each publishing 10 records/s (100-byt
 their turns interleaved so that the gateway sees an even stream; every one is attached before the first
 record, so the run measures publishing, not connecting. One: a single Publisher at the same total rate, in
 the same lab and run, right before. Each case publishes for 20 s. Latency is the subscriber's clock at delivery minus
-the record's publish time (one machine, one clock); the gateway's CPU time (user + system, all threads, from
-/proc) over the case, divided by its records, is its cost per record. Every record must arrive, in order.
+the record's publish time (one machine, one clock), over the records after the first tenth of the case (2 s at
+most: the warm-up, excluded); the gateway's CPU time (user + system, all threads, from /proc) over the case,
+divided by its records, is its cost per record, and so is each part of it: its loop's thread (ingest, journal,
+confirms), ZeroMQ's IO thread (the connections: every command in, every confirm out, the ZMTP heartbeats), and
+the others (the multicast sender, the journal's syncer). Every record must arrive, in order.
 
 The gateway runs with its defaults but `--max-clients` 4,000 and `--client-timeout` 10 s. The default limit,
 1,024, lets the 1,000 publishers in while none reconnects; but a publisher whose connection drops (its ZMTP
@@ -42,6 +45,7 @@ from gateway.bench.runner import (
     percentiles,
     repeat,
     stop,
+    thread_cpu_seconds,
     times,
 )
 from gateway.client.publisher import Publisher
@@ -62,6 +66,9 @@ FDS_PER_PUBLISHER = 2 * SOCKETS_PER_PUBLISHER + 1  # a mailbox and a connection 
 TARGET_CPU_RATIO = 2.0
 TARGET_P99_MS = 2.0
 COLUMNS = ("p50", "p99")
+WARM_UP = 0.1  # of each case's records, their latencies excluded (at most WARM_UP_S of them)
+WARM_UP_S = 2.0
+THREADS = ("main", "zmq-io", "other")  # the gateway's threads by role (runner.thread_cpu_seconds)
 LATE_S = 120.0  # how long after its last record a case may take to deliver everything (a loaded machine's)
 ATTACH_S = 180.0  # for every publisher to attach: 1,000 take 5-20 s on a loaded 2-core machine
 # Room for the sessions of connections that dropped: a publisher whose connection drops (its ZMTP heartbeat, 500
@@ -97,6 +104,7 @@ def run(settings: Settings) -> Result:
             case,
             *(Stat.of(stats.get(f"{case}: {c}"), "ms", 2) for c in COLUMNS),
             Stat.of(stats.get(f"{case}: gw_us"), digits=2),
+            *(Stat.of(stats.get(f"{case}: gw_{role}_us"), digits=2) for role in THREADS),
             Stat.of(stats.get(f"{case}: pub_us"), digits=2),
             Stat.of(stats.get(f"{case}: batch_records"), digits=1),
             Stat.of(stats.get(f"{case}: reconnects")),
@@ -117,6 +125,9 @@ def run(settings: Settings) -> Result:
                     "case",
                     *COLUMNS,
                     "gateway CPU µs/record",
+                    "of it: loop",
+                    "ZeroMQ IO",
+                    "other threads",
                     "publishers' CPU µs/record",
                     "records per batch",
                     "reconnects",
@@ -196,11 +207,20 @@ def _await_attached(procs: list[HostProcess], ready: Any) -> None:
 
 def _case(dep: Deployment, count: int, seconds: float, publish: Any) -> dict[str, float]:
     """One case: the subscriber up, `publish(start time)` (the publishers' results), delivery checked."""
-    got, results, gw_cpu = pipeline.delivered(dep, count, lambda: publish(time.time() + 0.5), seconds + LATE_S + 30,
-                                              latency=True, deadline_s=seconds + LATE_S)  # fmt: skip
+    before: dict[str, float] = {}
+
+    def timed() -> list[dict]:
+        before.update(thread_cpu_seconds(dep.gateway_pid))
+        return publish(time.time() + 0.5)
+
+    got, results, gw_cpu = pipeline.delivered(dep, count, timed, seconds + LATE_S + 30, latency=True,
+                                              deadline_s=seconds + LATE_S)  # fmt: skip
+    threads = thread_cpu_seconds(dep.gateway_pid)
+    warm = int(min(count * WARM_UP, count / seconds * WARM_UP_S))
     return {
-        **percentiles(times(got["latencies"]), (50.0, 99.0)),
+        **percentiles(times(got["latencies"])[warm:], (50.0, 99.0)),
         "gw_us": gw_cpu / count * 1e6,
+        **{f"gw_{role}_us": (threads[role] - before[role]) / count * 1e6 for role in THREADS},
         "pub_us": sum(p["cpu"] for p in results) / count * 1e6,
         "batch_records": count / got["deliveries"],
         "reconnects": sum(p.get("reconnects", 0) for p in results),

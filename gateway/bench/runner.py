@@ -234,6 +234,22 @@ def runqueue_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU time of a process's threads by role, from /proc/PID/task: "main" (the thread it started
+    with), "zmq-io" (ZeroMQ's IO threads), "other" (the rest, as long as they run)."""
+    out = dict.fromkeys(("main", "zmq-io", "other"), 0.0)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except OSError:  # ended meanwhile
+            continue
+        fields = tail.split()
+        role = "main" if int(tid) == pid else "zmq-io" if head.split("(", 1)[1].startswith("ZMQbg/IO") else "other"
+        out[role] += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return out
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process, from /proc/PID/statm."""
     with open(f"/proc/{pid}/statm") as f:

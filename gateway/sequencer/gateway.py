@@ -65,7 +65,7 @@ from gateway.sequencer.recovery import recover
 from gateway.transport.curve import TcpGuard
 from gateway.transport.descriptors import make_room
 from gateway.transport.pollable import PolledByFd
-from gateway.transport.routing import route
+from gateway.transport.routing import route, take
 from gateway.transport.udp import UdpSender, batch_room
 from gateway.wire import announce as A
 from gateway.wire import batch as B
@@ -98,6 +98,7 @@ class Gateway:
         self.lanes = {name: Lane(name, self._open_writer(name), self._producer_table()) for name in config.streams}
         for lane in self.lanes.values():
             self.metrics.follow_head(lane.stream, lane.writer)
+            self.metrics.follow_producers(lane.stream, lane)
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
@@ -130,6 +131,8 @@ class Gateway:
             self.outs.append(
                 McastOutput(sock, channel.endpoint, heads, self._rooms(sock), series, config.max_out_queue)
             )
+        # Per stream, the channels mapped to it: looked up once, not per batch.
+        self.outs_of = {name: [out for out in self.outs if name in out.sent_head] for name in self.lanes}
         self.announcer = gateway_announcer(config.discovery, [o.endpoint for o in self.outs], ingest=config.ingest,
                                            sidecar=config.replay_endpoint, key=config.stream_key,
                                            errors=self.metrics.send_errors)  # fmt: skip
@@ -230,7 +233,6 @@ class Gateway:
             return
         c = self.config
         recover(lane.producers, JournalReader(c.journal, lane.stream), c.producer_expiry_s, c.producer_scan_bytes)
-        self.metrics.streams[lane.stream].producers.set(len(lane.producers))
 
     def _rooms(self, sock: McastSender) -> dict[str, int]:
         """For a datagram output, per stream the largest batch that fits one datagram with the stream's name (and
@@ -253,6 +255,7 @@ class Gateway:
                 poller.register(self.router, 0 if waiting else zmq.POLLIN)
                 if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
                     poller.register(self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
+                self.metrics.post()  # what this pass counted, before the loop waits
                 events = dict(poller.poll(math.ceil(wait * 1000)))
                 if self.syncer.fileno() in events:
                     self.syncer.drain()
@@ -349,8 +352,7 @@ class Gateway:
     def _expire_producers(self) -> None:
         now_ns = time.time_ns()
         for lane in self.lanes.values():
-            if lane.producers.expire(now_ns):
-                self.metrics.streams[lane.stream].producers.set(len(lane.producers))
+            lane.producers.expire(now_ns)
 
     def _heartbeat(self, now: float) -> None:
         self._next_heartbeat = now + self.config.heartbeat_ms / 1000
@@ -371,9 +373,8 @@ class Gateway:
         for n in range(1, limit + 1):
             if n % DRAIN_CHECK == 0 and (time.monotonic() > until or self._publishers_wait()):
                 return
-            try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            frames = take(self.router)
+            if frames is None:
                 return
             if len(frames) != 2:
                 self._reject(frames[0], "expected one command per message", reply=len(frames) > 1)
@@ -449,7 +450,7 @@ class Gateway:
         producer = batch.producer
         self._flush(lane)
         series = self.metrics.streams[lane.stream]
-        series.published.inc(batch.count)
+        series.published.add(batch.count)
         dups = 0 if producer is None else lane.producers.duplicates(producer[0], producer[1], batch.count)
         if dups:
             series.duplicates.inc(dups)
@@ -469,13 +470,12 @@ class Gateway:
                 memoryview(sealed), batch.count, last - batch.count + 1, last, lane.writer.last_ts_ns, batch.flags
             )
             lane.producers.journaled(view)
-            series.producers.set(len(lane.producers))
 
     def _flush(self, lane: Lane) -> None:
         if not lane.pending:
             return
         raw = B.encode(0, lane.pending)
-        self.metrics.streams[lane.stream].published.inc(len(lane.pending))  # here: once per batch, not per record
+        self.metrics.streams[lane.stream].published.add(len(lane.pending))
         lane.pending = []
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
@@ -492,8 +492,8 @@ class Gateway:
             return None
         self._owe_confirms(lane, batch.count, dups)
         series = self.metrics.streams[lane.stream]
-        series.journaled.inc(batch.count)
-        series.journaled_bytes.inc(len(sealed))
+        series.journaled.add(batch.count)
+        series.journaled_bytes.add(len(sealed))
         series.batch_records.observe(batch.count)
         journaled = Journaled(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
         self.replication.journaled(lane.stream, sealed)
@@ -546,8 +546,7 @@ class Gateway:
 
     def _fan_out(self, lane: Lane, journaled: Journaled) -> None:
         """Queue a committed batch on every multicast output that carries its stream."""
-        outs = [out for out in self.outs if lane.stream in out.sent_head]  # the channels mapped to this stream
-        fan_out(outs, self.config.stream_key, lane.stream, journaled)
+        fan_out(self.outs_of[lane.stream], self.config.stream_key, lane.stream, journaled)
 
     def _disk_full(self, lane: Lane, exc: OSError) -> str:
         """Enter (or stay in) the disk-full state: no write is tried for `journal_retry_ms`; the reason to give.
@@ -649,7 +648,7 @@ class Gateway:
             case MR.Accept() if batch is not None:
                 self._flush(lane)
                 lane.owe(identity, batch.count, confirm)
-                self.metrics.streams[stream].published.inc(batch.count)
+                self.metrics.streams[stream].published.add(batch.count)
                 if self._journal(lane, batch, verbatim=True) is not None:
                     lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
 
@@ -760,4 +759,5 @@ class Gateway:
             self.announcer.close()
         if self.registrar is not None:
             self.registrar.close()
+        self.metrics.post()
         self.metrics.close()

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import zmq
 
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: pyzmq's enum arithmetic costs more than the look
+
 
 def ingest_ready(*sockets: zmq.Socket | None) -> bool:
     """Whether any of `sockets` (None: not configured) has a message waiting to be read. ZMQ_EVENTS is the
     socket's own queue, no system call; it also processes pending commands, as libzmq asks after a read."""
-    return any(sock is not None and int(sock.get(zmq.EVENTS)) & zmq.POLLIN for sock in sockets)
+    return any(sock is not None and int(sock.get(_EVENTS)) & _POLLIN for sock in sockets)

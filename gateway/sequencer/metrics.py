@@ -1,13 +1,15 @@
 """The gateway's Prometheus metrics (`zeps_gateway_*`; conventions in gateway.transport.metrics).
 
 Every stream, multicast endpoint and rejection kind is exported at 0 from the start. Counters on the ingest
-path move once per batch, not per record: an update costs about as much as handling a record. What is state
-rather than an event (a stream's head, a multicast queue's depth) is read when scraped.
+path are `Tally`s, moved once per pass of the gateway's loop (`GatewayMetrics.post`), not per batch: a child's
+inc() takes a lock and costs about as much as handling a record, and with many small publishers (issue #32) a
+batch is one record. What is state rather than an event (a stream's head and producers, a multicast queue's depth)
+is read when scraped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -50,18 +52,42 @@ COPY_SOURCES = ("push", "sidecar")
 SEND_OPS = ("multicast", "heartbeat", "announce", "peer-link", "etcd")
 
 
+class Tally:
+    """A counter child that the loop's thread adds to with a plain integer addition; `post` moves the child by
+    what was added since (a scrape sees it one pass of the loop late at most)."""
+
+    __slots__ = ("child", "n")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self.n = 0
+
+    def add(self, n: int) -> None:
+        self.n += n
+
+    def post(self) -> None:
+        if self.n:
+            self.child.inc(self.n)
+            self.n = 0
+
+
 class HasHead(Protocol):
     @property
     def last_seq(self) -> int: ...
+
+
+class HasProducers(Protocol):
+    @property
+    def producers(self) -> Sized: ...
 
 
 class StreamSeries:
     """One stream's children, looked up once: `labels()` takes a lock and a dict lookup on every call."""
 
     def __init__(self, m: GatewayMetrics, stream: str) -> None:
-        self.published = m.published.labels(stream)
-        self.journaled = m.journaled.labels(stream)
-        self.journaled_bytes = m.journaled_bytes.labels(stream)
+        self.published = m.tally(m.published.labels(stream))
+        self.journaled = m.tally(m.journaled.labels(stream))
+        self.journaled_bytes = m.tally(m.journaled_bytes.labels(stream))
         self.batch_records = m.batch_records.labels(stream)
         self.fsync_seconds = m.fsync_seconds.labels(stream)
         self.journal_full = m.journal_full.labels(stream)
@@ -77,8 +103,8 @@ class OutputSeries:
     """One multicast endpoint's children, per stream."""
 
     def __init__(self, m: GatewayMetrics, endpoint: str, streams: list[str]) -> None:
-        self.messages = {s: m.multicast_messages.labels(endpoint, s) for s in streams}
-        self.bytes = {s: m.multicast_bytes.labels(endpoint, s) for s in streams}
+        self.messages = {s: m.tally(m.multicast_messages.labels(endpoint, s)) for s in streams}
+        self.bytes = {s: m.tally(m.multicast_bytes.labels(endpoint, s)) for s in streams}
         self.heartbeats = {s: m.heartbeats.labels(endpoint, s) for s in streams}
         self.queued = m.multicast_queue.labels(endpoint)  # the owner reads its queue depth into it
         self.endpoint = endpoint
@@ -184,14 +210,29 @@ class GatewayMetrics(Metrics):
             registry=r,
         )
         self.send_errors = SendErrors("gateway", SEND_OPS, r)
+        self._tallies: list[Tally] = []
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.replies_dropped, *((k,) for k in DROPPED_REASONS))
         self.streams = {name: StreamSeries(self, name) for name in streams}
         self.outputs: dict[str, OutputSeries] = {}
 
+    def tally(self, child: Counter) -> Tally:
+        """`child` as a Tally, posted by `post`."""
+        self._tallies.append(tally := Tally(child))
+        return tally
+
+    def post(self) -> None:
+        """Move every Tally's counter by what the loop added since the last post: once per pass of the loop."""
+        for tally in self._tallies:
+            tally.post()
+
     def follow_head(self, stream: str, writer: HasHead) -> None:
         """Read the stream's head from its journal writer when scraped."""
         self.streams[stream].head.set_function(lambda: writer.last_seq)
+
+    def follow_producers(self, stream: str, lane: HasProducers) -> None:
+        """Read the stream's producer count from its lane when scraped (its table is replaced when reopened)."""
+        self.streams[stream].producers.set_function(lambda: len(lane.producers))
 
     def add_output(self, endpoint: str, sent_head: Mapping[str, int]) -> OutputSeries:
         """A multicast endpoint: its series at 0, and its per-stream sent head read from `sent_head` when scraped."""

@@ -100,10 +100,10 @@ def fan_out(outs: list[McastOutput], key: StreamKey | None, stream: str, journal
     cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
     for out in outs:
         room = out.rooms.get(stream)
-        out.series.bytes[stream].inc(len(sealed))
+        out.series.bytes[stream].add(len(sealed))
         if room is None or len(sealed) <= room:
             out.queue.append((frames, last))
-            out.series.messages[stream].inc()
+            out.series.messages[stream].add(1)
             continue
         if room not in cut:
             # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
@@ -111,4 +111,4 @@ def fan_out(outs: list[McastOutput], key: StreamKey | None, stream: str, journal
             whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
             cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
         out.queue.extend(cut[room])
-        out.series.messages[stream].inc(len(cut[room]))
+        out.series.messages[stream].add(len(cut[room]))

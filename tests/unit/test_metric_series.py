@@ -46,10 +46,12 @@ def test_top_computes_rates_and_lists_moved_error_counters() -> None:
     m.add_output(ENDPOINT, {"a": 0, "b": 0})
     before = samples(m)
     writer.last_seq = 500
-    m.streams["a"].journaled.inc(500)
-    m.streams["a"].journaled_bytes.inc(50_000)
-    m.outputs[ENDPOINT].messages["a"].inc(5)
+    m.streams["a"].journaled.add(500)
+    m.streams["a"].journaled_bytes.add(50_000)
+    m.outputs[ENDPOINT].messages["a"].add(5)
     m.rejected.labels("invalid").inc()
+    assert samples(m)["zeps_gateway_journaled_records_total"] == before["zeps_gateway_journaled_records_total"]
+    m.post()  # the gateway's loop posts its tallies once per pass
     s = _Scrape(samples(m), before, 2.0)
     view = _gateway(s)
     a = view["streams"]["a"]
