@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.cli import config, discovery_opts, keyopts, tls_opts
+from gateway.cli import config, discovery_opts, heap, keyopts, tls_opts
 from gateway.cli.options import (
     Parser,
     add_pgm_engine,
@@ -245,5 +245,6 @@ def _run(args: argparse.Namespace) -> int:
         *([f"metrics http://{cfg.metrics}/metrics"] if cfg.metrics else []),
     ]
     say(args, "zeps gateway: " + "; ".join(parts))
+    heap.settle()
     gateway.run()
     return 0

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from gateway.cli import config, discovery_opts, keyopts, tls_opts
+from gateway.cli import config, discovery_opts, heap, keyopts, tls_opts
 from gateway.cli.options import (
     Parser,
     byte_size,
@@ -102,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     served = threading.Event()
     if not server.config.journal.is_dir():
         threading.Thread(target=_still_waiting, args=(args, server.config.journal, served), daemon=True).start()
+    heap.settle()
     try:
         server.run()
     finally:
