@@ -967,12 +967,6 @@ def test_a_mirror_site_that_is_a_group_journals_the_source_on_every_node_across_
             node.kill9()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the repaired node never catches up: gateway.replication.copier.last_agreed reads its own journal at "
-    "its head, inside the gap the repair left, and retries the JournalTrimmed every 200 ms for good",
-)
 def test_a_node_whose_power_loss_left_a_hole_is_repaired_by_hand_and_rejoins_its_pair(
     etcd: EtcdProcess, tmp_path: Path
 ) -> None:
