@@ -12,8 +12,9 @@ sidecar, publisher and both subscribers every SAMPLE_S seconds. At the end the p
 subscriber reads up to the last confirmed sequence N: it must have had 1..N exactly once, in order, record
 i with body "record-i" (checked as it goes, in constant memory: the checker must not be what grows).
 
-Per process: RSS after the warm-up (2 minutes), at the end, the growth over the last half (of the run, or
-of the incarnation for the restarted gateway and sidecar: the most any one grew), and the peak.
+Per process: RSS after the warm-up (2 minutes), at the end, the trend after the warm-up (gateway.bench.rss_trend:
+the Theil-Sen slope, robust to a transient spike; for the restarted gateway and sidecar the incarnation that
+rises most, each after its own warm-up), and the peak.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.bench import BenchError, pipeline
-from gateway.bench.memory import FLAT_MIB
 from gateway.bench.memory import RATE_KBPS as PGM_RATE_KBPS
+from gateway.bench.rss_trend import NOISE_MIB, SLOPE_MIB_PER_H, Trend, worst_trend
 from gateway.bench.runner import STREAM, Plot, Progress, Result, Settings, Table, Target, stop
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
@@ -67,21 +68,14 @@ class Samples:
             if (mib := vm_rss_mib(pid)) is not None:
                 self.series[name].append((t, pid, mib))
 
-    def row(self, name: str, warmup: float, duration: float) -> tuple[str, int, float, float, float, float]:
-        """(process, incarnations, MiB after warm-up, at the end, most growth over an incarnation's last half
-        (or over the run's last half for one that lived through it), peak)."""
+    def row(self, name: str, warmup: float) -> tuple[str, int, float, float, Trend | None, float]:
+        """(process, incarnations, MiB after warm-up, at the end, the trend of the incarnation that rises most
+        (gateway.bench.rss_trend), peak)."""
         samples = self.series[name]
-        by_pid: dict[int, list[tuple[float, float]]] = defaultdict(list)
-        for t, pid, mib in samples:
-            by_pid[pid].append((t, mib))
-        growth = 0.0
-        for series in by_pid.values():
-            half = (series[0][0] + series[-1][0]) / 2
-            tail = [mib for t, mib in series if t >= max(half, min(warmup, duration / 2))]
-            if len(tail) >= 2:
-                growth = max(growth, max(tail) - tail[0])
         warm = next((mib for t, _, mib in samples if t >= warmup), samples[-1][2])
-        return name, len(by_pid), warm, samples[-1][2], growth, max(mib for _, _, mib in samples)
+        incarnations = len({pid for _, pid, _ in samples})
+        peak = max(mib for _, _, mib in samples)
+        return name, incarnations, warm, samples[-1][2], worst_trend(samples, warmup), peak
 
 
 def vm_rss_mib(pid: int) -> float | None:
@@ -109,8 +103,8 @@ def run(settings: Settings) -> Result:
         samples, faults, pub, subs = _soak(dep, rate, duration, cycle, pause, progress)
         problems = dep.close()
     problems += [f"{name}: {p}" for name, got in zip(SUBSCRIBERS, subs, strict=True) for p in got["problems"]]
-    rows = [samples.row(name, warmup, duration) for name in ("gateway", "replay sidecar", "publisher", *SUBSCRIBERS)]
-    flat = all(growth <= FLAT_MIB for *_, growth, _ in rows)
+    rows = [samples.row(name, warmup) for name in ("gateway", "replay sidecar", "publisher", *SUBSCRIBERS)]
+    flat = all(tr is None or tr.flat for *_, tr, _ in rows)
     achieved = pub["records"] / pub["seconds"]
     return Result(
         "soak",
@@ -119,8 +113,8 @@ def run(settings: Settings) -> Result:
         tables=[
             Table(
                 f"RSS in MiB over {duration / 60:.1f} min, {transport}://",
-                ("process", "incarnations", f"after {warmup:.0f} s", "at the end", "growth, last half", "peak"),
-                [(n, k, f"{w:.1f}", f"{e:.1f}", f"{g:+.1f}", f"{p:.1f}") for n, k, w, e, g, p in rows],
+                ("process", "incarnations", f"after {warmup:.0f} s", "at the end", "trend after warm-up", "peak"),
+                [(n, k, f"{w:.1f}", f"{e:.1f}", _trend_cell(tr), f"{p:.1f}") for n, k, w, e, tr, p in rows],
             ),
             Table(
                 "records",
@@ -139,8 +133,9 @@ def run(settings: Settings) -> Result:
         ],
         targets=[
             Target(
-                f"RSS flat: at most {FLAT_MIB:g} MiB more over the last half",
-                ", ".join(f"{n} {g:+.1f} MiB" for n, _, _, _, g, _ in rows),
+                f"RSS flat: trend after the warm-up at most {SLOPE_MIB_PER_H:g} MiB/hour "
+                f"(or under {NOISE_MIB:g} MiB over a short run)",
+                ", ".join(f"{n} {_trend_cell(tr)}" for n, _, _, _, tr, _ in rows),
                 flat,
             ),
             Target("every subscriber got 1..N exactly once, in order", f"{len(problems)} problems", not problems),
@@ -159,6 +154,12 @@ def run(settings: Settings) -> Result:
         seconds=time.monotonic() - progress.start,
         issue=34,
     )
+
+
+def _trend_cell(tr: Trend | None) -> str:
+    if tr is None:
+        return "too short to judge"
+    return f"{tr.slope_mib_per_h:+.1f} MiB/h ({tr.rise_mib:+.1f} MiB over {tr.span_s / 60:.1f} min)"
 
 
 def _soak(

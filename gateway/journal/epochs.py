@@ -16,7 +16,8 @@ from pathlib import Path
 from gateway.errors import JournalCorrupt
 
 EPOCHS_NAME = "leader-epochs"
-_LINE = re.compile(rb"(\d{1,19}) (\d{1,19})")
+_LINE = re.compile(rb"(\d{1,20}) (\d{1,20})")  # up to 2**64 - 1: every sequence a journal holds
+_MAX = 2**64 - 1
 
 _FIX = "It is an audit record, not data: the node sets a damaged one aside and starts a new one when it next leads"
 
@@ -34,7 +35,8 @@ def read_epochs(directory: Path) -> list[tuple[int, int]]:
     entries, offset = [], 0
     for line in data.splitlines(keepends=True):
         if line.strip():
-            if (match := _LINE.fullmatch(line.rstrip(b"\n"))) is None:
+            match = _LINE.fullmatch(line.rstrip(b"\n"))
+            if match is None or max(int(match[1]), int(match[2])) > _MAX:
                 raise JournalCorrupt(path, offset, f"line {line[:40]!r} is not `EPOCH FIRST_SEQ`", _FIX)
             entries.append((int(match[1]), int(match[2])))
         offset += len(line)

@@ -42,6 +42,7 @@ from gateway.journal.layout import (
     repair_hint,
     retrying,
     seg_path,
+    segment_tail,
     stream_head,
 )
 from gateway.wire.batch import HEADER, HEADER_SIZE, Batch
@@ -91,6 +92,17 @@ class JournalReader:
         head = stream_head(self.directory, segments)[0] if segments else self.first_seq - 1
         mark = read_mark(self.directory) if self.committed else None
         return head if mark is None else min(head, mark)
+
+    def held_below(self, seq: int) -> int:
+        """The last sequence the journal holds below `seq`, for a `seq` it jumps over: a hole that `zeps journal
+        repair` left (the writer then continues after the highest sequence ever recorded, so that none is
+        reused). The first retained sequence - 1 if it holds none."""
+        segments = list_segments(self.directory)
+        for first in reversed(segments[: bisect_right(segments, seq)]):
+            last = segment_tail(self.directory, first)[0]
+            if last >= first:  # not an empty segment
+                return min(last, seq - 1)
+        return self.first_seq - 1
 
     def seq_for_time(self, ts_ns: int) -> int:
         """The first sequence whose batch journal time is >= ts_ns (last_seq + 1 if there is none yet).

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from prometheus_client import Counter
 
-from gateway.errors import JournalError, ReplayError, ReplayRefused
+from gateway.errors import JournalError, JournalTrimmed, ReplayError, ReplayRefused
 from gateway.journal import JournalReader
 from gateway.journal.committed import CommittedMark
 from gateway.journal.tools import cut_after
@@ -179,20 +179,29 @@ def last_agreed(reader: JournalReader, head: int, leader_has: Callable[[B.Batch]
             break
         differs, probe, step = own.first_seq, own.first_seq - step, step * 2
     while agreed + 1 < differs:  # then halve what is left between them
-        own = _batch_at(reader, (agreed + differs) // 2)
+        middle = (agreed + differs) // 2
+        own = _batch_at(reader, middle)
         if own.first_seq >= differs:  # our journal jumps over the rest (a copy that started at a trimmed leader's)
             break
         if leader_has(own):
             agreed = own.last_seq
+            if own.last_seq < middle:  # a hole of ours from here on: nothing there for the leader to have
+                differs = own.last_seq + 1
         else:
             differs = own.first_seq
     return agreed
 
 
 def _batch_at(reader: JournalReader, seq: int) -> B.Batch:
-    """The batch of `reader`'s journal that holds `seq`."""
-    with reader.cursor(seq) as cursor:
-        batch = cursor.next_batch()
+    """The batch of `reader`'s journal that holds `seq`, or where the journal jumps over `seq` (a node whose
+    power loss left a hole, repaired by hand: JournalReader.held_below) the last batch before it."""
+    try:
+        with reader.cursor(seq) as cursor:
+            batch = cursor.next_batch()
+    except JournalTrimmed:
+        if seq < reader.first_seq or (below := reader.held_below(seq)) < reader.first_seq:
+            raise
+        return _batch_at(reader, below)
     if batch is None:
         raise JournalError(f"stream {reader.stream}: no batch holds {seq}, below the journal's head")
     return B.Batch.parse(bytes(batch))

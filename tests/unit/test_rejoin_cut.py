@@ -15,11 +15,14 @@ import pytest
 
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark
+from gateway.journal.layout import FrameScanner, seg_path
+from gateway.journal.tools import truncate_at
 from gateway.replication.copier import ReplicaCopier, last_agreed
 from gateway.sequencer.lane import Lane
 from gateway.sequencer.metrics import GatewayMetrics
 from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
+from gateway.wire.batch import HEADER
 
 STREAM = "s"
 BATCHES, SIZE = 200, 3  # our journal: 200 batches of 3 records
@@ -34,6 +37,16 @@ class Leader:
     def matches(self, stream: str, own: B.Batch) -> bool:
         self.asked += 1
         return own.last_seq <= self.agreed
+
+
+def offset_of(directory: Path, seq: int) -> int:
+    """Where the batch starting at `seq` lies in the first segment."""
+    with open(seg_path(directory, 1), "rb") as f:
+        scanner = FrameScanner(f.fileno())
+        while (frame := scanner.next_frame()) is not None:
+            if HEADER.unpack_from(frame)[6] == seq:
+                return scanner.offset - len(frame)
+    raise AssertionError(f"no batch starts at {seq}")
 
 
 def journal(tmp_path: Path) -> Lane:
@@ -78,3 +91,36 @@ def test_the_agreed_point_skips_what_retention_removed(tmp_path: Path) -> None:
         assert last_agreed(reader, 0, lambda own: True) == 0  # an empty journal agrees with anyone at 0
     finally:
         lane.writer.close()
+
+
+@pytest.mark.parametrize("agreed_batches", [100, 40])
+def test_a_node_repaired_by_hand_cuts_at_its_hole_and_reuses_its_sequences(tmp_path: Path, agreed_batches: int) -> None:
+    """`zeps journal repair` cut our journal at batch 100 and moved the head past what it discarded (so that a
+    lone gateway never reuses a sequence): the journal jumps over that range. Rejoining a group, we agree with
+    the leader only below the hole, and cut back to it: the leader's records fill those sequences."""
+    lane = journal(tmp_path)
+    lane.writer.close()
+    hole = 100 * SIZE + 1
+    truncate_at(tmp_path, STREAM, 1, offset_of(tmp_path / STREAM, hole))
+    reopened: list[str] = []
+
+    def reopen(stream: str) -> None:
+        reopened.append(stream)
+        lane.writer = JournalWriter.open(tmp_path, stream)
+
+    reopen(STREAM)
+    assert lane.head == BATCHES * SIZE  # the head jumped past the discarded range
+    reader = JournalReader(tmp_path, STREAM)
+    assert reader.held_below(lane.head) == hole - 1
+    leader = Leader(agreed_batches * SIZE)
+    mark = CommittedMark(tmp_path / STREAM)
+    copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
+    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {STREAM: mark}, reopen, copied, lambda s, e: None, lambda s: None)
+    try:
+        copier.cut_to_leader(leader, STREAM, "lead")
+        assert lane.head == agreed_batches * SIZE
+        assert JournalReader(tmp_path, STREAM).last_seq == lane.head
+        assert leader.asked <= 2 * math.ceil(math.log2(BATCHES * SIZE)) + 2, leader.asked
+    finally:
+        lane.writer.close()
+        mark.close()

@@ -1,6 +1,7 @@
 """The small files beside a stream's segments, damaged (found by fuzzing, tests/fuzz/targets.py `stream_files`):
 a damaged `leader-epochs` made a node fail as it took the lead; a head file with numbers no journal holds
-moved the next sequence out of range."""
+moved the next sequence out of range; a node leading from a sequence of 20 digits wrote an epoch line that
+its own reader refused."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def test_a_head_file_out_of_range_is_ignored(tmp_path: Path, text: bytes) -> Non
         assert w.last_seq == 1  # from the journal itself
         w.append(Batch.parse(encode(0, [(0, b"k", b"v")])))
         assert w.last_seq == 2
+
+
+def test_an_epoch_from_a_twenty_digit_sequence_reads_back(tmp_path: Path) -> None:
+    """The head may name any next sequence below 2**64 - 1; a node about to lead from 11111111111111111110
+    wrote `7 11111111111111111110`, which read_epochs (19 digits at most) then called corrupt."""
+    start_epoch(tmp_path, 7, 11111111111111111110)
+    start_epoch(tmp_path, 8, 2**64 - 2)
+    assert read_epochs(tmp_path) == [(7, 11111111111111111110), (8, 2**64 - 2)]
+    (tmp_path / EPOCHS_NAME).write_bytes(b"7 18446744073709551616\n")  # 2**64: no journal holds it
+    with pytest.raises(JournalCorrupt, match="is not `EPOCH FIRST_SEQ`"):
+        read_epochs(tmp_path)
