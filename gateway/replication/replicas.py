@@ -19,13 +19,20 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
    it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
    succeeded (`remove`). A deposed leader's write fails, so
    it can never shrink its set to commit alone.
-5. Nothing here does I/O or reads a clock: the caller passes `now`.
+5. A member taken over from the previous epoch (`start`) must first learn of this leader, connect and maybe
+   cut its journal: both of its clocks start at its first acknowledgement in this epoch, not at the epoch's
+   start (else a failover under load drops the very follower the new leader needs, and commits wait until
+   it joins again). One that has not acknowledged `SWITCH_S` after the epoch began leaves (a dead member
+   holds every commit until it does).
+6. Nothing here does I/O or reads a clock: the caller passes `now`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+SWITCH_S = 2.0  # a member taken over by a new leader acknowledges it within this, or leaves (rule 5)
 
 
 @dataclass
@@ -35,6 +42,7 @@ class _Follower:
     durable: dict[str, int] = field(default_factory=dict)  # per stream, the last sequence it made durable
     behind_since: float | None = None  # since when it has been behind the head (None: caught up)
     hung_up: bool = False  # its peer link closed and it has not acknowledged anything since
+    heard: bool = True  # it acknowledged in this epoch (False: a member taken over, `heard_at` the epoch's start)
 
 
 @dataclass
@@ -59,7 +67,7 @@ class InSync:
         """Take over the in-sync set of the previous epoch (minus this node and the old leader)."""
         self.members = set(members) - {self.node}
         for name in self.members:
-            self.followers[name] = _Follower({}, now)
+            self.followers[name] = _Follower({}, now, heard=False)
 
     def ack(self, node: str, epoch: int, stream: str, seq: int, durable: int, now: float) -> None:
         """A follower's REPLICA-ACK (written through `seq`, durable through `durable`); acks for another epoch
@@ -71,6 +79,7 @@ class InSync:
         f.durable[stream] = max(f.durable.get(stream, 0), min(durable, seq))
         f.heard_at = now
         f.hung_up = False
+        f.heard = True
 
     @property
     def quorate(self) -> bool:
@@ -78,9 +87,10 @@ class InSync:
         return len(self.members) >= self.min_insync
 
     def advance(self, heads: dict[str, int], now: float) -> None:
-        """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind."""
+        """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind
+        (from its first acknowledgement in this epoch: rule 5)."""
         for f in self.followers.values():
-            behind = any(f.acked.get(s, 0) < head for s, head in heads.items())
+            behind = f.heard and any(f.acked.get(s, 0) < head for s, head in heads.items())
             if not behind:
                 f.behind_since = None
             elif f.behind_since is None:
@@ -107,11 +117,12 @@ class InSync:
             f.hung_up = True
 
     def laggards(self, now: float) -> list[str]:
-        """In-sync followers silent or behind for longer than `lag_s`, or hung up (rule 4)."""
+        """In-sync followers silent or behind for longer than `lag_s`, or hung up (rule 4); a member taken over
+        that has not acknowledged this epoch for `SWITCH_S` (rule 5)."""
         out = []
         for name in self.members:
             f = self.followers[name]
-            silent = now - f.heard_at > self.lag_s
+            silent = now - f.heard_at > (self.lag_s if f.heard else SWITCH_S)
             if f.hung_up or silent or (f.behind_since is not None and now - f.behind_since > self.lag_s):
                 out.append(name)
         return out

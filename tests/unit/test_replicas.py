@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.replication.replicas import InSync, eligible, parse_record
+from gateway.replication.replicas import SWITCH_S, InSync, eligible, parse_record
 
 
 def insync(min_insync: int = 1, members: tuple[str, ...] = ("b", "c")) -> InSync:
@@ -65,6 +65,27 @@ def test_a_silent_or_lagging_follower_is_a_laggard_and_a_caught_up_one_joins() -
     s.ack("c", 7, "s", 3, 3, now=1.6)  # c holds everything committed (3)
     s.advance({"s": 10}, now=1.6)
     assert s.joinable() == ["c"]
+
+
+def test_a_member_taken_over_is_counted_from_its_first_ack_in_the_epoch() -> None:
+    s = insync(members=("b",))  # the epoch began at 0; b must find this leader and connect first
+    s.advance({"s": 10}, now=0.5)
+    assert s.laggards(now=1.5) == []  # past lag_s (1.0) since the epoch began, but not heard yet
+    s.ack("b", 7, "s", 3, 3, now=1.6)  # its first ack, still behind
+    s.advance({"s": 10}, now=1.6)  # behind since 1.6, not since the epoch began
+    assert s.laggards(now=2.5) == []
+    s.ack("b", 7, "s", 4, 4, now=2.5)
+    assert s.laggards(now=2.7) == ["b"]  # behind for longer than lag_s since its first ack
+
+
+def test_a_member_taken_over_that_never_acks_leaves_after_switch_s() -> None:
+    s = insync(members=("b", "c"))
+    s.ack("c", 7, "s", 10, 10, now=0.2)
+    s.advance({"s": 10}, now=0.2)
+    assert s.committed["s"] == 0  # b holds every commit while it is a member
+    s.ack("c", 7, "s", 10, 10, now=SWITCH_S)
+    assert s.laggards(now=SWITCH_S) == []
+    assert s.laggards(now=SWITCH_S + 0.01) == ["b"]
 
 
 def test_the_record_names_who_may_be_elected() -> None:
