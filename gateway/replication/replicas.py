@@ -18,7 +18,11 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
    link hung up (`hung_up`: its process exited, and the kernel closed its connection; waiting `lag_s` for
    it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
    succeeded (`remove`). A deposed leader's write fails, so
-   it can never shrink its set to commit alone.
+   it can never shrink its set to commit alone. A member that is only behind (it acknowledges) stays while
+   the set would fall below `min_insync` without it: commits follow its acknowledgements, and without it
+   nothing would commit at all until a follower joined again (the one joining after a failover is behind the
+   head by what the stall let pile up, and used to be dropped again a `lag_s` later, over and over). Of
+   several such members, the furthest behind leave first.
 5. A member taken over from the previous epoch (`start`) must first learn of this leader, connect and maybe
    cut its journal: both of its clocks start at its first acknowledgement in this epoch, not at the epoch's
    start (else a failover under load drops the very follower the new leader needs, and commits wait until
@@ -117,15 +121,19 @@ class InSync:
             f.hung_up = True
 
     def laggards(self, now: float) -> list[str]:
-        """In-sync followers silent or behind for longer than `lag_s`, or hung up (rule 4); a member taken over
-        that has not acknowledged this epoch for `SWITCH_S` (rule 5)."""
-        out = []
+        """In-sync followers silent or behind for longer than `lag_s` (behind: only as many as leave `min_insync`),
+        or hung up (rule 4); a member taken over that has not acknowledged this epoch for `SWITCH_S` (rule 5)."""
+        out, behind = [], []
         for name in self.members:
             f = self.followers[name]
             silent = now - f.heard_at > (self.lag_s if f.heard else SWITCH_S)
-            if f.hung_up or silent or (f.behind_since is not None and now - f.behind_since > self.lag_s):
+            if f.hung_up or silent:
                 out.append(name)
-        return out
+            elif f.behind_since is not None and now - f.behind_since > self.lag_s:
+                behind.append(name)
+        behind.sort(key=lambda name: sum(self.followers[name].acked.values()))  # the furthest behind first
+        room = max(0, len(self.members) - len(out) - self.min_insync)  # who may leave without stalling commits
+        return out + sorted(behind[:room])
 
     def add(self, node: str) -> None:
         self.members.add(node)
