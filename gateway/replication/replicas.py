@@ -13,7 +13,12 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
 2. The in-sync set is kept in etcd, written only by the leader and fenced by its epoch, so that exactly its
    members (and the leader) may be elected: each holds every committed record.
 3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
-   (commits wait for it from that moment on, so it never misses one).
+   (commits wait for it from that moment on, so it never misses one). Every committed record means those of
+   earlier epochs too (`floor`: how far this node knew records were committed when its epoch began), not
+   only this epoch's commit point, which starts at 0: else, until the first commit of an epoch, any follower
+   that acknowledged anything joined, and could be elected next without records an earlier leader had
+   confirmed (seen: a follower 2,950 records short joined a leader that then lost its lease, was elected,
+   and the other member had to cut its journal below its committed mark).
 4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, or whose peer
    link hung up (`hung_up`: its process exited, and the kernel closed its connection; waiting `lag_s` for
    it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
@@ -60,6 +65,8 @@ class InSync:
     # per stream; starts at 0: what this node journaled as a follower is committed again in its epoch, once
     # its in-sync followers hold it (they may not, if the old leader died before they did)
     committed: dict[str, int]
+    # per stream, how far records were committed before this epoch, as this node knew when it began (rule 3)
+    floor: dict[str, int] = field(default_factory=dict)
     members: set[str] = field(default_factory=set)  # in-sync followers (not the leader)
     followers: dict[str, _Follower] = field(default_factory=dict)
     durable: dict[str, int] = field(init=False)  # per stream, as committed: what every member made durable
@@ -108,11 +115,12 @@ class InSync:
             self.durable[stream] = max(self.durable[stream], min(self.committed[stream], kept))
 
     def joinable(self) -> list[str]:
-        """Followers outside the set that hold every committed record (rule 3)."""
+        """Followers outside the set that hold every committed record, of this epoch and before (rule 3)."""
         return [
             name
             for name, f in self.followers.items()
-            if name not in self.members and all(f.acked.get(s, 0) >= c for s, c in self.committed.items())
+            if name not in self.members
+            and all(f.acked.get(s, 0) >= max(c, self.floor.get(s, 0)) for s, c in self.committed.items())
         ]
 
     def hung_up(self, node: str) -> None:
