@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
 import socket
 import tempfile
@@ -354,7 +355,10 @@ def _outages(got: dict[str, Any], marks: list[tuple[float, int, str, int]]) -> d
 
 
 def _wall(monotonic: float) -> str:
-    """A time.monotonic() reading (the clock of every namespace) as the wall clock's HH:MM:SS.mmm."""
+    """A time.monotonic() reading (the clock of every namespace) as the wall clock's HH:MM:SS.mmm ("never" for
+    the end of a silence that nothing ended)."""
+    if not math.isfinite(monotonic):
+        return "never"
     wall = time.time() - time.monotonic() + monotonic
     return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall * 1000) % 1000:03d}"
 
