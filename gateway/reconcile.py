@@ -21,8 +21,8 @@ Rules
 
 4. Never silent, never skip on a timeout. A range is skipped only when the journal shows it is gone
    (``ReplayTrimmed``, or a replay answer jumping past it), and then it is reported as ``Loss`` in its place.
-   A request that makes no progress is retried for ever (exponential backoff; ``Stalled`` once the
-   retries are exhausted).
+   A request that makes no progress is retried for ever (exponential backoff; ``NoProgress`` at each
+   failed attempt, so that the IO layer may ask another server; ``Stalled`` once the retries are exhausted).
 
 5. Every structure is bounded: held batches by ``buffer_limit_bytes``, requests by
    ``max_outstanding_requests`` and ``max_request_span``, retries by the backoff schedule.
@@ -231,6 +231,7 @@ from gateway.merge.vocabulary import (
     LagExceeded,
     Live,
     Loss,
+    NoProgress,
     Replay,
     ReplayEnd,
     ReplayLost,
@@ -259,6 +260,7 @@ __all__ = [
     "LagExceeded",
     "Live",
     "Loss",
+    "NoProgress",
     "Reconciler",
     "ReconcilerStats",
     "Replay",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
 import socket
 import tempfile
@@ -163,7 +164,8 @@ def campaign(
                         deadline)  # fmt: skip
         ready.get(timeout=WAIT_S)
         junk = lab.start("pub", send_junk, lab.group(1), MCAST_PORT, seed, stopping, deadline)
-        threading.Thread(target=step_clocks, args=(clocks, seed, stopping, steps_taken), daemon=True).start()
+        threading.Thread(target=step_clocks, args=(clocks, seed, stopping, steps_taken, root / "clocks.log"),
+                         daemon=True).start()  # fmt: skip
         pub = lab.start("pub", publish, [n.ingest for n in nodes.values()], stopping, group.progress, group.offered,
                         rate)  # fmt: skip
         healed = time.monotonic()
@@ -202,15 +204,20 @@ def campaign(
             "summary": got["summary"], "marks": group.marks, **_outages(got, group.marks)}  # fmt: skip
 
 
-def step_clocks(clocks: dict[str, WallClock], seed: int, stop_event: Any, taken: list[str]) -> None:
+def step_clocks(clocks: dict[str, WallClock], seed: int, stop_event: Any, taken: list[str], log: Path) -> None:
     """Until `stop_event`: every CLOCK_EVERY_S, one node's wall clock stepped back or forward by up to
-    CLOCK_STEP_S, drawn from `seed`; what was done appended to `taken` ("n2 -31.4 s")."""
+    CLOCK_STEP_S, drawn from `seed`; what was done appended to `taken` ("n2 -31.4 s") and, with the true time
+    and the node's offset since, to `log` (kept with the nodes' logs, whose times carry that offset)."""
     rng = random.Random(seed ^ 0xC10C)
     while not stop_event.wait(rng.uniform(*CLOCK_EVERY_S)):
         name = rng.choice(sorted(clocks))
         seconds = round(rng.uniform(-CLOCK_STEP_S, CLOCK_STEP_S), 1)
         clocks[name].step(seconds)
         taken.append(f"{name} {seconds:+.1f} s")
+        with log.open("a") as out:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
+            off = clocks[name].offset_s
+            out.write(f"{stamp} {name} wall clock {seconds:+.1f} s: its log's times are {off:+.1f} s off\n")
 
 
 def publish(ingests: list[str], stop_event: Any, progress: Any, offered: Any, rate: int) -> tuple[list[int], int]:
@@ -240,9 +247,10 @@ def publish(ingests: list[str], stop_event: Any, progress: Any, offered: Any, ra
 
 
 def subscribe(*args: Any) -> dict[str, Any]:
-    """In host sub: hagroup.subscribe_all, with the Subscriber's warnings (replay links that moved, fills that
-    made no progress) time-stamped on stderr, to read against the nodes' logs."""
+    """In host sub: hagroup.subscribe_all, with the Subscriber's log (its reconciler's states, replay links that
+    moved, fills that made no progress) time-stamped on stderr, to read against the nodes' logs."""
     logging.basicConfig(format=LOG_FORMAT)
+    logging.getLogger("gateway.client").setLevel(logging.INFO)
     return hagroup.subscribe_all(*args)
 
 
@@ -334,16 +342,25 @@ def _outages(got: dict[str, Any], marks: list[tuple[float, int, str, int]]) -> d
         times = [when] + [t for t in arrived if when < t <= end]
         if len(times) == 1:  # nothing came before the next step: the silence runs to the first delivery
             times.append(next((t for t in arrived if t > end), float("inf")))
-        silence = max((b - a for a, b in itertools.pairwise(times)), default=float("inf"))
+        silence, began = max(((b - a, a) for a, b in itertools.pairwise(times)), default=(float("inf"), when))
         silences.append(silence)
         outages.append(outage(got, when, before))
         kind = what.split(":", 1)[0]
         n, values = by_kind.get(kind, (0, []))
         by_kind[kind] = (n + 1, [*values, silence])
-        if silence > TARGET_SILENCE_S:
-            long.append((silence, f"step {step + 1}, {what}"))
+        if silence > TARGET_SILENCE_S:  # when it began and ended, to read the logs at
+            long.append((silence, f"step {step + 1}, {what} (silent {_wall(began)} to {_wall(began + silence)})"))
     stats = {k: "/".join(f"{v:.2f}" for v in _pcts(vs)) for k, vs in (("outage", outages), ("silence", silences))}
     return {"outages": outages, "silences": silences, "by_kind": by_kind, "stats": stats, "long": long}
+
+
+def _wall(monotonic: float) -> str:
+    """A time.monotonic() reading (the clock of every namespace) as the wall clock's HH:MM:SS.mmm ("never" for
+    the end of a silence that nothing ended)."""
+    if not math.isfinite(monotonic):
+        return "never"
+    wall = time.time() - time.monotonic() + monotonic
+    return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall * 1000) % 1000:03d}"
 
 
 def _logs(group: nemesis.Group) -> str:

@@ -28,6 +28,13 @@ from gateway.client.backoff import Backoff
 from gateway.errors import ConfigError
 from gateway.transport.tcp_endpoint import check_tcp_endpoint
 
+# With other endpoints to try, a TCP connect unanswered this long is given up (libzmq's CONNECT_TIMEOUT; the
+# monitor's CONNECT_RETRIED makes it a failure): else a connect to a host cut off, or whose SYN or SYN-ACK was
+# lost, waits on the kernel's SYN back-off (1 s, 3 s, 7 s) while another server could answer. A publisher
+# cut from a healthy leader so reached it up to a second after the cut healed, and a subscriber's replay link
+# waited seconds for one sidecar while the others held what it needed. A LAN connect takes a millisecond.
+CONNECT_TIMEOUT_MS = 500
+
 
 class Endpoints:
     """A rotation over endpoints with per-round backoff and per-endpoint refusals. Not thread-safe."""

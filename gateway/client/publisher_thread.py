@@ -31,6 +31,7 @@ import zmq
 
 from gateway.client.accumulator import Accumulator
 from gateway.client.directory import Directory
+from gateway.client.endpoints import CONNECT_TIMEOUT_MS
 from gateway.client.ingest_session import (
     Close,
     Connect,
@@ -57,11 +58,6 @@ log = logging.getLogger(__name__)
 # misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
 HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
-# With other endpoints to try, a TCP connect unanswered this long is given up (libzmq's CONNECT_TIMEOUT; the
-# monitor's CONNECT_RETRIED makes it a drop): else a connect to a host cut off waits on the kernel's SYN
-# back-off (1 s, 3 s, 7 s), and a publisher cut from a healthy leader reaches it up to a second after the cut
-# heals. On the scale of HEARTBEAT_TIMEOUT_MS: a LAN connect takes a millisecond.
-CONNECT_TIMEOUT_MS = 500
 
 
 IDLE_S = 1.0  # the longest poll when nothing is due

@@ -83,6 +83,7 @@ class ReplayClient:
         curve: CurveClientKeys | None = None,
         ctx: zmq.Context | None = None,
         fail_unreachable: bool = False,
+        connect_timeout_ms: int = 0,
     ) -> None:
         """Connect and queue ATTACH; returns at once (the handshake is done by recv(), within `timeout` s).
 
@@ -93,7 +94,9 @@ class ReplayClient:
         up front and topped up as recv() hands answers out: how much the server may send ahead of the caller.
         curve: CURVE client keys, for a sidecar that requires them. ctx: the ZeroMQ context (default: the
         process's shared one). `fail_unreachable`: raise ReplayError once a TCP connect fails (nothing
-        listens), not at the deadline: for a caller with other servers to try, or with nothing to wait for."""
+        listens), not at the deadline: for a caller with other servers to try, or with nothing to wait for.
+        `connect_timeout_ms` (0: the kernel's): a TCP connect unanswered this long fails (with `fail_unreachable`,
+        at once): for a caller with other servers to try (gateway.client.endpoints.CONNECT_TIMEOUT_MS)."""
         P.validate_stream_name(stream)
         self.endpoint = endpoint
         self.stream = stream
@@ -109,6 +112,8 @@ class ReplayClient:
         # monitor explains a silent handshake (CURVE refusals) and tells when a connection ends.
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        if connect_timeout_ms:
+            self.sock.setsockopt(zmq.CONNECT_TIMEOUT, connect_timeout_ms)
         self.handshake = Handshake(self.sock, watch_drops=True, watch_connects=fail_unreachable)
         self.sock.connect(endpoint)
         self._queued: list[P.Command | str] = []  # requests (and required features) held until READY

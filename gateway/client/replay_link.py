@@ -17,7 +17,8 @@ and hands every answer back as a reconciler event, attributed to its request (`e
   its FETCH-END names the journal's head) and hands the answer on as `HeadSeen(head, "replay")`, one at a time;
   the reconciler's replay-only mode is MERGED while N is past it (gateway.reconcile);
 - failure handling: a connection lost, refused or silent past its handshake deadline is closed, the
-  reconciler told (`ReplayLost`), and the next sidecar tried after a capped backoff (`ReplayRestored`); a
+  reconciler told (`ReplayLost`), and the next sidecar tried after a capped backoff (`ReplayRestored`); so is
+  a sidecar that answers but could not serve a request (`no_progress`, with several); a
   refusal retrying cannot cure is final (`failed`). Where it stands is `state`, a `LinkState` whose every
   change is in gateway.client.link_state's table;
 - saying so while it waits: a warning naming the sidecar once it has gone WAIT_NOTICE_S[0] without an
@@ -41,7 +42,7 @@ from typing import Any
 from gateway import reconcile as R
 from gateway.client.datagram_fills import DatagramFills
 from gateway.client.directory import Directory
-from gateway.client.endpoints import Endpoints
+from gateway.client.endpoints import CONNECT_TIMEOUT_MS, Endpoints
 from gateway.client.link_state import ANSWERED, LOST, REFUSED, RETRY, LinkInput, LinkState, step
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, start_after
 from gateway.client.replay_client import Event as Answer  # what a sidecar sends; R.Event is the reconciler's
@@ -176,6 +177,14 @@ class ReplayLink:
             self._catchup.close()  # ZEPS has no unsubscribe: the connection was the subscription
             self._catchup, self._catchup_id = None, None
         # A FETCH cannot be recalled; its answer is bounded and the reconciler ignores what it no longer needs.
+
+    def no_progress(self, now: float) -> None:
+        """A request failed an attempt at the sidecar in use (the reconciler's NoProgress): with several, the
+        next one. A group's sidecar serves only what its node holds as committed: one whose node was deposed,
+        paused, cut off or is behind answers every request, with nothing newer, and would be asked again and
+        again while the others hold the range."""
+        if self._sidecars.several and self.state is LinkState.READY:
+            self._lost(now, f"{self.endpoint} made no progress on a request (its node may be behind the group)")
 
     def probe(self, since_ns: int | None) -> None:
         """Ask the sidecar where to start: the first sequence journaled at or after `since_ns`, or (None) the
@@ -391,6 +400,7 @@ class ReplayLink:
             curve=self._curve,
             ctx=self._ctx,
             fail_unreachable=self._sidecars.several,
+            connect_timeout_ms=CONNECT_TIMEOUT_MS if self._sidecars.several else 0,
         )
 
     def _close_connections(self) -> None:

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gateway.merge.stats import ReconcilerStats
-from gateway.merge.vocabulary import Action, Cancel, Request, Stalled
+from gateway.merge.vocabulary import Action, Cancel, NoProgress, Request, Stalled
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +244,7 @@ class RequestScheduler:
         del self._by_id[rid]
         if cancel:
             out.append(Cancel(rid))
+        out.append(NoProgress(rid))
         fetch.request = None
         if fetch.attempts.fail(self.policy):
             out.append(Stalled(max(fetch.covered_to + 1, n or 1), fetch.hi, fetch.attempts.count))

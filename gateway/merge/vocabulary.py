@@ -193,6 +193,15 @@ class Stalled:
 
 
 @dataclass(frozen=True, slots=True)
+class NoProgress:
+    """Request ``request_id`` failed an attempt (no progress by its deadline, or an answer that left its range
+    uncovered): the server that had it could not serve it. With several servers (a group's sidecars: one
+    whose node is deposed, paused or behind answers, but holds nothing newer), the IO layer asks the next."""
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class LagExceeded:
     """The consumer is ``lag`` sequences behind the head, beyond ``max_lag`` (``lag_policy="raise"``)."""
 
@@ -205,4 +214,4 @@ class StateChanged:
     new: State
 
 
-Action: TypeAlias = Emit | Request | Cancel | Loss | Stalled | LagExceeded | StateChanged
+Action: TypeAlias = Emit | Request | Cancel | Loss | NoProgress | Stalled | LagExceeded | StateChanged

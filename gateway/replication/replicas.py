@@ -13,19 +13,35 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
 2. The in-sync set is kept in etcd, written only by the leader and fenced by its epoch, so that exactly its
    members (and the leader) may be elected: each holds every committed record.
 3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
-   (commits wait for it from that moment on, so it never misses one).
+   (commits wait for it from that moment on, so it never misses one). Every committed record means those of
+   earlier epochs too (`floor`: how far this node knew records were committed when its epoch began), not
+   only this epoch's commit point, which starts at 0: else, until the first commit of an epoch, any follower
+   that acknowledged anything joined, and could be elected next without records an earlier leader had
+   confirmed (seen: a follower 2,950 records short joined a leader that then lost its lease, was elected,
+   and the other member had to cut its journal below its committed mark).
 4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, or whose peer
    link hung up (`hung_up`: its process exited, and the kernel closed its connection; waiting `lag_s` for
    it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
    succeeded (`remove`). A deposed leader's write fails, so
-   it can never shrink its set to commit alone.
-5. Nothing here does I/O or reads a clock: the caller passes `now`.
+   it can never shrink its set to commit alone. A member that is only behind (it acknowledges) stays while
+   the set would fall below `min_insync` without it: commits follow its acknowledgements, and without it
+   nothing would commit at all until a follower joined again (the one joining after a failover is behind the
+   head by what the stall let pile up, and used to be dropped again a `lag_s` later, over and over). Of
+   several such members, the furthest behind leave first.
+5. A member taken over from the previous epoch (`start`) must first learn of this leader, connect and maybe
+   cut its journal: both of its clocks start at its first acknowledgement in this epoch, not at the epoch's
+   start (else a failover under load drops the very follower the new leader needs, and commits wait until
+   it joins again). One that has not acknowledged `SWITCH_S` after the epoch began leaves (a dead member
+   holds every commit until it does).
+6. Nothing here does I/O or reads a clock: the caller passes `now`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+
+SWITCH_S = 2.0  # a member taken over by a new leader acknowledges it within this, or leaves (rule 5)
 
 
 @dataclass
@@ -35,6 +51,7 @@ class _Follower:
     durable: dict[str, int] = field(default_factory=dict)  # per stream, the last sequence it made durable
     behind_since: float | None = None  # since when it has been behind the head (None: caught up)
     hung_up: bool = False  # its peer link closed and it has not acknowledged anything since
+    heard: bool = True  # it acknowledged in this epoch (False: a member taken over, `heard_at` the epoch's start)
 
 
 @dataclass
@@ -48,6 +65,8 @@ class InSync:
     # per stream; starts at 0: what this node journaled as a follower is committed again in its epoch, once
     # its in-sync followers hold it (they may not, if the old leader died before they did)
     committed: dict[str, int]
+    # per stream, how far records were committed before this epoch, as this node knew when it began (rule 3)
+    floor: dict[str, int] = field(default_factory=dict)
     members: set[str] = field(default_factory=set)  # in-sync followers (not the leader)
     followers: dict[str, _Follower] = field(default_factory=dict)
     durable: dict[str, int] = field(init=False)  # per stream, as committed: what every member made durable
@@ -59,7 +78,7 @@ class InSync:
         """Take over the in-sync set of the previous epoch (minus this node and the old leader)."""
         self.members = set(members) - {self.node}
         for name in self.members:
-            self.followers[name] = _Follower({}, now)
+            self.followers[name] = _Follower({}, now, heard=False)
 
     def ack(self, node: str, epoch: int, stream: str, seq: int, durable: int, now: float) -> None:
         """A follower's REPLICA-ACK (written through `seq`, durable through `durable`); acks for another epoch
@@ -71,6 +90,7 @@ class InSync:
         f.durable[stream] = max(f.durable.get(stream, 0), min(durable, seq))
         f.heard_at = now
         f.hung_up = False
+        f.heard = True
 
     @property
     def quorate(self) -> bool:
@@ -78,9 +98,10 @@ class InSync:
         return len(self.members) >= self.min_insync
 
     def advance(self, heads: dict[str, int], now: float) -> None:
-        """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind."""
+        """Move each stream's commit point to what every in-sync follower holds (rule 1); track who is behind
+        (from its first acknowledgement in this epoch: rule 5)."""
         for f in self.followers.values():
-            behind = any(f.acked.get(s, 0) < head for s, head in heads.items())
+            behind = f.heard and any(f.acked.get(s, 0) < head for s, head in heads.items())
             if not behind:
                 f.behind_since = None
             elif f.behind_since is None:
@@ -94,11 +115,12 @@ class InSync:
             self.durable[stream] = max(self.durable[stream], min(self.committed[stream], kept))
 
     def joinable(self) -> list[str]:
-        """Followers outside the set that hold every committed record (rule 3)."""
+        """Followers outside the set that hold every committed record, of this epoch and before (rule 3)."""
         return [
             name
             for name, f in self.followers.items()
-            if name not in self.members and all(f.acked.get(s, 0) >= c for s, c in self.committed.items())
+            if name not in self.members
+            and all(f.acked.get(s, 0) >= max(c, self.floor.get(s, 0)) for s, c in self.committed.items())
         ]
 
     def hung_up(self, node: str) -> None:
@@ -107,14 +129,19 @@ class InSync:
             f.hung_up = True
 
     def laggards(self, now: float) -> list[str]:
-        """In-sync followers silent or behind for longer than `lag_s`, or hung up (rule 4)."""
-        out = []
+        """In-sync followers silent or behind for longer than `lag_s` (behind: only as many as leave `min_insync`),
+        or hung up (rule 4); a member taken over that has not acknowledged this epoch for `SWITCH_S` (rule 5)."""
+        out, behind = [], []
         for name in self.members:
             f = self.followers[name]
-            silent = now - f.heard_at > self.lag_s
-            if f.hung_up or silent or (f.behind_since is not None and now - f.behind_since > self.lag_s):
+            silent = now - f.heard_at > (self.lag_s if f.heard else SWITCH_S)
+            if f.hung_up or silent:
                 out.append(name)
-        return out
+            elif f.behind_since is not None and now - f.behind_since > self.lag_s:
+                behind.append(name)
+        behind.sort(key=lambda name: sum(self.followers[name].acked.values()))  # the furthest behind first
+        room = max(0, len(self.members) - len(out) - self.min_insync)  # who may leave without stalling commits
+        return out + sorted(behind[:room])
 
     def add(self, node: str) -> None:
         self.members.add(node)

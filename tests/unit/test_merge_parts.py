@@ -14,7 +14,7 @@ from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
 from gateway.merge.requests import RequestScheduler, RetryPolicy, SilenceWatch
 from gateway.merge.stats import ReconcilerStats
-from gateway.merge.vocabulary import Action, Cancel, Request, Stalled
+from gateway.merge.vocabulary import Action, Cancel, NoProgress, Request, Stalled
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def test_progress_resets_the_deadline_and_the_attempts() -> None:
     fetch = req.find(1)
     assert fetch is not None
     req.pump(1.0, 5, 50, out)  # no progress by the deadline: cancelled
-    assert out[-1] == Cancel(1) and fetch.attempts.count == 1
+    assert out[-2:] == [Cancel(1), NoProgress(1)] and fetch.attempts.count == 1
     req.pump(1.1, 5, 50, out)  # re-issued after the backoff, for the remainder
     req.progress(fetch, 20, 1.2)
     assert fetch.attempts.count == 0

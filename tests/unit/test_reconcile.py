@@ -40,6 +40,7 @@ from gateway.reconcile import (
     LagExceeded,
     Live,
     Loss,
+    NoProgress,
     Reconciler,
     Replay,
     ReplayEnd,
@@ -813,7 +814,7 @@ def test_empty_snapshot_end_fixes_the_position() -> None:
 
 def test_snapshot_without_any_answer_is_asked_again() -> None:
     r = snapshotting(progress_timeout=1.0, retry_backoff=(0.5, 0.5))
-    assert r.handle(Tick(), 1.0) == [Cancel(1)]
+    assert r.handle(Tick(), 1.0) == [Cancel(1), NoProgress(1)]
     assert r.handle(Tick(), 1.5) == [Request(2, 1, None, snapshot=True)]
     assert r.handle(Replay(B(1, 5, seqs=(2,)), 1), 1.6) == []  # the first one's late answer
     assert r.state is State.SNAPSHOTTING and r.next_seq is None
@@ -824,6 +825,7 @@ def test_snapshot_failing_part_way_is_finished_by_full_replay_and_its_late_answe
     r.handle(Replay(B(1, 10, seqs=(3,)), 1), 0.1)
     assert r.handle(Tick(), 1.2) == [
         Cancel(1),
+        NoProgress(1),
         StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
         Request(2, 11, None),  # not a new snapshot: it would be as of another N
     ]
@@ -837,6 +839,7 @@ def test_gap_in_snapshot_coverage_abandons_it() -> None:
     r.handle(Replay(B(1, 10, seqs=(3,)), 1), 0.1)
     assert r.handle(Replay(B(12, 20, seqs=(15,)), 1), 0.2) == [
         Cancel(1),
+        NoProgress(1),
         StateChanged(State.SNAPSHOTTING, State.CATCHING_UP),
         Request(2, 11, None),
     ]
@@ -1125,7 +1128,9 @@ def test_timeouts_retry_with_exponential_backoff_then_stall_and_keep_retrying() 
     r = merged_at(1, progress_timeout=1.0, retry_backoff=(0.5, 2.0), max_retries=2, tail_grace=0.0)
     r.handle(Live(B(5, 5), "A"), 0.0)
     timeline = {t / 10: r.handle(HeadSeen(5, "A"), t / 10) for t in range(1, 120)}
-    got = [(t, a) for t, actions in timeline.items() for a in actions if not isinstance(a, StateChanged)]
+    got = [(t, a) for t, actions in timeline.items() for a in actions if not isinstance(a, StateChanged | NoProgress)]
+    failed = [(t, a) for t, actions in timeline.items() for a in actions if isinstance(a, NoProgress)]
+    assert failed[:3] == [(1.0, NoProgress(1)), (2.5, NoProgress(2)), (4.5, NoProgress(3))]  # each failed attempt
     assert got[:7] == [
         (1.0, Cancel(1)),  # deadline 1.0, no progress
         (1.5, Request(2, 1, 4)),  # backoff 0.5
@@ -1141,7 +1146,7 @@ def test_timeouts_retry_with_exponential_backoff_then_stall_and_keep_retrying() 
     # progress resets the deadline and the attempts: the next backoff is the initial one again
     r.handle(Replay(B(1, 2), 6), 12.6)
     assert r.handle(HeadSeen(5, "A"), 13.5) == []
-    assert r.handle(HeadSeen(5, "A"), 13.6) == [Cancel(6)]
+    assert r.handle(HeadSeen(5, "A"), 13.6) == [Cancel(6), NoProgress(6)]
     assert r.handle(HeadSeen(5, "A"), 14.1) == [Request(7, 3, 4)]
 
 
@@ -1152,14 +1157,14 @@ def test_open_ended_request_times_out_only_when_owed_data() -> None:
     assert [a for t in range(1, 20) for a in r.handle(Tick(), float(t))] == []
     r.handle(Live(B(5, 5), "A"), 20.0)  # held; head 5 > covered 3: now data is owed
     assert r.handle(Tick(), 20.9) == []
-    assert r.handle(Tick(), 21.0) == [Cancel(1)]
+    assert r.handle(Tick(), 21.0) == [Cancel(1), NoProgress(1)]
 
 
 def test_short_replay_end_retries_the_remainder() -> None:
     r = merged_at(1, retry_backoff=(0.0, 1.0))
     r.handle(Live(B(10, 10), "A"), 0.0)
     r.handle(Replay(B(1, 4), 1), 0.1)
-    assert r.handle(ReplayEnd(1), 0.2) == [Request(2, 5, 9)]
+    assert r.handle(ReplayEnd(1), 0.2) == [NoProgress(1), Request(2, 5, 9)]  # this server holds no more
     assert r.stats.retries == 1
 
 
