@@ -17,6 +17,7 @@ docs/architecture.md draws them.
 """
 
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 from gateway.errors import (
@@ -44,6 +45,13 @@ from gateway.errors import (
     Unauthenticated,
     ZepsError,
 )
+
+# OpenPGM's clock (its rate limiter and every timer) is gettimeofday() in Debian's build unless PGM_TIMER says
+# otherwise, and it stands still while the wall clock is behind its last reading: a wall clock stepped back
+# froze a PGM sender for as long as the step (docs/pgm.md, "Clock"). CLOCK_GETTIME is CLOCK_MONOTONIC. OpenPGM
+# reads it once, at the process's first pgm_init, which libzmq makes when its first context is created: so here,
+# before any gateway code makes one. A PGM_TIMER the environment sets is kept.
+os.environ.setdefault("PGM_TIMER", "CLOCK_GETTIME")
 
 if TYPE_CHECKING:
     from gateway.client.async_publisher import AsyncPublisher

@@ -1,7 +1,8 @@
 """A gateway whose wall clock is stepped while it runs (netlab.wallclock: one process's CLOCK_REALTIME moved,
 as NTP or `date -s` would, its monotonic clock and sleeps untouched). Journal time comes from the wall clock
 and the authority from the monotonic one (docs/journal.md): a step back must not reorder journal time or stall
-the gateway, a step forward shows as a jump in journal time and nothing else."""
+the gateway, a step forward shows as a jump in journal time and nothing else; OpenPGM's timers and rate limiter
+run on the monotonic clock too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from support.servers import STREAM, GatewayProcess
 from gateway import Publisher
 from gateway.journal import JournalReader, verify_root
 from netlab import WallClock
+
+PGM_CLOCK = """import ctypes, sys, time
+import zmq
+from gateway.transport import pgm
+ctx = zmq.Context()  # libzmq's first context initialises libpgm (pgm_init), as in every gateway process
+now = ctypes.CFUNCTYPE(ctypes.c_uint64)(ctypes.c_void_p.in_dll(pgm.lib(), "pgm_time_update_now").value)
+print(now(), flush=True)
+sys.stdin.readline()
+time.sleep(0.2)
+print(now(), flush=True)
+"""
 
 SCRIPT = """import sys, time
 print(time.time(), time.monotonic(), flush=True)
@@ -69,3 +81,25 @@ def test_a_gateway_stepped_back_and_forward_journals_every_record_once_in_time_o
     assert last["back"] - last["before"] < 2e9  # an hour back: journal time waits for the clock, it never goes back
     assert first["forward"] - last["back"] > 3500e9  # an hour forward (net): journal time jumps with the clock
     assert verify_root(root).clean
+
+
+def test_a_step_back_of_the_wall_clock_leaves_openpgm_s_clock_running(tmp_path: Path) -> None:
+    # Debian's libpgm reads gettimeofday() unless PGM_TIMER says otherwise, and holds its clock still until the
+    # wall clock is past its last reading: a step back froze a leader's PGM sender (rate limiter and timers) for
+    # as long as the step, its queue filled and it stopped reading its publishers (issue #34).
+    clock = WallClock(tmp_path / "clock")
+    env = clock.env()
+    env.pop("PGM_TIMER", None)  # the gateway's choice, not one inherited from the test's environment
+    child = subprocess.Popen([sys.executable, "-c", PGM_CLOCK], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        before = int(child.stdout.readline())
+        clock.step(-3600)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        after = int(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait(10)
+    assert 0.15e6 < after - before < 10e6  # microseconds: it ran on through the step, by the child's sleep
