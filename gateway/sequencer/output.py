@@ -3,8 +3,10 @@ fan-out of a committed batch to the outputs, and their heartbeats."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 import zmq
 
@@ -18,6 +20,9 @@ from gateway.wire import batch as B
 from gateway.wire.streamkey import StreamKey, message
 
 REFUSED_MULTICAST = "dropped like a lost packet; subscribers fetch what they miss from the replay sidecar"
+STUCK_S = 5.0  # a transport that takes nothing for this long while batches wait is said once (and its recovery)
+
+log = logging.getLogger(__name__)
 
 
 class McastOutput:
@@ -25,7 +30,9 @@ class McastOutput:
 
     Every transport limits its own rate (PGM's ZMQ_RATE, NORM's fixed transmit rate, UDP's pacing) and answers
     zmq.Again when full: the batch then stays queued, and a long queue stops the gateway reading publishers
-    (`run`). A datagram output queues each batch as parts that fit a datagram.
+    (`run`). A datagram output queues each batch as parts that fit a datagram. A transport that takes nothing
+    for STUCK_S while batches wait is logged once, and again when it takes batches again: its publishers wait
+    meanwhile, and nothing else would say why (a PGM sender whose clock stood still did that: docs/pgm.md).
     """
 
     RETRY_S = 0.001  # how soon a full transport is tried again
@@ -40,6 +47,7 @@ class McastOutput:
         rooms: dict[str, int],
         series: OutputSeries,
         max_queue: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sock = sock
         self.max_queue = max_queue  # a queue this long stops the gateway reading publishers
@@ -49,16 +57,20 @@ class McastOutput:
         self.rooms = rooms  # per stream, the largest batch a datagram transport sends whole (others: empty)
         self.series = series  # its metrics
         series.queued.set_function(self.queue.__len__)
+        self._clock = clock
+        self._stuck_since: float | None = None  # the transport has taken nothing since then (None: it takes)
+        self._stuck_said = False
 
     def pump(self) -> float | None:
         """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
         at once, more is queued), None when idle."""
-        until, sent = time.monotonic() + self.PUMP_S, 0
+        until, sent = self._clock() + self.PUMP_S, 0
         while self.queue:
             frames, last = self.queue[0]
             try:
                 self.sock.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[1]) < 8192)
             except zmq.Again:
+                self._track(sent)
                 return self.RETRY_S
             except OSError as exc:  # refused by the network: dropped like a lost packet (replay has it)
                 self.series.send_errors.refused("multicast", self.series.endpoint, exc, REFUSED_MULTICAST)
@@ -67,12 +79,36 @@ class McastOutput:
             self.queue.popleft()
             self.sent_head[frames[0].decode()] = last
             sent += 1
-            if sent % self.PUMP_CHECK == 0 and self.queue and time.monotonic() > until:
+            if sent % self.PUMP_CHECK == 0 and self.queue and self._clock() > until:
+                self._track(sent)
                 return 0.0
+        self._track(sent)
         # NORM takes part of a message that does not fit and the rest only when asked again.
         if isinstance(self.sock, NormSender) and not self.sock.push():
             return self.RETRY_S
         return None
+
+    def _track(self, sent: int) -> None:
+        """A pump ended, having sent `sent` batches: how long has the transport taken none while batches wait."""
+        if sent or not self.queue:
+            if self._stuck_said and self._stuck_since is not None:
+                stuck_s = self._clock() - self._stuck_since
+                log.warning("multicast %s takes batches again, after %.1f s", self.endpoint, stuck_s)
+            self._stuck_since, self._stuck_said = None, False
+            return
+        now = self._clock()
+        if self._stuck_since is None:
+            self._stuck_since = now
+        elif not self._stuck_said and now - self._stuck_since >= STUCK_S:
+            self._stuck_said = True
+            log.warning(
+                "multicast %s: the transport has taken nothing for %.1f s (%d batches wait), so publishers wait. "
+                "Check its rate (--rate-kbps) and link; a PGM sender whose clock stands still does this "
+                "(docs/pgm.md, 'Clock')",
+                self.endpoint,
+                now - self._stuck_since,
+                len(self.queue),
+            )
 
     @property
     def full(self) -> bool:
