@@ -134,7 +134,7 @@ USAGE = [
     (("streams", "--interface", "lo", "--wait", "-1"), ["--wait", "'-1'"]),
     (("subscribe", "--stream", "s", "--interface", "lo", "--discovery", "1.2.3.4:x"), ["1.2.3.4:x"]),
     (("gateway", "--multicast", "bad name=udp://lo;239.1.1.1:5555"), ["--multicast", "bad name"]),
-    (("top",), ["--gateway, --replay or --subscriber"]),
+    (("top",), ["--gateway, --replay, --subscriber or --mirror"]),
     (("top", "--gateway", "9100"), ["--gateway", "'9100'", "127.0.0.1:9100"]),
     (("top", "--replay", "127.0.0.1:9", "--interval", "soon"), ["--interval", "'soon'"]),
     (("snapshot", "--replay", "127.0.0.1:1", "--stream", "s"), ["--replay", "tcp://127.0.0.1:1"]),
