@@ -51,12 +51,15 @@ def wait_head(root: Path, stream: str, head: int) -> None:
 
 
 def listing(etcd: EtcdProcess, want: dict[str, list[str]]) -> dict[str, dict]:
-    """`zeps streams --etcd --json` once every stream's copies are `want` (lease-bound entries take a moment)."""
+    """`zeps streams --etcd --json` once every stream's copies are `want` and every mirror names its source
+    (lease-bound entries take a moment)."""
     deadline = time.monotonic() + WAIT_S
     while True:
         done = zeps("streams", "--etcd", etcd.url, "--json", "--wait", "0.5")
         rows = {row["stream"]: row for row in map(json.loads, done.stdout.splitlines())}
-        if {name: sorted(h["copy"] for h in row["holders"]) for name, row in rows.items() if name in want} == want:
+        copies = {name: sorted(h["copy"] for h in row["holders"]) for name, row in rows.items() if name in want}
+        sourced = all(h["source"] for row in rows.values() for h in row["holders"] if h["copy"] == "mirror")
+        if copies == want and sourced:  # a mirror's source is known once its first session asked (MIRROR)
             return rows
         assert time.monotonic() < deadline, (want, done.stdout, done.stderr)
         time.sleep(0.2)
