@@ -132,25 +132,19 @@ class Mirror:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
 
     def _watch_source(self, source: str, within: float) -> float:
-        """Between rounds, the source's head, asked within `within` s: the lag keeps growing while the mirror
-        site is down (a round's own probe runs only while it forwards). Best effort; the seconds it took."""
-        t0 = time.monotonic()
-        self._head_at(source, within)
-        self._report(time.monotonic())
-        return time.monotonic() - t0
-
-    def _head_at(self, source: str, within: float) -> int | None:
-        """The head of the sidecar at `source`, asked in a session of its own within `within` s (None: down or
-        silent); it raises the source's head as known."""
+        """Between rounds, the head of the sidecar at `source`, asked in a session of its own within `within` s
+        (best effort: down or silent says nothing): the lag keeps growing while the mirror site is down (a
+        round's own probe runs only while it forwards). The seconds it took."""
         c, st = self.config, self.status
+        t0 = time.monotonic()
         try:
             with ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=within, curve=c.source_curve,
                               ctx=self.ctx, fail_unreachable=True) as client:  # fmt: skip
-                head = probe(client, B.MAX_SEQ)[0].last
+                st.source_head = max(st.source_head, probe(client, B.MAX_SEQ)[0].last)
         except ReplayError:
-            return None
-        st.source_head = max(st.source_head, head)
-        return head
+            pass
+        self._report(time.monotonic())
+        return time.monotonic() - t0
 
     def _sleep(self, seconds: float, until: Callable[[], bool]) -> None:
         end = time.monotonic() + seconds

@@ -56,18 +56,23 @@ def journal(tmp_path: Path) -> Lane:
     return Lane(STREAM, writer, ProducerTable(10**12, 100))
 
 
-@pytest.mark.parametrize("kept_batches", [BATCHES, BATCHES - 1, BATCHES - 5, 77, 1, 0])
-def test_a_rejoining_node_cuts_once_where_the_journals_part(tmp_path: Path, kept_batches: int) -> None:
-    lane, leader = journal(tmp_path), Leader(kept_batches * SIZE)
-    reopened: list[str] = []
+def copier_of(tmp_path: Path, lane: Lane, mark: CommittedMark, reopened: list[str]) -> ReplicaCopier:
+    """A copier over `lane`, which reopens its writer after a cut (each reopened stream noted in `reopened`)."""
 
     def reopen(stream: str) -> None:
         reopened.append(stream)
         lane.writer = JournalWriter.open(tmp_path, stream)
 
-    mark = CommittedMark(tmp_path / STREAM)
     copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
-    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {STREAM: mark}, reopen, copied, lambda s, e: None, lambda s: None)
+    return ReplicaCopier(tmp_path, {STREAM: lane}, {STREAM: mark}, reopen, copied, lambda s, e: None, lambda s: None)
+
+
+@pytest.mark.parametrize("kept_batches", [BATCHES, BATCHES - 1, BATCHES - 5, 77, 1, 0])
+def test_a_rejoining_node_cuts_once_where_the_journals_part(tmp_path: Path, kept_batches: int) -> None:
+    lane, leader = journal(tmp_path), Leader(kept_batches * SIZE)
+    reopened: list[str] = []
+    mark = CommittedMark(tmp_path / STREAM)
+    copier = copier_of(tmp_path, lane, mark, reopened)
     try:
         copier.cut_to_leader(leader, STREAM, "lead")
         assert lane.head == kept_batches * SIZE
@@ -102,20 +107,13 @@ def test_a_node_repaired_by_hand_cuts_at_its_hole_and_reuses_its_sequences(tmp_p
     lane.writer.close()
     hole = 100 * SIZE + 1
     truncate_at(tmp_path, STREAM, 1, offset_of(tmp_path / STREAM, hole))
-    reopened: list[str] = []
-
-    def reopen(stream: str) -> None:
-        reopened.append(stream)
-        lane.writer = JournalWriter.open(tmp_path, stream)
-
-    reopen(STREAM)
+    lane.writer = JournalWriter.open(tmp_path, STREAM)
     assert lane.head == BATCHES * SIZE  # the head jumped past the discarded range
     reader = JournalReader(tmp_path, STREAM)
     assert reader.held_below(lane.head) == hole - 1
     leader = Leader(agreed_batches * SIZE)
     mark = CommittedMark(tmp_path / STREAM)
-    copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
-    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {STREAM: mark}, reopen, copied, lambda s, e: None, lambda s: None)
+    copier = copier_of(tmp_path, lane, mark, [])
     try:
         copier.cut_to_leader(leader, STREAM, "lead")
         assert lane.head == agreed_batches * SIZE
