@@ -57,7 +57,12 @@ log = logging.getLogger(__name__)
 # A gateway whose connection stays up but which answers nothing (paused, or its host cut off) is gone once it
 # misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
 # IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
-HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500
+# With several endpoints that is how fast a publisher moves to the next one (failover), so it is short. With
+# one endpoint there is nowhere to move: a short timeout only costs reconnects, and a starved publisher process
+# (libzmq runs its due timers before reading its sockets) times out answers already waiting in its socket; at
+# 1,000 publishers that was thousands of reconnects a minute (docs/benchmarks.md, fan-in).
+HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500  # several endpoints
+LONE_HEARTBEAT_IVL_MS, LONE_HEARTBEAT_TIMEOUT_MS = 1000, 5000  # one endpoint
 
 
 IDLE_S = 1.0  # the longest poll when nothing is due
@@ -287,8 +292,8 @@ class PublisherThread:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails
         sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS if several else LONE_HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS if several else LONE_HEARTBEAT_TIMEOUT_MS)
         if several:
             sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
         if self._curve is not None:
