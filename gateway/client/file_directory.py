@@ -1,4 +1,4 @@
-"""The last-resort directory: a static file listing each stream's channels, sidecar and ingest.
+"""The last-resort directory: a static file listing each stream's channels, sidecar, ingest and the copy served.
 
 For networks where neither multicast announcements nor etcd reach the client. TOML (any name) or JSON (a name
 ending in .json), one table per stream under `streams` (docs/discovery.md):
