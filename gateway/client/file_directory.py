@@ -1,4 +1,4 @@
-"""The last-resort directory: a static file listing each stream's channels, sidecar and ingest.
+"""The last-resort directory: a static file listing each stream's channels, sidecar, ingest and the copy served.
 
 For networks where neither multicast announcements nor etcd reach the client. TOML (any name) or JSON (a name
 ending in .json), one table per stream under `streams` (docs/discovery.md):
@@ -7,10 +7,13 @@ ending in .json), one table per stream under `streams` (docs/discovery.md):
     channels = ["udp://239.192.1.11:5011", "udp://239.192.2.11:5011"]   # A and B; joined on --interface
     sidecar = "tcp://10.1.0.5:5580"
     ingest = "tcp://10.1.0.5:5570"
+    copy = "mirror"                      # what the gateway there holds: primary (the default), mirror, promoted
+    source = "tcp://10.9.0.5:5580"       # a mirror's (or promoted copy's) source sidecar, at the other site
 
 Every field is optional; unknown fields and malformed values are refused when the file is read (ConfigError,
-naming the file, the stream and the field). The file is read once: nothing in it moves, so `fileno()` is an fd
-that never becomes readable and `wait()` answers at once.
+naming the file, the stream and the field). Each stream is one holder (`StreamInfo.holders`), named after the
+file: the primary unless `copy` says otherwise. The file is read once: nothing in it moves, so `fileno()` is an
+fd that never becomes readable and `wait()` answers at once.
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.client.directory import StreamInfo
+from gateway.client.directory import Holder, StreamInfo
 from gateway.errors import ConfigError, DiscoveryError, ProtocolError
 from gateway.mcast import Endpoint
 from gateway.transport.pollable import PolledByFd
 from gateway.wire import announce as A
 from gateway.wire.protocol import validate_stream_name
 
-_FIELDS = ("channels", "sidecar", "ingest")
+_FIELDS = ("channels", "sidecar", "ingest", "copy", "source")
 
 
 class FileDirectory(PolledByFd):
@@ -107,13 +110,29 @@ def _stream(path: Path, name: str, fields: Any) -> StreamInfo:
     if not isinstance(channels, list):
         raise ConfigError(f"{where}: channels is a list of endpoints like udp://239.192.1.11:5011")
     sidecar, ingest = _tcp(where, fields, "sidecar"), _tcp(where, fields, "ingest")
+    node = f"file {path.name}"
     return StreamInfo(
         name,
         channels=tuple(_channel(where, text) for text in channels),
         named=(sidecar,) if sidecar else (),
         ingests=(ingest,) if ingest else (),
-        nodes=(f"file {path.name}",),
+        nodes=(node,),
+        holders=(Holder(node, *_copy(where, fields)),),
     )
+
+
+def _copy(where: str, fields: dict) -> tuple[str, str]:
+    """The copy held (gateway.wire.announce.COPIES) and, for a mirror or promoted copy, its source."""
+    copy = fields.get("copy", A.PRIMARY)
+    if copy not in A.COPIES:
+        raise ConfigError(f"{where}: copy {copy!r}: expected one of {', '.join(A.COPIES)}")
+    source = _tcp(where, fields, "source")
+    if source and copy == A.PRIMARY:
+        raise ConfigError(f"{where}: source names a mirror's source sidecar: add copy = \"mirror\" (or \"promoted\"), "
+                          "or leave source out")  # fmt: skip
+    if source != A.announceable(source):
+        raise ConfigError(f"{where}: source {source!r}: expected tcp://HOST:PORT, printable and at most 255 bytes")
+    return copy, source
 
 
 def _channel(where: str, text: object) -> A.Channel:

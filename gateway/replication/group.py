@@ -42,13 +42,13 @@ from prometheus_client import Counter
 from gateway.errors import ConfigError, CoordinatorError
 from gateway.journal.committed import CommittedMark
 from gateway.journal.epochs import start_epoch
-from gateway.journal.promotion import read_promotion
+from gateway.journal.promotion import Promotion, read_promotion
 from gateway.replication.copier import ReplicaCopier
 from gateway.replication.elector import Elector
 from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
 from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
 from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
-from gateway.replication.promotions import LEARN_EVERY_S, promote, read_promotions
+from gateway.replication.promotions import LEARN_EVERY_S, Learnt, learn, promote, record_source
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.send_errors import SendErrors
@@ -57,7 +57,8 @@ from gateway.transport.tls import PeerTls
 log = logging.getLogger(__name__)
 
 PROMOTE_JOB = "promote:"  # the elector job promoting a stream is named this and the stream
-LEARN_JOB = "promotions"  # the follower's job reading the group's promotions
+SOURCE_JOB = "source:"  # the leader's job recording a mirror stream's source is named this and the stream
+LEARN_JOB = "promotions"  # the follower's job reading the group's promotions and mirror sources
 
 
 def peer_default(ingest: str) -> str:
@@ -90,6 +91,7 @@ class GroupConfig:
     journal: Path
     peer_tls: PeerTls | None = None  # the group's TLS on the peer link (gateway.transport.tls); None: plain TCP
     mirrors: tuple[str, ...] = ()  # its mirror streams (docs/mirroring.md): a follower learns their promotions
+    # and sources
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ class NodeHost:
     unwatch: Unwatch
     reopen: Callable[[str], None]  # open a stream's journal again after a cut
     step_down: Callable[[str], None]  # stop leading: refuse what was not journaled, naming why
-    promoted: Callable[[Mapping[str, int]], None]  # the group's promotions (stream -> sequence), as learnt
+    promoted: Callable[[Mapping[str, Promotion]], None]  # the group's promotions, by stream, as learnt
+    mirrored: Callable[[Mapping[str, str]], None]  # its mirror streams' sources (stream -> sidecar), as learnt
     send_errors: SendErrors | None = None  # where sends the network refuses are reported (peer link, etcd)
 
 
@@ -117,7 +120,8 @@ class GroupNode:
     def __init__(self, cfg: GroupConfig, host: NodeHost, replay: ReplayFactory) -> None:
         self.cfg, self.host, self.node, self._replay = cfg, host, cfg.node, replay
         prefix = group_key(cfg.streams)
-        keys = GroupKeys(f"{prefix}/leader", f"{prefix}/insync", f"{prefix}/nodes/{cfg.node}", f"{prefix}/promoted/")
+        keys = GroupKeys(f"{prefix}/leader", f"{prefix}/insync", f"{prefix}/nodes/{cfg.node}", f"{prefix}/promoted/",
+                         f"{prefix}/sources/")  # fmt: skip
         # A secret of this process, published in the leader key (readable only by etcd's clients: the group):
         # followers key their acks' macs with it, so that no one who reaches our peer link can forge an ack.
         ack_key = secrets.token_bytes(32)
@@ -147,7 +151,8 @@ class GroupNode:
         self.follower: Follower | None = None
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._promoting: dict[str, Callable[[str | None], None]] = {}  # stream -> told how its promotion ended
-        self._learn_at = 0.0  # a follower reads the group's promotions again then
+        self._learn_at = 0.0  # a follower reads the group's promotions and sources again then
+        self._sources: dict[str, tuple[int, str]] = {}  # stream -> (epoch, source) recorded (or being recorded)
 
     def _post(self, name: str, job: Callable[..., object]) -> None:
         self.elector.post(name, job)
@@ -217,15 +222,24 @@ class GroupNode:
                 where = f"the leader of epoch {holder.create_revision} is not of this version"
         return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
 
-    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
-        """Make the promotion of `stream` at `head` the group's, in etcd fenced by our epoch (a job of the
-        elector's thread); `done(None)` once written, `done(why)` if not (called from `tick`)."""
+    def promote(self, stream: str, promotion: Promotion, done: Callable[[str | None], None]) -> None:
+        """Make `stream`'s `promotion` the group's, in etcd fenced by our epoch (a job of the elector's
+        thread); `done(None)` once written, `done(why)` if not (called from `tick`)."""
         if self.insync is None:
             done(f"gateway node {self.node} no longer leads the group: promote at its leader")
             return
         self._promoting[stream] = done
-        job = partial(promote, self.keys.promoted, stream, head, self.keys.leader, self.insync.epoch)
+        job = partial(promote, self.keys.promoted, stream, promotion, self.keys.leader, self.insync.epoch)
         self.elector.post(f"{PROMOTE_JOB}{stream}", job)
+
+    def mirror_source(self, stream: str, source: str) -> None:
+        """A mirror session of `stream` named `source`: the leader records it for its followers, once per
+        epoch and source (a job of the elector's thread; one not written is tried again at the next session)."""
+        if self.insync is None or not source or self._sources.get(stream) == (self.insync.epoch, source):
+            return
+        self._sources[stream] = (self.insync.epoch, source)
+        job = partial(record_source, self.keys.sources, stream, source, self.keys.leader, self.insync.epoch)
+        self.elector.post(f"{SOURCE_JOB}{stream}", job)
 
     def _promotion(self, stream: str, outcome: bool | CoordinatorError) -> None:
         done = self._promoting.pop(stream, None)
@@ -236,10 +250,10 @@ class GroupNode:
         else:
             done(None if outcome else f"gateway node {self.node} no longer leads the group: promote at its leader")
 
-    def _own_promotions(self) -> dict[str, int]:
+    def _own_promotions(self) -> dict[str, Promotion]:
         """The promotion marks of this node's journal (a node about to lead adds them to the group's)."""
         marks = {stream: read_promotion(lane.writer.directory) for stream, lane in self.host.lanes.items()}
-        return {stream: head for stream, head in marks.items() if head is not None}
+        return {stream: mark for stream, mark in marks.items() if mark is not None}
 
     def journaled(self, stream: str, sealed: bytes) -> None:
         """A batch just journaled goes to the followers level with us (gateway.replication.peer_server.push)."""
@@ -257,8 +271,12 @@ class GroupNode:
                 self._written(outcome, now)
             elif name.startswith(PROMOTE_JOB):
                 self._promotion(name[len(PROMOTE_JOB) :], outcome)
-            elif name == LEARN_JOB and not isinstance(outcome, CoordinatorError):
-                self.host.promoted(outcome)  # a follower's mark, in its journal too
+            elif name.startswith(SOURCE_JOB) and outcome is not True:
+                self._sources.pop(name[len(SOURCE_JOB) :], None)  # recorded again at the next mirror session
+            elif name == LEARN_JOB and isinstance(outcome, Learnt):
+                self.host.promoted(outcome.promotions)  # a follower's mark, in its journal too
+                if self.insync is None:  # a leader's own sessions name its sources: nothing older replaces them
+                    self.host.mirrored(outcome.sources)
             # a status not written is not worth a word: the elector says when etcd is unreachable
         epoch, until = self.elector.authority()
         acting = now < until
@@ -285,7 +303,7 @@ class GroupNode:
             self.keeper.keep(self.insync, now)
         elif self.cfg.mirrors and now >= self._learn_at:
             self._learn_at = now + LEARN_EVERY_S
-            self.elector.post(LEARN_JOB, partial(read_promotions, self.keys.promoted))
+            self.elector.post(LEARN_JOB, partial(learn, self.keys.promoted, self.keys.sources))
         self.keeper.report(now, self._status)
 
     def _written(self, outcome: Written | CoordinatorError, now: float) -> None:

@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.errors import CoordinatorError
+from gateway.journal.promotion import Promotion
 from gateway.replication.promotions import take_promotions
 from gateway.replication.replicas import InSync, eligible, insync_record, parse_record
 from gateway.transport.etcd import Etcd
@@ -45,17 +46,18 @@ class GroupKeys(NamedTuple):
     insync: str  # the in-sync set
     status: str  # this node's status
     promoted: str  # the prefix of the group's promotions (gateway.replication.promotions)
+    sources: str  # the prefix of its mirror streams' sources (the same)
 
 
 @dataclass(frozen=True, slots=True)
 class Written:
     """The outcome of a write of the in-sync set fenced by `epoch`: `members`, or not written (a successor leads);
-    a take-over's also carries the group's promotions (stream -> sequence)."""
+    a take-over's also carries the group's promotions, by stream."""
 
     epoch: int
     members: frozenset[str]
     written: bool
-    promotions: Mapping[str, int] = field(default_factory=dict)
+    promotions: Mapping[str, Promotion] = field(default_factory=dict)
 
 
 class Applied(NamedTuple):
@@ -97,7 +99,7 @@ class InSyncKeeper:
             return (self.keys.insync, 0)  # a new group: anyone, unless a set is written meanwhile
         return (self.keys.insync, record.mod_revision) if eligible(self.node, record.value) else None
 
-    def take_over(self, epoch: int, now: float, promoted: Callable[[], Mapping[str, int]]) -> None:
+    def take_over(self, epoch: int, now: float, promoted: Callable[[], Mapping[str, Promotion]]) -> None:
         """Ask for the previous epoch's in-sync set to be taken over (`written` says when it was), and for the
         group's promotions, `promoted()` (this node's own marks, read only if asked) added to them."""
         if self._writing is not None or now < self._write_retry_at:
@@ -105,7 +107,7 @@ class InSyncKeeper:
         self._writing, self._dropping = (epoch, None), set()
         self._post("insync", partial(self._take_over, epoch, dict(promoted())))
 
-    def _take_over(self, epoch: int, own: Mapping[str, int], etcd: Etcd) -> Written:
+    def _take_over(self, epoch: int, own: Mapping[str, Promotion], etcd: Etcd) -> Written:
         """(elector thread) Inherit the in-sync set of the campaign that won `epoch` (if the last one did: else
         the write is fenced out), less the previous leader and this node; then read the group's promotions."""
         old_leader, members = parse_record(self._campaigned_on)

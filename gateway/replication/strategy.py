@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.journal import JournalWriter
+from gateway.journal.promotion import Promotion
 from gateway.wire import batch as B
 
 
@@ -70,9 +71,12 @@ class Replication(Protocol):
     def journaled(self, stream: str, sealed: bytes) -> None:
         """A batch was just journaled (uncommitted until its followers have it)."""
 
-    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
-        """Make the promotion of mirror stream `stream` at `head` the group's (docs/mirroring.md); `done(None)`
-        once it is, `done(why)` if it cannot be, on the loop (at once, or from a later `tick`)."""
+    def promote(self, stream: str, promotion: Promotion, done: Callable[[str | None], None]) -> None:
+        """Make the promotion of mirror stream `stream` the group's (docs/mirroring.md); `done(None)` once it
+        is, `done(why)` if it cannot be, on the loop (at once, or from a later `tick`)."""
+
+    def mirror_source(self, stream: str, source: str) -> None:
+        """A mirror session of `stream` named `source` (MIRROR): the group's other nodes are to announce it."""
 
     def tick(self, now: float) -> None:
         """Before the gateway releases what is committed: hear the group, move the commit points."""
@@ -107,9 +111,12 @@ class Solo:
     def journaled(self, stream: str, sealed: bytes) -> None:
         """Nothing to tell: there are no followers."""
 
-    def promote(self, stream: str, head: int, done: Callable[[str | None], None]) -> None:
+    def promote(self, stream: str, promotion: Promotion, done: Callable[[str | None], None]) -> None:
         """Nothing to tell: the gateway's own mark is the whole promotion."""
         done(None)
+
+    def mirror_source(self, stream: str, source: str) -> None:
+        """Nothing to tell: no other node announces the stream."""
 
     def tick(self, now: float) -> None:
         """Nothing to hear."""

@@ -46,7 +46,7 @@ from gateway.discovery.registrar import node_registrar
 from gateway.errors import ConfigError
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
-from gateway.journal.promotion import read_promotion, write_promotion
+from gateway.journal.promotion import Promotion, read_promotion, write_promotion
 from gateway.journal.syncer import Syncer
 from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
@@ -101,8 +101,8 @@ class Gateway:
             self.metrics.follow_producers(lane.stream, lane)
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
+        self.mirror_sources: dict[str, str] = {}  # stream -> the source sidecar it is (or was) a mirror of
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
-        self.mirror_sources: dict[str, str] = {}  # stream -> the source sidecar its last mirror session named
         if (short := make_room(config.max_clients + SPARE_FDS)) is not None:  # a descriptor per publisher
             log.warning("--max-clients %d: %s; publishers past the limit will not connect", config.max_clients, short)
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -171,7 +171,8 @@ class Gateway:
     def _node_host(self) -> NodeHost:
         copied = {name: series.copied for name, series in self.metrics.streams.items()}
         return NodeHost(self.ctx, self.lanes, self.marks, self.metrics.rejected, copied, self.watch, self.unwatch,
-                        self.reopen, self.step_down, self.group_promoted, self.metrics.send_errors)  # fmt: skip
+                        self.reopen, self.step_down, self.group_promoted, self.group_sources,
+                        self.metrics.send_errors)  # fmt: skip
 
     def _open_writer(self, stream: str) -> JournalWriter:
         c = self.config
@@ -593,10 +594,19 @@ class Gateway:
     # --- mirror streams (docs/mirroring.md; the rules are gateway.sequencer.mirroring's) -----------------
 
     def _mirror_rules(self, stream: str) -> MR.MirrorRules:
+        """A stream's rules as it starts: a promoted one also names the source its mark keeps."""
         if stream not in self.config.mirror:
             return MR.MirrorRules(stream, MR.Role.PRIMARY)
-        promoted = read_promotion(self.config.journal / stream)
-        return MR.MirrorRules(stream, MR.Role.MIRROR if promoted is None else MR.Role.PROMOTED, promoted)
+        mark = read_promotion(self.config.journal / stream)
+        if mark is None:
+            return MR.MirrorRules(stream, MR.Role.MIRROR)
+        self._source_of(stream, mark.source)
+        return MR.MirrorRules(stream, MR.Role.PROMOTED, mark.head)
+
+    def _source_of(self, stream: str, source: str) -> None:
+        """`stream` is (or was) a mirror of `source`, as announced (a source not known is not forgotten)."""
+        if known := A.announceable(source):
+            self.mirror_sources[stream] = known
 
     def mirror_refusal(self, stream: str) -> str | None:
         """The ingest's Gate: why an ordinary publisher may not write `stream` (a mirror's), or None."""
@@ -626,11 +636,12 @@ class Gateway:
         else:
             verdict = rules.on(MR.Hello(head) if isinstance(cmd, P.Mirror) else MR.Promote(head))
         if isinstance(verdict, MR.Persist):  # the group's first (a node's), then our journal's; answered then
-            at = verdict.head
+            at = Promotion(verdict.head, self.mirror_sources.get(stream, ""))
             self.replication.promote(stream, at, lambda failure: self._promoted(identity, stream, at, failure))
             return
         if isinstance(cmd, P.Mirror) and isinstance(verdict, MR.Resume):
-            self.mirror_sources[stream] = A.announceable(cmd.source)  # announced as this copy's source
+            self._source_of(stream, cmd.source)  # announced as this copy's source, by every node of a group
+            self.replication.mirror_source(stream, self.mirror_sources.get(stream, ""))
         self._carry_out(identity, stream, verdict, batch, confirm)
 
     def _carry_out(
@@ -652,13 +663,14 @@ class Gateway:
                 if self._journal(lane, batch, verbatim=True) is not None:
                     lane.producers.journaled(batch)  # a promoted site dedups the source's producers too
 
-    def _promoted(self, identity: bytes, stream: str, head: int, failure: str | None) -> None:
-        """The promotion asked for at `head` is the group's (or a single gateway's) unless `failure`: mark it in
-        the stream's journal directory and answer. A single gateway's mark is its only record, so one not
-        written is no promotion; a node's is a copy of the group's (which a new leader reads from etcd)."""
+    def _promoted(self, identity: bytes, stream: str, promotion: Promotion, failure: str | None) -> None:
+        """The promotion asked for is the group's (or a single gateway's) unless `failure`: mark it in the
+        stream's journal directory and answer. A single gateway's mark is its only record, so one not written
+        is no promotion; a node's is a copy of the group's (which a new leader reads from etcd)."""
+        head = promotion.head
         if failure is None:
             try:
-                write_promotion(self.lanes[stream].writer.directory, head)
+                write_promotion(self.lanes[stream].writer.directory, promotion)
             except OSError as exc:
                 if not self.config.node:
                     failure = str(exc)
@@ -670,18 +682,29 @@ class Gateway:
         log.warning("stream %s: promoted at sequence %d; mirror batches refused from now on", stream, head)
         self._carry_out(identity, stream, rules.on(MR.Promoted(head)))
 
-    def group_promoted(self, promotions: Mapping[str, int]) -> None:
+    def group_promoted(self, promotions: Mapping[str, Promotion]) -> None:
         """The group's promotions, as a node learns them (starting to lead: before any mirror batch can reach it
         as leader; following: every second), become this node's too, in its journal directory."""
-        for stream, head in promotions.items():
+        for stream, promotion in promotions.items():
             rules = self.mirrors.get(stream)
+            if rules is not None and rules.role is MR.Role.PROMOTED and stream not in self.mirror_sources:
+                self._source_of(stream, promotion.source)  # its own mark named none (an earlier version's)
             if rules is None or rules.role not in (MR.Role.MIRROR, MR.Role.PROMOTING):
                 continue
             with contextlib.suppress(OSError):  # etcd holds it: a mark not written here is read again next time
                 if read_promotion(self.lanes[stream].writer.directory) is None:
-                    write_promotion(self.lanes[stream].writer.directory, head)
-            rules.on(MR.Promoted(head))
-            log.warning("stream %s: the group was promoted at sequence %d; mirror batches refused", stream, head)
+                    write_promotion(self.lanes[stream].writer.directory, promotion)
+            self._source_of(stream, promotion.source)
+            rules.on(MR.Promoted(promotion.head))
+            log.warning("stream %s: the group was promoted at sequence %d; mirror batches refused", stream,
+                        promotion.head)  # fmt: skip
+
+    def group_sources(self, sources: Mapping[str, str]) -> None:
+        """The sources of the group's mirror streams, as a follower learns them: announced as its leader does."""
+        for stream, source in sources.items():
+            rules = self.mirrors.get(stream)
+            if rules is not None and rules.role in (MR.Role.MIRROR, MR.Role.PROMOTING):
+                self._source_of(stream, source)
 
     # --- plain PUB ingest -----------------------------------------------------------------------------
 

@@ -288,12 +288,20 @@ def test_a_static_directory_file(tmp_path: Path) -> None:
             assert sub.returncode == 0, sub.stderr
             assert len(journal_records(journal)) == COUNT
             as_json = tmp_path / "streams.json"
-            as_json.write_text(json.dumps({"streams": {STREAM: {"sidecar": sidecar.endpoint}}}))
+            mirror = {"sidecar": sidecar.endpoint, "copy": "mirror", "source": "tcp://10.1.0.5:5571"}
+            as_json.write_text(json.dumps({"streams": {STREAM: mirror}}))
             shown = zeps("streams", "--directory", str(as_json), "--json")
-            assert shown.returncode == 0 and json.loads(shown.stdout)["sidecar"] == sidecar.endpoint, shown.stderr
+            assert shown.returncode == 0, shown.stderr
+            row = json.loads(shown.stdout)
+            assert (row["sidecar"], row["copy"], row["source"]) == (sidecar.endpoint, ["mirror"], [mirror["source"]])
     finally:
         gateway.stop()
-    for text in ('[streams.px]\ningest = "udp://x"\n', "[streams.px]\ncolor = 1\n", "not toml ["):
+    for text in (
+        '[streams.px]\ningest = "udp://x"\n',
+        "[streams.px]\ncolor = 1\n",
+        "not toml [",
+        '[streams.px]\ncopy = "replica"\n',
+    ):
         (tmp_path / "bad.toml").write_text(text)
         bad = zeps("subscribe", "--directory", str(tmp_path / "bad.toml"), "--stream", "px")
         assert bad.returncode == 2 and "bad.toml" in bad.stderr, bad.stderr

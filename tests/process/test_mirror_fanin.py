@@ -5,7 +5,7 @@ What is proved: the aggregator serves both streams (one `zeps mirror` per stream
 publish); a subscriber of each at the aggregator's sidecar gets 1..N exactly once; each aggregator journal
 equals its source's (the `zeps ha check` comparison); `zeps streams` lists, for each stream, the source site's
 gateway as the primary and the aggregator as a mirror of that site's sidecar, and after `zeps mirror promote`
-the aggregator as promoted.
+the aggregator as promoted, still naming that sidecar after the aggregator restarts (its promotion mark keeps it).
 """
 
 from __future__ import annotations
@@ -51,14 +51,15 @@ def wait_head(root: Path, stream: str, head: int) -> None:
 
 
 def listing(etcd: EtcdProcess, want: dict[str, list[str]]) -> dict[str, dict]:
-    """`zeps streams --etcd --json` once every stream's copies are `want` and every mirror names its source
-    (lease-bound entries take a moment)."""
+    """`zeps streams --etcd --json` once every stream's copies are `want` (one holder each) and every mirror names
+    its source (lease-bound entries take a moment)."""
     deadline = time.monotonic() + WAIT_S
     while True:
         done = zeps("streams", "--etcd", etcd.url, "--json", "--wait", "0.5")
         rows = {row["stream"]: row for row in map(json.loads, done.stdout.splitlines())}
         copies = {name: sorted(h["copy"] for h in row["holders"]) for name, row in rows.items() if name in want}
-        sourced = all(h["source"] for row in rows.values() for h in row["holders"] if h["copy"] == "mirror")
+        mirrors = [h for name in want for h in rows.get(name, {}).get("holders", []) if h["copy"] == "mirror"]
+        sourced = all(h["source"] for h in mirrors)
         if copies == want and sourced:  # a mirror's source is known once its first session asked (MIRROR)
             return rows
         assert time.monotonic() < deadline, (want, done.stdout, done.stderr)
@@ -112,9 +113,13 @@ def test_two_sites_fan_in_to_one_aggregator_listed_by_the_directory(etcd: EtcdPr
             promoted = zeps("mirror", "promote", "--stream", "s1", "--gateway", agg.ingest, "--force")
             assert promoted.returncode == 0, promoted.stderr
             rows = listing(etcd, {"s1": ["promoted"], "s2": ["mirror", "primary"]})
-            assert rows["s1"]["holders"] == [{"node": rows["s1"]["holders"][0]["node"], "copy": "promoted",
-                                              "source": a_side.endpoint}]  # fmt: skip
+            node = rows["s1"]["holders"][0]["node"]
+            assert rows["s1"]["holders"] == [{"node": node, "copy": "promoted", "source": a_side.endpoint}]
             assert rows["s1"]["ingest"] == agg.ingest
+            agg.stop()  # its etcd entries go with it (the lease revoked)
+            agg.restart()  # (s2's source is named again once a mirror session names it)
+            rows = listing(etcd, {"s1": ["promoted"]})
+            assert rows["s1"]["holders"] == [{"node": node, "copy": "promoted", "source": a_side.endpoint}]
         for stream, source in (("s1", roots["a"]), ("s2", roots["c"])):
             result = check_group([source, roots["agg"]], stream)
             assert result.violation is None, result.plain()

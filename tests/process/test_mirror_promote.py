@@ -6,6 +6,8 @@ What is proved: the promotion is the group's, not the node's that took PROMOTE: 
 too; after the leader is killed -9, the new leader accepts publishers continuing the sequence and refuses the
 old source's mirror with the promotion line; the same after both nodes are killed and started again in the
 other order, one of them without its mark (it writes it again); the mark is in etcd and every node's journal.
+The directory in etcd lists both nodes as the same copy of the same source throughout: mirrors of it (the
+follower learns the source from the group), then promoted from it, also after both nodes restarted.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from support.servers import STREAM, GatewayProcess, Side, free_port, journal_rec
 
 from gateway.client.publisher import Publisher
 from gateway.journal.crosscheck import check_group
-from gateway.journal.promotion import read_promotion
+from gateway.journal.promotion import Promotion, read_promotion
 from gateway.replication.group import group_key
 from gateway.replication.promotions import promote, take_promotions
 from gateway.transport.etcd import Etcd
+from gateway.wire import announce as A
 
 pytestmark = pytest.mark.timeout(300)
 WAIT_S = 60.0
@@ -91,9 +94,23 @@ def wait_records(nodes: list[Node], count: int) -> None:
         time.sleep(0.05)
 
 
+def wait_copies(etcd: Etcd, nodes: list[Node], copy: str, source: str) -> None:
+    """Until the directory in etcd lists exactly one gateway entry per node, each holding `copy` of `source` (an
+    entry of a node killed -9 stays until its lease ends)."""
+    want = [(n.name, copy, source) for n in nodes]
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        entries = [A.decode(e.value) for e in etcd.get_prefix(f"{A.ETCD_PREFIX}{STREAM}/gateway.")]
+        listed = sorted((ann.node, ann.streams[0].copy, ann.streams[0].source) for ann in entries)
+        if listed == want:
+            return
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.1)
+
+
 def wait_mark(node: Node, head: int) -> None:
     deadline = time.monotonic() + WAIT_S
-    while read_promotion(node.root / STREAM) != head:
+    while (mark := read_promotion(node.root / STREAM)) is None or mark.head != head:
         assert time.monotonic() < deadline, f"node {node.name} has no promotion mark"
         time.sleep(0.05)
 
@@ -117,7 +134,10 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
     mirror = None
     try:
         with side(source_root) as source_side:
-            nodes = [Node(site, f"n{i}", etcd.url) for i in range(2)]
+            client = Etcd(etcd.url)
+            nodes = [Node(site, "n0", etcd.url)]
+            leader(client, nodes)  # n1 joins as a follower: it never hears a mirror session before the promotion
+            nodes.append(Node(site, "n1", etcd.url))
             to = ",".join(n.ingest for n in nodes)
             publish([source.ingest], range(1, 301))
             with open(mirror_log, "ab") as log:
@@ -125,18 +145,20 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
                                            source_side.endpoint, "--to", to, "--stream", STREAM, "--timeout", "2s"],
                                           stderr=log)  # fmt: skip
             wait_records(nodes, 300)
+            wait_copies(client, nodes, A.MIRROR, source_side.endpoint)  # the follower's source: the group's
 
             # the source site disappears; the group is promoted (the probe finds it gone: no --force)
             source_side.kill9()
             done = zeps("mirror", "promote", "--stream", STREAM, "--gateway", to, "--source", source_side.endpoint)
             assert done.returncode == 0, done.stderr
             assert "promoted at sequence 300" in done.stdout
-            client = Etcd(etcd.url)
-            assert client.get(f"{group_key([STREAM])}/promoted/{STREAM}") == "300", "the mark is the group's"
+            promoted = f"300 {source_side.endpoint}"
+            assert client.get(f"{group_key([STREAM])}/promoted/{STREAM}") == promoted, "the mark is the group's"
             first = leader(client, nodes)
             second = next(n for n in nodes if n is not first)
-            assert read_promotion(first.root / STREAM) == 300
+            assert read_promotion(first.root / STREAM) == Promotion(300, source_side.endpoint)
             wait_mark(second, 300)  # the follower learns it from the group
+            wait_copies(client, nodes, A.PROMOTED, source_side.endpoint)
             assert publish([n.ingest for n in nodes], range(301, 311)) == 310
 
             # the leader killed -9: the follower, which never took PROMOTE, leads as a promoted site
@@ -163,6 +185,7 @@ def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts
             wait_records(nodes, 330)
             for node in nodes:
                 wait_mark(node, 300)
+            wait_copies(client, nodes, A.PROMOTED, source_side.endpoint)  # from the marks: journal's, or etcd's
             result = check_group([n.root for n in nodes], STREAM)
             assert result.violation is None and result.checked == 330, result.plain()
             records = journal_records(nodes[0].root)
@@ -182,10 +205,12 @@ def test_the_groups_promotions_are_written_only_by_its_leader_and_a_leaders_own_
     client, prefix, leader_key = Etcd(etcd.url), "/zeps/ha/t/promoted/", "/zeps/ha/t/leader"
     epoch = client.create(leader_key, "n0", client.grant(5))
     assert epoch is not None
-    assert promote(prefix, "s", 10, leader_key, epoch, client)
-    assert not promote(prefix, "s", 11, leader_key, epoch + 1, client), "a write of another epoch is fenced out"
-    assert take_promotions(prefix, {"s": 99, "t": 5}, leader_key, epoch, client) == {"s": 10, "t": 5}
-    assert client.get(f"{prefix}t") == "5", "a mark of the new leader's own journal that etcd lacked"
+    assert promote(prefix, "s", Promotion(10), leader_key, epoch, client)
+    assert not promote(prefix, "s", Promotion(11), leader_key, epoch + 1, client), "another epoch's is fenced out"
+    own = {"s": Promotion(99), "t": Promotion(5, "tcp://a:1")}
+    known = {"s": Promotion(10), "t": Promotion(5, "tcp://a:1")}
+    assert take_promotions(prefix, own, leader_key, epoch, client) == known
+    assert client.get(f"{prefix}t") == "5 tcp://a:1", "a mark of the new leader's own journal that etcd lacked"
     client.delete(leader_key)  # deposed: it reads the group's promotions, and adds none
-    assert take_promotions(prefix, {"u": 1}, leader_key, epoch, client) == {"s": 10, "t": 5}
+    assert take_promotions(prefix, {"u": Promotion(1)}, leader_key, epoch, client) == known
     assert client.get(f"{prefix}u") is None

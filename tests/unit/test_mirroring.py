@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.client.opening import sends_elsewhere
-from gateway.journal.promotion import read_promotion, write_promotion
+from gateway.journal.promotion import PROMOTED_NAME, Promotion, read_promotion, write_promotion
 from gateway.sequencer import mirroring as MR
 
 DOC = Path(__file__).parents[2] / "docs" / "mirroring.md"
@@ -102,6 +102,12 @@ def test_a_promoted_stream_starts_with_its_mark() -> None:
 
 def test_the_promotion_mark_survives_in_the_stream_directory(tmp_path: Path) -> None:
     assert read_promotion(tmp_path / "s") is None
-    write_promotion(tmp_path / "s", 1234)
-    assert read_promotion(tmp_path / "s") == 1234
+    write_promotion(tmp_path / "s", Promotion(1234, "tcp://10.1.0.5:5571"))
+    assert read_promotion(tmp_path / "s") == Promotion(1234, "tcp://10.1.0.5:5571"), "with the source it mirrored"
     assert not (tmp_path / "s" / "promoted.tmp").exists()
+    text = (tmp_path / "s" / PROMOTED_NAME).read_text()
+    assert int(text.split()[0]) == 1234, "an earlier version reads the head alone"
+    (tmp_path / "s" / PROMOTED_NAME).write_text("77\n")  # an earlier version's mark
+    assert read_promotion(tmp_path / "s") == Promotion(77, "")
+    assert Promotion(5).encode() == "5"
+    assert Promotion.decode(Promotion(5, "tcp://a:1").encode()) == Promotion(5, "tcp://a:1")
