@@ -170,7 +170,7 @@ def campaign(
                         rate)  # fmt: skip
         healed = time.monotonic()
         for i, step in enumerate(steps):
-            hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60)
+            hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60, publisher=pub)
             time.sleep(max(0.0, healed + STEP_GAP_S - time.monotonic()))
             overlap = f" + {step.second} at {step.delay_s} s" if step.second else ""
             say(f"step {i + 1}/{len(steps)} at {time.strftime('%H:%M:%S')}: {step.first}{overlap}")
@@ -180,7 +180,7 @@ def campaign(
             if exited := group.exited():
                 group.restarts.append(f"after step {i + 1}: exited on their own {exited}")
                 raise BenchError(f"processes exited on their own after step {i + 1}: {exited}\n{_logs(group)}")
-        hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60)
+        hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60, publisher=pub)
         stopping.set()
         confirmed, head = pub.result(WAIT_S + 10)  # its last flush may take WAIT_S
         until.put(head)

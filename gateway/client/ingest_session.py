@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from gateway import machine
 from gateway.client.endpoints import Endpoints
-from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere
+from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere, session_lost
 from gateway.errors import PublishError
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -69,7 +69,6 @@ HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying ag
 CONFIRM_STALL_S = 5.0
 WANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
 HEAD = len(P.head_of(P.PublishBatch, 0))  # a PUBLISH-BATCH frame's bytes before its batch
-_SESSION_LOST = "before ATTACH"  # the gateway's INVALID for a session it no longer has
 
 Record = tuple[int, bytes, bytes, int]  # (ts_ns, key, body, ttl_ms), as the accumulator queues it
 
@@ -288,7 +287,7 @@ class IngestSession:
         match ev.command:
             case P.PublishOk(sequence=seq, count=n):
                 self._take_confirm(seq + n - 1, n)
-            case P.Invalid(reason=reason) if _SESSION_LOST in reason:
+            case P.Invalid(reason=reason) if session_lost(reason):
                 self._lose(f"the gateway ended the session ({reason})")
             case P.Invalid(reason=reason) if sends_elsewhere(reason):
                 self._lose(f"the gateway sent us elsewhere ({reason})", hint=reason, answered=True)
@@ -440,7 +439,9 @@ class IngestSession:
     def _refuse(self, reason: str) -> None:
         """The current endpoint refused ATTACH: the next one is tried, unless this is the first attach and every
         endpoint has refused, which is final."""
-        if sends_elsewhere(reason):
+        if session_lost(reason):
+            self._lose(f"the gateway ended the session ({reason})")
+        elif sends_elsewhere(reason):
             self._lose(f"ATTACH sent elsewhere ({reason})", hint=reason, answered=True)
         elif not self._endpoints.refused(reason) or self.attached_once:
             self._lose(f"ATTACH refused ({reason})", hint=reason)

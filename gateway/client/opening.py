@@ -22,7 +22,9 @@ ATTACHING
 EXTENDING
     EXTEND-OK: OPEN with the features it grants. INVALID: a plain ZEPS server that knows no extension, OPEN with
     none; except a refusal that sends the client elsewhere ("retry later", "not the leader"), which answers an
-    earlier session's request sent down the same connection, not EXTEND: it is passed over.
+    earlier session's request sent down the same connection, not EXTEND: it is passed over; and "... before
+    ATTACH": the server ended the session after ATTACH-OK (a leader stepping down ends every session), REFUSED
+    with that reason, which its caller takes for a drop (attach again), never for a server without extensions.
 OPEN, REFUSED
     Ended: every command is the caller's.
 
@@ -51,6 +53,15 @@ class Reply:
     """Send this command to the server."""
 
     command: P.Command
+
+
+SESSION_LOST = "before ATTACH"  # in the server's INVALID for a command of a session it no longer has
+
+
+def session_lost(reason: str) -> bool:
+    """An INVALID saying the server holds no session for us (a node that stepped down ended every session, say):
+    the client must attach again, nothing was refused."""
+    return SESSION_LOST in reason
 
 
 def sends_elsewhere(reason: str) -> bool:
@@ -116,7 +127,14 @@ class Opening:
         return isinstance(self._answer, P.Invalid)
 
     def _extensions_unknown(self) -> bool:
-        return isinstance(self._answer, P.Invalid) and not sends_elsewhere(self._answer.reason)
+        """An INVALID to EXTEND from a server that does not know it (the session stays, without extensions)."""
+        answer = self._answer
+        return isinstance(answer, P.Invalid) and not sends_elsewhere(answer.reason) and not session_lost(answer.reason)
+
+    def _session_ended(self) -> bool:
+        """The server ended the session between ATTACH-OK and EXTEND: not a server without extensions (taken for
+        one, a Publisher that asked for confirms failed for good when a leader stepped down at that moment)."""
+        return isinstance(self._answer, P.Invalid) and session_lost(self._answer.reason)
 
     # --- actions --------------------------------------------------------------------------------------
 
@@ -150,7 +168,11 @@ TRANSITIONS: dict[Step, Row] = {
     ),
     Step.EXTENDING: Row(
         on=_ANSWERS,
-        go=(Go(M._granted, Step.OPEN, M._take_features), Go(M._extensions_unknown, Step.OPEN)),
+        go=(
+            Go(M._granted, Step.OPEN, M._take_features),
+            Go(M._session_ended, Step.REFUSED, M._take_reason),
+            Go(M._extensions_unknown, Step.OPEN),
+        ),
     ),
     Step.OPEN: Row(on={}),
     Step.REFUSED: Row(on={}),

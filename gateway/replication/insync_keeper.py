@@ -148,8 +148,13 @@ class InSyncKeeper:
         for name in insync.joinable():
             insync.add(name)  # here first: commits wait for it before etcd says it may be elected
         target = insync.members - set(insync.laggards(now))
-        if target == self._recorded or self._writing is not None or now < self._write_retry_at:
+        if self._writing is not None or now < self._write_retry_at:
             return
+        if target == self._recorded == insync.members:
+            return
+        # A laggard leaves memory only through a write, also one that etcd never listed as far as we know: the
+        # write that added it failed (a timeout, say), and may have been applied all the same. Else it stayed
+        # in memory for good and every commit waited for it.
         self._writing, self._dropping = (insync.epoch, frozenset(target)), insync.members - target
         self._post("insync", partial(write_insync, self.keys, self.node, insync.epoch, frozenset(target)))
 

@@ -26,7 +26,7 @@ from gateway.errors import CoordinatorError, DataLoss
 from gateway.replication.group import group_key
 from gateway.tools.deployment import wait_ping
 from gateway.transport.etcd import Etcd
-from netlab import Lab
+from netlab import HostProcess, Lab
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 ETCD_HEARTBEAT_MS, ETCD_ELECTION_MS = 10, 100  # etcd's LAN timers: its own leader is never in question here
@@ -168,10 +168,15 @@ def publish_confirmed(
     return confirmed, head
 
 
-def wait_confirmed(progress: Any, beyond: int, timeout: float = WAIT_S) -> None:
-    """Until publish_confirmed has had more than `beyond` records confirmed (TimeoutError after `timeout`)."""
+def wait_confirmed(progress: Any, beyond: int, timeout: float = WAIT_S, publisher: HostProcess | None = None) -> None:
+    """Until publish_confirmed has had more than `beyond` records confirmed (TimeoutError after `timeout`). With
+    `publisher` (the process publishing), one that ended raises what ended it at once: a Publisher that failed
+    (a PublishError) must not pass for a group that stopped confirming."""
     deadline = time.monotonic() + timeout
     while progress.value <= beyond:
+        if publisher is not None and not publisher.is_alive():
+            publisher.result(0)  # re-raises the publisher's exception
+            raise RuntimeError(f"the publisher ended at {progress.value} confirmed, waiting for more than {beyond}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"no record confirmed past {beyond} within {timeout} s")
         time.sleep(0.01)

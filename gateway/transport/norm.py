@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 import select
 import time
@@ -34,6 +35,8 @@ import zmq
 from gateway.errors import NormError
 from gateway.transport.pollable import PolledByFd, again
 from gateway.wire.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
+
+log = logging.getLogger(__name__)
 
 _VOIDP = ctypes.c_void_p
 _BOOL = ctypes.c_bool
@@ -51,6 +54,7 @@ NORM_RX_OBJECT_UPDATED = 19
 NORM_RX_OBJECT_COMPLETED = 20
 NORM_RX_OBJECT_ABORTED = 21
 
+CLOCK_STEP_S = 1.0  # a wall clock stepped back further restarts a sender (`NormSender._restart_if_clock_went_back`)
 _READ_CHUNK = 256 * 1024
 _READS_PER_CALL = 64  # then other streams and the caller get a turn; the rest is read on the next call
 
@@ -182,6 +186,11 @@ class _Session:
             self.instance = None
 
 
+def _wall_offset() -> float:
+    """How far the wall clock is ahead of the monotonic one: it changes only when the wall clock is stepped."""
+    return time.time() - time.monotonic()
+
+
 class NormSender:
     """Sends ZeroMQ-style multipart messages on a NORM stream at a fixed rate, with backpressure.
 
@@ -196,6 +205,17 @@ class NormSender:
             raise NormError("rate_kbps must be positive: NORM sends at a fixed rate")
         self.settings = settings
         self.linger_ms = linger_ms
+        self._where = (interface, group, port)
+        self._pending: bytes | None = None  # the accepted message not yet all in the stream
+        self._written = 0  # how much of it is
+        self._flushed = True  # NORM finished flushing everything written (its repair requests answered)
+        self._start()
+        self._wall = _wall_offset()  # the wall clock's lead on the monotonic one, as last seen
+
+    def _start(self) -> None:
+        """A NORM instance (its thread) and session, sending, with its stream open."""
+        settings = self.settings
+        interface, group, port = self._where
         self._s = _Session(interface, group, port, settings)
         lib_, session = self._s.lib, self._s.session
         lib_.NormSetCongestionControl(session, False, True)
@@ -224,9 +244,25 @@ class NormSender:
             raise NormError(f"NormStreamOpen({settings.buffer_bytes} bytes) failed: lower buffer_bytes")
         self._write = lib_.NormStreamWrite
         self._flush = lib_.NormStreamFlush
-        self._pending: bytes | None = None  # the accepted message not yet all in the stream
-        self._written = 0  # how much of it is
-        self._flushed = True  # NORM finished flushing everything written (its repair requests answered)
+
+    def _restart_if_clock_went_back(self) -> None:
+        """libnorm times everything (its transmit pacing, flushes, repairs) with gettimeofday(), and schedules
+        each timer at an instant of that clock: a wall clock stepped back by S seconds (NTP, `date -s`) stops
+        the sender for S seconds, its stream fills, and the gateway stops reading publishers (seen under `zeps
+        bench chaos`, issue #34). A step back past CLOCK_STEP_S restarts the sender on the clock as it now is:
+        receivers follow it as a restarted sender, and what the old stream had not sent is fetched from the
+        replay sidecar like any loss. The message being written goes into the new stream whole."""
+        wall = _wall_offset()
+        back, self._wall = self._wall - wall, wall
+        if back <= CLOCK_STEP_S:
+            return
+        interface, group, port = self._where
+        log.warning("NORM sender on %s;%s:%d: the wall clock went back %.1f s and libnorm's timers run on it; "
+                    "restarting the sender", interface, group, port, back)  # fmt: skip
+        self._s.lib.NormStopSender(self._s.session)
+        self._s.close()
+        self._start()
+        self._written, self._flushed = 0, True
 
     def _put(self) -> bool:
         """Write what the stream takes of the pending message; True when all of it is in (the message ends)."""
@@ -259,6 +295,7 @@ class NormSender:
         NORM has no callback into Python: an accepted message that did not fit goes out only when its owner
         calls this (or sends again, or closes).
         """
+        self._restart_if_clock_went_back()
         self._drain_events()
         return self._pending is None or self._put()
 

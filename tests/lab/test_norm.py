@@ -8,6 +8,9 @@ checked messages start, except where joining late is the point.
 
 from __future__ import annotations
 
+import itertools
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -21,7 +24,7 @@ from support.numbered import number, numbered
 from gateway.mcast import Endpoint, Tuning, open_pub, open_sub
 from gateway.tools.deployment import Deployment
 from gateway.transport.norm import NormSender
-from netlab import MP, Lab
+from netlab import MP, Lab, WallClock
 
 pytestmark = pytest.mark.lab
 
@@ -336,3 +339,52 @@ def test_the_reconciling_subscriber_merges_two_norm_feeds(make_lab, tmp_path) ->
     assert result["records"] == expected(first, 20_000)
     assert result["sources"].get("live:A", 0) + result["sources"].get("live:B", 0) > 0.9 * (20_001 - first)
     assert result["summary"]["duplicates_dropped"] > 0  # both feeds delivered; the first copy won
+
+
+CLOCK_SENDER = """import sys, time, zmq
+from gateway.mcast import Endpoint, Tuning, open_pub
+sender = open_pub(zmq.Context.instance(), Endpoint.parse(sys.argv[1]), Tuning(rate_kbps=2_000))
+end, i = time.monotonic() + float(sys.argv[2]), 0
+while time.monotonic() < end:  # as fast as the stream takes them: its transmit timer never rests
+    try:
+        sender.send_multipart([b"t.norm", b"%d" % i, bytes(1000)], zmq.NOBLOCK)
+        i += 1
+    except zmq.Again:
+        time.sleep(0.001)
+sender.close(500)
+"""
+
+
+def arrivals(endpoint: str, seconds: float) -> list[tuple[int, float]]:
+    """(number, time.monotonic()) of each message received within `seconds`."""
+    got = []
+    with open_sub(zmq.Context.instance(), Endpoint.parse(endpoint), Tuning(), [STREAM.decode()]) as sub:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if sub.poll(100):
+                got.append((int(sub.recv_multipart()[1]), time.monotonic()))
+    return got
+
+
+def test_a_sender_whose_wall_clock_steps_back_keeps_sending(make_lab, tmp_path) -> None:
+    """libnorm times its sending with gettimeofday(): a wall clock stepped back 30 s stopped the sender for 30 s
+    (its stream full, a gateway's publishers waiting: issue #34). The sender restarts on the new clock."""
+    lab = make_lab(["pub", "sub"])
+    clock = WallClock(tmp_path / "clock")
+    sub = lab.start("sub", arrivals, endpoint(lab, "sub"), 9.0)
+    time.sleep(1.0)
+    start = time.monotonic()
+    sender = lab.popen("pub", [sys.executable, "-c", CLOCK_SENDER, endpoint(lab, "pub"), "6"], env=clock.env(),
+                       stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(2.0)
+    clock.step(-30.0)
+    stepped = time.monotonic()
+    _, err = sender.communicate(timeout=WAIT_S)
+    got = sub.result(timeout=WAIT_S)
+    assert sender.returncode == 0, err
+    assert got and got[0][1] < stepped, got[:3]
+    late = [t for _, t in got if t > stepped + 1.0]
+    assert late and late[-1] > start + 5.0, f"nothing after the step: {len(got)} messages, the last at {got[-1]}"
+    silences = [b - a for (_, a), (_, b) in itertools.pairwise(got)]
+    assert max(silences) < 1.0
+    assert "the wall clock went back 30.0 s" in err

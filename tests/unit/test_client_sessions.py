@@ -164,6 +164,39 @@ def test_session_without_confirms_fails_when_asked_for_and_handshake_deadline_mo
     assert slow.state is S.State.DOWN and slow.endpoint == "tcp://b:1"
 
 
+ENDED = P.Invalid(
+    "EXTEND before ATTACH: send ATTACH with a stream name first (a session ends when the server restarts or "
+    "closes the connection, e.g. for a frame over its size limit)"
+)  # what a gateway answers an EXTEND that came after it ended the session (gateway.wire.handshake.detached)
+
+
+def test_opening_whose_session_the_server_ended_after_attach_ok_is_refused_not_open_without_features() -> None:
+    opening = O.Opening("orders", GRANTED, attach_s=2.0, extend_s=1.0)
+    opening.start(0.0)
+    opening.handle(P.AttachOk(), 0.1)
+    opening.handle(P.Invalid(f"gateway node n1 is a follower (none is elected yet): publish to the leader; "
+                             f"{P.RETRY_LATER}"), 0.2)  # fmt: skip
+    assert opening.step is O.Step.EXTENDING  # passed over, as ever
+    opening.handle(ENDED, 0.3)
+    assert opening.step is O.Step.REFUSED and O.session_lost(opening.reason)
+
+
+def test_session_attaches_again_when_a_leader_stepping_down_ends_its_session_between_attach_ok_and_extend() -> None:
+    """Seen under zeps bench chaos (norm://, seed 328782784, step 15): the Publisher failed for good with "the
+    gateway no longer grants publish confirms after its restart", and the run took it for a 60 s confirm stall."""
+    s = session("tcp://a:1", "tcp://b:1")
+    ready(s)
+    publish(s, 1, now=0.1)
+    s.handle(S.Dropped("the connection dropped"), 1.0)
+    s.handle(S.Tick(), 1.0 + (s.wait(1.0) or 0.0))
+    assert s.state is S.State.OPENING
+    s.handle(S.Received(P.AttachOk()), 2.5)
+    s.handle(S.Received(P.Invalid(f"gateway node n2 is a follower (none is elected yet): publish to the leader; "
+                                  f"{P.RETRY_LATER}")), 2.6)  # fmt: skip
+    s.handle(S.Received(ENDED), 2.7)
+    assert s.state is S.State.DOWN and s.error is None and len(s.unconfirmed) == 1  # attaches again, keeps it
+
+
 def test_session_follows_the_directory_and_a_batch_outside_ready_is_a_bug() -> None:
     s = session("tcp://a:1")
     assert S.Connect("tcp://a:1", first=True, several=False) in s.handle(S.Listed(("tcp://a:1",), 1), 0.0)
