@@ -321,8 +321,7 @@ class GroupNode:
     def _lead_from(self, epoch: int, members: frozenset[str], now: float) -> None:
         lanes = self.host.lanes
         heads = {s: lane.head for s, lane in lanes.items()}
-        floor = {s: min(self.host.marks[s].value, heads[s]) for s in lanes}  # committed before: joiners hold it
-        insync = InSync(self.node, epoch, self.cfg.min_insync, self.cfg.lag_s, dict.fromkeys(lanes, 0), floor)
+        insync = InSync(self.node, epoch, self.cfg.min_insync, self.cfg.lag_s, dict.fromkeys(lanes, 0), heads)
         insync.start(set(members), now)
         for stream, head in heads.items():
             start_epoch(lanes[stream].writer.directory, epoch, head + 1)

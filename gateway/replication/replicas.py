@@ -14,11 +14,13 @@ Rules (Kafka's acks=all with min.insync.replicas, docs/ha.md)
    members (and the leader) may be elected: each holds every committed record.
 3. A follower joins once it has every committed record (`joinable`): it is added here first, then in etcd
    (commits wait for it from that moment on, so it never misses one). Every committed record means those of
-   earlier epochs too (`floor`: how far this node knew records were committed when its epoch began), not
-   only this epoch's commit point, which starts at 0: else, until the first commit of an epoch, any follower
-   that acknowledged anything joined, and could be elected next without records an earlier leader had
-   confirmed (seen: a follower 2,950 records short joined a leader that then lost its lease, was elected,
-   and the other member had to cut its journal below its committed mark).
+   earlier epochs too, not only this epoch's commit point, which starts at 0: else, until the first commit of
+   an epoch, any follower that acknowledged anything joined, and could be elected next without records an
+   earlier leader had confirmed (seen: a follower 2,950 records short joined a leader that then lost its
+   lease, was elected, and the other member had to cut its journal below its committed mark). So a joiner
+   must hold the leader's journal head as it was when the epoch began (`floor`): the leader was in sync, so
+   it holds every record committed before, including those whose commit it never heard of (its committed
+   mark can lag: the last REPLICA-COMMIT may not have arrived), and a mark would leave that gap open.
 4. A follower that acknowledged nothing for `lag_s`, or stayed behind the head for `lag_s`, or whose peer
    link hung up (`hung_up`: its process exited, and the kernel closed its connection; waiting `lag_s` for
    it would only stall every commit), leaves: in etcd first (`laggards`), here only once that write
@@ -65,7 +67,7 @@ class InSync:
     # per stream; starts at 0: what this node journaled as a follower is committed again in its epoch, once
     # its in-sync followers hold it (they may not, if the old leader died before they did)
     committed: dict[str, int]
-    # per stream, how far records were committed before this epoch, as this node knew when it began (rule 3)
+    # per stream, this node's journal head when its epoch began: a joiner holds at least that (rule 3)
     floor: dict[str, int] = field(default_factory=dict)
     members: set[str] = field(default_factory=set)  # in-sync followers (not the leader)
     followers: dict[str, _Follower] = field(default_factory=dict)

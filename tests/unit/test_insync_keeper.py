@@ -10,7 +10,7 @@ from gateway.errors import CoordinatorError
 from gateway.replication.insync_keeper import RETRY_WRITE_S, GroupKeys, InSyncKeeper, Written
 from gateway.replication.replicas import InSync
 
-KEYS = GroupKeys("/g/leader", "/g/insync", "/g/nodes/a", "/g/promoted/")
+KEYS = GroupKeys("/g/leader", "/g/insync", "/g/nodes/a", "/g/promoted/", "/g/sources/")
 
 
 def leader(members: set[str]) -> tuple[InSyncKeeper, InSync, list[Callable[..., Any]]]:

@@ -109,7 +109,7 @@ def test_a_member_taken_over_that_never_acks_leaves_after_switch_s() -> None:
 
 
 def test_a_follower_joins_only_holding_what_earlier_epochs_committed() -> None:
-    s = InSync("a", 7, 1, 1.0, {"s": 0}, floor={"s": 100})  # 100 was committed before epoch 7 began
+    s = InSync("a", 7, 1, 1.0, {"s": 0}, floor={"s": 100})  # a's head when epoch 7 began
     s.start(set(), now=0.0)
     s.ack("c", 7, "s", 60, 60, now=0.1)  # this epoch has committed nothing yet: 60 >= 0, but not >= 100
     assert s.joinable() == []
