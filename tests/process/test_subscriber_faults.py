@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from support.deadlines import SLACK_S, exercise_deadlines
+from support.deadlines import SLACK_S, States, Stopwatch, exercise_deadlines
 from support.servers import Side, Stream, free_port, side
 
 from gateway import reconcile as R
@@ -62,9 +62,9 @@ def half_server() -> Iterator[str]:
 
 
 def new_subscriber(endpoint: str, **options) -> Subscriber:
-    began = time.monotonic()
+    watch = Stopwatch()
     sub = Subscriber("orders", replay=endpoint, start="earliest", replay_timeout=1.0, **options)
-    assert time.monotonic() - began < SLACK_S, "the constructor waited on the network"
+    assert watch.own() < SLACK_S, "the constructor waited on the network"
     return sub
 
 
@@ -73,23 +73,29 @@ def test_next_keeps_its_deadline_whatever_the_sidecar_does(tmp_path: Path) -> No
     s = Stream(root, "orders")
     s.write(50)
 
-    # Dead: nothing listens.
-    with new_subscriber(f"tcp://127.0.0.1:{free_port()}") as sub:
-        assert exercise_deadlines(sub, 3.0) == {"connecting", "retrying"}
+    # Dead: nothing listens. With one sidecar, a refused TCP connect is retried until the handshake deadline
+    # (replay_timeout): "retrying" at 1 s and 2.1 s, each for one backoff (0.05-0.2 s), which may begin and end
+    # inside one next() call: every state reported is recorded (`States`), not sampled between calls.
+    states = States()
+    with new_subscriber(f"tcp://127.0.0.1:{free_port()}", on_replay_state=states) as sub:
+        assert exercise_deadlines(sub, 3.0) <= {"connecting", "retrying"}
         assert sub.summary()["replay_retries"] >= 2
+    assert set(states) == {"connecting", "retrying"}, states
 
-    # Mid-handshake: ATTACH-OK, then silence (EXTEND is never answered). Every state change is recorded (a
-    # retry's backoff lasts ~0.05 s: sampling the state between next() calls can miss it on a loaded machine).
-    states: list[str] = []
-    with half_server() as endpoint, new_subscriber(endpoint, on_replay_state=lambda st, _: states.append(st)) as sub:
+    # Mid-handshake: ATTACH-OK, then silence (EXTEND is never answered).
+    states = States()
+    with half_server() as endpoint, new_subscriber(endpoint, on_replay_state=states) as sub:
         exercise_deadlines(sub, 3.0)
         assert "retrying" in states, states
 
     with side(root) as sidecar:
-        # Frozen before we come (SIGSTOP): TCP connects, ZeroMQ's greeting never comes.
+        # Frozen before we come (SIGSTOP): TCP connects (the kernel completes it into the listen backlog), and
+        # ZeroMQ's greeting never comes: "retrying" at the handshake deadline, as above.
         sidecar.signal(signal.SIGSTOP)
-        with new_subscriber(sidecar.endpoint) as sub:
-            assert "retrying" in exercise_deadlines(sub, 2.5)
+        states = States()
+        with new_subscriber(sidecar.endpoint, on_replay_state=states) as sub:
+            exercise_deadlines(sub, 2.5)
+            assert "retrying" in states, states
             # Thawed: the records come, each once, in order.
             sidecar.signal(signal.SIGCONT)
             got = drain(sub, len(s.records))
@@ -111,10 +117,10 @@ def test_next_keeps_its_deadline_whatever_the_sidecar_does(tmp_path: Path) -> No
         assert time.monotonic() - began < 5
         assert sub.replay_state == "failed"
         for t in (0.0, 0.1):
-            began = time.monotonic()
+            watch = Stopwatch()
             with pytest.raises(ReplayRefused):
                 sub.next(timeout=t)
-            assert time.monotonic() - began <= t + SLACK_S
+            assert watch.own() <= t + SLACK_S
     s.writer.close()
 
 
@@ -292,18 +298,18 @@ def test_the_async_subscriber_never_stalls_the_event_loop(tmp_path: Path) -> Non
     s.write(100)
 
     async def watch(endpoint: str, seconds: float, want: int = 0) -> tuple[float, int]:
-        """The longest gap between 10 ms ticks, and the records received."""
+        """The longest gap between 10 ms ticks (less the loop's waits for a CPU: support.deadlines), and the
+        records received."""
         gaps: list[float] = []
         got = 0
         done = asyncio.Event()
 
         async def tick() -> None:
-            last = time.monotonic()
+            gap = Stopwatch()
             while not done.is_set():
                 await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
+                gaps.append(gap.own())
+                gap.restart()
 
         ticker = asyncio.create_task(tick())
         async with AsyncSubscriber("orders", replay=endpoint, start="earliest", replay_timeout=1.0) as sub:
@@ -347,11 +353,11 @@ def test_start_minus_n_is_the_last_n_and_topics_may_be_one_prefix(tmp_path: Path
 def test_next_after_close_raises_at_once(tmp_path: Path) -> None:
     sub = Subscriber("orders", replay=f"tcp://127.0.0.1:{free_port()}", start="earliest")
     sub.close()
-    began = time.monotonic()
+    watch = Stopwatch()
     for take in (sub.next, sub.next_batch):
         with pytest.raises(Closed, match="closed"):
             take(5.0)
-    assert time.monotonic() - began < SLACK_S
+    assert watch.own() < SLACK_S
 
 
 def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: pytest.LogCaptureFixture) -> None:
