@@ -6,7 +6,9 @@ A's sidecar across the router and writing B's ingest. Both gateways run with `--
 run starts both sites on fresh journals: with a perfect link between the sites (LAN to LAN); with the WAN
 delaying every packet 30 ms and losing 1% each way (RTT 60 ms; netlab's impairments on the router); and over
 that WAN with every host's TCP congestion control set to BBR (a sysctl of each namespace) instead of Linux's
-default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream).
+default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream); and
+over that WAN with `zeps mirror --paths 4` (the catch-up striped over four TCP sessions, the live tail on two,
+first arrival wins), its runs alternating with the plain WAN row's in one lab.
 
 - Lag: A publishes at 10,000 records/s (100-byte bodies) while a reconciling subscriber on each LAN takes them
   from its own site's multicast; each times publish -> delivery with the one clock of the machine. The mirror's
@@ -28,6 +30,7 @@ default CUBIC, which halves its window at each loss (the mirror's one TCP connec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
 import sys
@@ -76,10 +79,21 @@ class Link:
     name: str
     wan: Impairment | None = None
     congestion: str | None = None
+    paths: int = 1  # `zeps mirror --paths`
+
+    @property
+    def lab(self) -> tuple[Impairment | None, str | None]:
+        """What the lab is built with: links that share it alternate their runs in one lab."""
+        return self.wan, self.congestion
 
 
 LAN = Link("LAN to LAN")
-LINKS = (LAN, Link("WAN 30 ms, 1% loss", WAN), Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"))
+LINKS = (
+    LAN,
+    Link("WAN 30 ms, 1% loss", WAN),
+    Link("WAN 30 ms, 1% loss, --paths 4", WAN, paths=4),
+    Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"),
+)
 A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror")
 TARGET_LAN_RATE, TARGET_WAN_RATE = 500_000.0, 200_000.0
 TARGET_ADDED_P99_MS = 5.0  # LAN to LAN: B's p99 at most this above A's
@@ -101,17 +115,22 @@ def run(settings: Settings) -> Result:
     burst = settings.size(1_000_000, 50_000)
     failures: list[str] = []
     stats: dict[str, dict[str, list[float]]] = {}
-    for link in LINKS:
-        with Sites(A_HOSTS, B_HOSTS, wan=link.wan) as sites:
-            if link.congestion:
+    for (wan, congestion), group in itertools.groupby(LINKS, key=lambda link: link.lab):
+        links = list(group)
+        with Sites(A_HOSTS, B_HOSTS, wan=wan) as sites:
+            if congestion:
                 for host in sites.hosts:
-                    ns.call_in_netns(host.netns, Path(CONGESTION).write_text, link.congestion)
-            what = f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion"
-            stats[link.name] = repeat(settings.runs, progress, what, _Run(sites, settings, link, lag_count, burst),
-                                      failures)  # fmt: skip
+                    ns.call_in_netns(host.netns, Path(CONGESTION).write_text, congestion)
+            for i in range(settings.runs):  # the links of one lab alternate, run by run
+                for link in links:
+                    what = (f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion "
+                            f"(run {i + 1} of {settings.runs})")  # fmt: skip
+                    got = repeat(1, progress, what, _Run(sites, settings, link, lag_count, burst), failures)
+                    for key, values in got.items():
+                        stats.setdefault(link.name, {}).setdefault(key, []).extend(values)
 
     def cell(link: Link, key: str, unit: str = "", digits: int = 0) -> Stat:
-        return Stat.of(stats[link.name].get(key), unit, digits)
+        return Stat.of(stats.get(link.name, {}).get(key), unit, digits)
 
     lag_rows = [
         (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
@@ -212,7 +231,7 @@ class _Run:
             _site(self.sites, "a", Path(tmp) / "a") as a,
             _site(self.sites, "b", Path(tmp) / "b", "--mirror", STREAM) as b,
         ):
-            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log")
+            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log", self.link.paths)
             try:
                 out = self._lag(a, b, mirror)
                 out.update(self._catchup(a, b, mirror))
@@ -325,12 +344,12 @@ def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
 
 
 class _Mirror:
-    """`zeps mirror` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
+    """`zeps mirror --paths N` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
 
-    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path) -> None:
+    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path, paths: int) -> None:
         self.sites, self.log = sites, log
         self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", b.ingest,
-                     "--stream", STREAM]  # fmt: skip
+                     "--stream", STREAM, "--paths", str(paths)]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
