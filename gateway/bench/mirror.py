@@ -16,10 +16,10 @@ first arrival wins), its runs alternating with the plain WAN row's in one lab.
 - Throughput: the mirror is stopped, A's journal gets a burst (publish_many), and the mirror started again: the
   rate at which B's journal head advances, from its first step to level (or for at most a bounded time over the
   WAN), is the most the mirror keeps up with. Per stage, to find the hop that limits it: the rate of a plain
-  reader of A's sidecar on b-mirror (the same subscription, no forwarding), the CPU time per record each process
-  of the path spent while the mirror caught up (A's sidecar, the mirror, B's gateway: 1 / that is what the stage
-  would do with a core to itself), and the share of that time the mirror waited for a CPU (/proc schedstat: on
-  a loaded machine, what starves a pipeline whose processes each use little CPU).
+  reader of A's sidecar on b-mirror (the same reading over the same paths, no forwarding), the CPU time per
+  record each process of the path spent while the mirror caught up (A's sidecar, the mirror, B's gateway: 1 /
+  that is what the stage would do with a core to itself), and the share of that time the mirror waited for a
+  CPU (/proc schedstat: on a loaded machine, what starves a pipeline whose processes each use little CPU).
 - Promotion: right after the catch-up, `zeps mirror promote` on b-mirror, and one confirmed publish at B: from
   the command's start to that confirm (B need not be level: it continues from its own head). Python's start and
   the CLI's imports are part of that; `zeps mirror promote --help`, timed just before, shows what they cost. LAN
@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from gateway.bench import BenchError, pipeline
 from gateway.bench.runner import (
     STREAM,
@@ -59,10 +61,9 @@ from gateway.bench.runner import (
     times,
 )
 from gateway.client.publisher import Publisher
-from gateway.client.replay_client import ReplayClient
+from gateway.client.source_paths import SourcePaths
 from gateway.journal import JournalReader
 from gateway.tools.deployment import Deployment
-from gateway.wire import batch as B
 from netlab import MP, Impairment, Sites, ns
 
 TITLE = "Site mirroring: throughput, lag and promotion between two LANs"
@@ -186,7 +187,7 @@ def run(settings: Settings) -> Result:
                 (
                     "link",
                     "mirror",
-                    "sidecar read alone",
+                    "sidecar read alone (over the row's paths)",
                     "A's sidecar CPU µs/record",
                     "mirror CPU µs/record",
                     "B's gateway CPU µs/record",
@@ -271,7 +272,7 @@ class _Run:
         total = level + self.burst
         self.sites.run("a-pub", pipeline.publish, a.ingest, self.burst, 0.0, 0.0, 300.0, 1_000, timeout=330)
         _wait_head(a.journal, total, 60.0)
-        read = self.sites.run("b-mirror", read_source, a.replay, level, total, self.catchup_s,
+        read = self.sites.run("b-mirror", read_source, a.replay, level, total, self.catchup_s, self.link.paths,
                               timeout=self.catchup_s + 60)  # fmt: skip
         mirror.start()
         deadline = time.monotonic() + 60.0
@@ -304,21 +305,26 @@ class _Run:
         return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
 
 
-def read_source(replay: str, after: int, last: int, seconds: float) -> float:
-    """In host b-mirror: the mirror's subscription at A's sidecar (after `after`), read and nothing else, until
-    `last` or for at most `seconds`; records/s from the first batch."""
-    with ReplayClient(replay, STREAM, features=("batch", "range"), timeout=30.0) as client:
-        client.subscribe("", after)
+def read_source(replay: str, after: int, last: int, seconds: float, paths: int = 1) -> float:
+    """In host b-mirror: the mirror's reading of A's sidecar (after `after`, over `paths` sessions, put back in
+    order as the mirror does), and nothing else, until `last` or for at most `seconds`; records/s from the first
+    batch."""
+    reader = SourcePaths(replay, STREAM, paths=paths, after=after, features=("batch", "range"), timeout_s=30.0,
+                         curve=None, ctx=zmq.Context.instance())  # fmt: skip
+    try:
         head, t0, end = after, 0.0, time.monotonic() + 60.0
         while head < last and time.monotonic() < end:
-            event = client.recv(1.0)
-            if isinstance(event, B.Batch) and event.count:
+            zmq.select(reader.socks, [], [], 0.05)
+            reader.poll(time.monotonic())
+            while (batch := reader.pop()) is not None:
                 if not t0:
-                    t0, first, end = time.monotonic(), event.first_seq - 1, time.monotonic() + seconds
-                head = event.last_seq
-        if not t0:
-            raise BenchError(f"nothing came from the sidecar at {replay} within 60 s")
-        return (head - first) / (time.monotonic() - t0)
+                    t0, first, end = time.monotonic(), batch.first_seq - 1, time.monotonic() + seconds
+                head = batch.last_seq
+    finally:
+        reader.close()
+    if not t0:
+        raise BenchError(f"nothing came from the sidecar at {replay} within 60 s")
+    return (head - first) / (time.monotonic() - t0)
 
 
 def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
