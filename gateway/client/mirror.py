@@ -217,16 +217,18 @@ class Mirror:
         c, st = self.config, self.status
         next_probe = 0.0
         heard = time.monotonic()  # when this round's sidecar last sent records (or the round began)
+        poller, polled = zmq.Poller(), None  # polled: the sockets and `room` the poller was built for
         while not (self._stopping or until()):
             now = time.monotonic()
             if now >= next_probe:
                 paths.ask_head()
                 next_probe = now + c.probe_s
             room = len(st.in_flight) < c.window
-            poller = zmq.Poller()
-            poller.register(target.sock, zmq.POLLIN)
-            for sock in paths.socks:
-                poller.register(sock, zmq.POLLIN if room else 0)
+            if polled != (socks := paths.socks, room):
+                polled, poller = (socks, room), zmq.Poller()
+                poller.register(target.sock, zmq.POLLIN)
+                for sock in socks:
+                    poller.register(sock, zmq.POLLIN if room else 0)
             poller.poll(50 if room else 10)
             while (last := target.confirmed(0)) is not None:
                 self._confirmed(last)
