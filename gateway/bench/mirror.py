@@ -6,7 +6,9 @@ A's sidecar across the router and writing B's ingest. Both gateways run with `--
 run starts both sites on fresh journals: with a perfect link between the sites (LAN to LAN); with the WAN
 delaying every packet 30 ms and losing 1% each way (RTT 60 ms; netlab's impairments on the router); and over
 that WAN with every host's TCP congestion control set to BBR (a sysctl of each namespace) instead of Linux's
-default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream).
+default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream); and
+over that WAN with `zeps mirror --paths 4` (the catch-up striped over four TCP sessions, the live tail on two,
+first arrival wins), its runs alternating with the plain WAN row's in one lab.
 
 - Lag: A publishes at 10,000 records/s (100-byte bodies) while a reconciling subscriber on each LAN takes them
   from its own site's multicast; each times publish -> delivery with the one clock of the machine. The mirror's
@@ -14,10 +16,10 @@ default CUBIC, which halves its window at each loss (the mirror's one TCP connec
 - Throughput: the mirror is stopped, A's journal gets a burst (publish_many), and the mirror started again: the
   rate at which B's journal head advances, from its first step to level (or for at most a bounded time over the
   WAN), is the most the mirror keeps up with. Per stage, to find the hop that limits it: the rate of a plain
-  reader of A's sidecar on b-mirror (the same subscription, no forwarding), the CPU time per record each process
-  of the path spent while the mirror caught up (A's sidecar, the mirror, B's gateway: 1 / that is what the stage
-  would do with a core to itself), and the share of that time the mirror waited for a CPU (/proc schedstat: on
-  a loaded machine, what starves a pipeline whose processes each use little CPU).
+  reader of A's sidecar on b-mirror (the same reading over the same paths, no forwarding), the CPU time per
+  record each process of the path spent while the mirror caught up (A's sidecar, the mirror, B's gateway: 1 /
+  that is what the stage would do with a core to itself), and the share of that time the mirror waited for a
+  CPU (/proc schedstat: on a loaded machine, what starves a pipeline whose processes each use little CPU).
 - Promotion: right after the catch-up, `zeps mirror promote` on b-mirror, and one confirmed publish at B: from
   the command's start to that confirm (B need not be level: it continues from its own head). Python's start and
   the CLI's imports are part of that; `zeps mirror promote --help`, timed just before, shows what they cost. LAN
@@ -28,6 +30,7 @@ default CUBIC, which halves its window at each loss (the mirror's one TCP connec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import subprocess
 import sys
@@ -37,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import zmq
 
 from gateway.bench import BenchError, pipeline
 from gateway.bench.runner import (
@@ -56,10 +61,9 @@ from gateway.bench.runner import (
     times,
 )
 from gateway.client.publisher import Publisher
-from gateway.client.replay_client import ReplayClient
+from gateway.client.source_paths import SourcePaths
 from gateway.journal import JournalReader
 from gateway.tools.deployment import Deployment
-from gateway.wire import batch as B
 from netlab import MP, Impairment, Sites, ns
 
 TITLE = "Site mirroring: throughput, lag and promotion between two LANs"
@@ -76,10 +80,21 @@ class Link:
     name: str
     wan: Impairment | None = None
     congestion: str | None = None
+    paths: int = 1  # `zeps mirror --paths`
+
+    @property
+    def lab(self) -> tuple[Impairment | None, str | None]:
+        """What the lab is built with: links that share it alternate their runs in one lab."""
+        return self.wan, self.congestion
 
 
 LAN = Link("LAN to LAN")
-LINKS = (LAN, Link("WAN 30 ms, 1% loss", WAN), Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"))
+LINKS = (
+    LAN,
+    Link("WAN 30 ms, 1% loss", WAN),
+    Link("WAN 30 ms, 1% loss, --paths 4", WAN, paths=4),
+    Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"),
+)
 A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror")
 TARGET_LAN_RATE, TARGET_WAN_RATE = 500_000.0, 200_000.0
 TARGET_ADDED_P99_MS = 5.0  # LAN to LAN: B's p99 at most this above A's
@@ -101,17 +116,22 @@ def run(settings: Settings) -> Result:
     burst = settings.size(1_000_000, 50_000)
     failures: list[str] = []
     stats: dict[str, dict[str, list[float]]] = {}
-    for link in LINKS:
-        with Sites(A_HOSTS, B_HOSTS, wan=link.wan) as sites:
-            if link.congestion:
+    for (wan, congestion), group in itertools.groupby(LINKS, key=lambda link: link.lab):
+        links = list(group)
+        with Sites(A_HOSTS, B_HOSTS, wan=wan) as sites:
+            if congestion:
                 for host in sites.hosts:
-                    ns.call_in_netns(host.netns, Path(CONGESTION).write_text, link.congestion)
-            what = f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion"
-            stats[link.name] = repeat(settings.runs, progress, what, _Run(sites, settings, link, lag_count, burst),
-                                      failures)  # fmt: skip
+                    ns.call_in_netns(host.netns, Path(CONGESTION).write_text, congestion)
+            for i in range(settings.runs):  # the links of one lab alternate, run by run
+                for link in links:
+                    what = (f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion "
+                            f"(run {i + 1} of {settings.runs})")  # fmt: skip
+                    got = repeat(1, progress, what, _Run(sites, settings, link, lag_count, burst), failures)
+                    for key, values in got.items():
+                        stats.setdefault(link.name, {}).setdefault(key, []).extend(values)
 
     def cell(link: Link, key: str, unit: str = "", digits: int = 0) -> Stat:
-        return Stat.of(stats[link.name].get(key), unit, digits)
+        return Stat.of(stats.get(link.name, {}).get(key), unit, digits)
 
     lag_rows = [
         (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
@@ -167,7 +187,7 @@ def run(settings: Settings) -> Result:
                 (
                     "link",
                     "mirror",
-                    "sidecar read alone",
+                    "sidecar read alone (over the row's paths)",
                     "A's sidecar CPU µs/record",
                     "mirror CPU µs/record",
                     "B's gateway CPU µs/record",
@@ -212,7 +232,7 @@ class _Run:
             _site(self.sites, "a", Path(tmp) / "a") as a,
             _site(self.sites, "b", Path(tmp) / "b", "--mirror", STREAM) as b,
         ):
-            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log")
+            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log", self.link.paths)
             try:
                 out = self._lag(a, b, mirror)
                 out.update(self._catchup(a, b, mirror))
@@ -252,7 +272,7 @@ class _Run:
         total = level + self.burst
         self.sites.run("a-pub", pipeline.publish, a.ingest, self.burst, 0.0, 0.0, 300.0, 1_000, timeout=330)
         _wait_head(a.journal, total, 60.0)
-        read = self.sites.run("b-mirror", read_source, a.replay, level, total, self.catchup_s,
+        read = self.sites.run("b-mirror", read_source, a.replay, level, total, self.catchup_s, self.link.paths,
                               timeout=self.catchup_s + 60)  # fmt: skip
         mirror.start()
         deadline = time.monotonic() + 60.0
@@ -285,21 +305,26 @@ class _Run:
         return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
 
 
-def read_source(replay: str, after: int, last: int, seconds: float) -> float:
-    """In host b-mirror: the mirror's subscription at A's sidecar (after `after`), read and nothing else, until
-    `last` or for at most `seconds`; records/s from the first batch."""
-    with ReplayClient(replay, STREAM, features=("batch", "range"), timeout=30.0) as client:
-        client.subscribe("", after)
+def read_source(replay: str, after: int, last: int, seconds: float, paths: int = 1) -> float:
+    """In host b-mirror: the mirror's reading of A's sidecar (after `after`, over `paths` sessions, put back in
+    order as the mirror does), and nothing else, until `last` or for at most `seconds`; records/s from the first
+    batch."""
+    reader = SourcePaths(replay, STREAM, paths=paths, after=after, features=("batch", "range"), timeout_s=30.0,
+                         curve=None, ctx=zmq.Context.instance())  # fmt: skip
+    try:
         head, t0, end = after, 0.0, time.monotonic() + 60.0
         while head < last and time.monotonic() < end:
-            event = client.recv(1.0)
-            if isinstance(event, B.Batch) and event.count:
+            zmq.select(reader.socks, [], [], 0.05)
+            reader.poll(time.monotonic())
+            while (batch := reader.pop()) is not None:
                 if not t0:
-                    t0, first, end = time.monotonic(), event.first_seq - 1, time.monotonic() + seconds
-                head = event.last_seq
-        if not t0:
-            raise BenchError(f"nothing came from the sidecar at {replay} within 60 s")
-        return (head - first) / (time.monotonic() - t0)
+                    t0, first, end = time.monotonic(), batch.first_seq - 1, time.monotonic() + seconds
+                head = batch.last_seq
+    finally:
+        reader.close()
+    if not t0:
+        raise BenchError(f"nothing came from the sidecar at {replay} within 60 s")
+    return (head - first) / (time.monotonic() - t0)
 
 
 def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
@@ -325,12 +350,12 @@ def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
 
 
 class _Mirror:
-    """`zeps mirror` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
+    """`zeps mirror --paths N` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
 
-    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path) -> None:
+    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path, paths: int) -> None:
         self.sites, self.log = sites, log
         self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", b.ingest,
-                     "--stream", STREAM]  # fmt: skip
+                     "--stream", STREAM, "--paths", str(paths)]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 

@@ -8,8 +8,10 @@ accepts only the batch that continues it. So a restart of anything (this process
 resumes exactly, and a second mirror started by mistake has its batches refused instead of duplicated.
 
 Rounds: a round opens a session with one target endpoint (gateway.client.mirror_target), learns the head H,
-subscribes at one source sidecar after H, and forwards each batch once it starts at the next sequence; at most
-`window` batches wait for their PUBLISH-OK. A failure worth retrying (no answer, a closed connection, a batch
+reads one source sidecar after H over `paths` sessions (gateway.client.source_paths: with one, a SUBSCRIBE; with
+more, the catch-up striped by sequence range and the live tail on two sessions, put back in order by
+gateway.client.mirror_paths), and forwards each batch once it starts at the next sequence; at most `window`
+batches wait for their PUBLISH-OK. A failure worth retrying (no answer, a closed connection, a batch
 refused) ends the round; the next one, after a backoff, takes the next source and target endpoint in turn
 (several sidecars of the source, the nodes of a replicated mirror site). With several sidecars, the others'
 heads are asked as well (gateway.client.source_heads): a sidecar that sends nothing for `timeout_s` while
@@ -37,6 +39,7 @@ import zmq
 from gateway.client.mirror_target import MirrorTarget
 from gateway.client.replay_client import ReplayClient, probe
 from gateway.client.source_heads import SourceHeads
+from gateway.client.source_paths import SourcePaths
 from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
@@ -59,6 +62,7 @@ class MirrorConfig:
     timeout_s: float = 5.0  # any answer (an opening, MIRROR-OK, the oldest confirm) waits at most this long
     probe_s: float = 1.0  # the source's head is asked this often
     log_s: float = 10.0  # a status line this often (INFO)
+    paths: int = 1  # TCP sessions with the source sidecar (gateway.client.mirror_paths): more for a lossy WAN
 
 
 @dataclass
@@ -94,6 +98,8 @@ class Mirror:
     def __init__(self, config: MirrorConfig, *, ctx: zmq.Context | None = None) -> None:
         if not config.sources or not config.targets:
             raise ValueError("a mirror needs at least one source sidecar and one target gateway")
+        if config.paths < 1:
+            raise ValueError("a mirror needs at least one path to its source")
         self.config = config
         self.ctx = ctx or zmq.Context.instance()
         self.status = MirrorStatus()
@@ -155,7 +161,8 @@ class Mirror:
         """One round: returns when stopped; raises at the first failure."""
         c, st = self.config, self.status
         target = MirrorTarget(target_ep, c.stream, timeout_s=c.timeout_s, curve=c.target_curve, ctx=self.ctx)
-        client = None
+        client: ReplayClient | None = None
+        paths: SourcePaths | None = None
         self._source = source
         others = SourceHeads([s for s in c.sources if s != source], c.stream, features=SOURCE_FEATURES,
                              probe_s=c.probe_s, timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx)  # fmt: skip
@@ -168,12 +175,17 @@ class Mirror:
             if at.head:
                 self._same_history(client, at)
             self._behind.clear()
-            client.subscribe("", st.head)  # 0: from the first retained, which must then be 1
-            log.info("mirror of %s: %s -> %s from sequence %d", c.stream, source, target_ep, st.head + 1)
-            self._forward(client, target, others, until)
+            paths = SourcePaths(source, c.stream, paths=c.paths, after=st.head, features=SOURCE_FEATURES,
+                                timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx, first=client)  # fmt: skip
+            client = None  # path 0's now
+            log.info("mirror of %s: %s -> %s from sequence %d over %d path(s)", c.stream, source, target_ep,
+                     st.head + 1, c.paths)  # fmt: skip
+            self._forward(paths, target, others, until)
         finally:
             others.close()
             target.close()
+            if paths is not None:
+                paths.close()
             if client is not None:
                 client.close()
 
@@ -200,60 +212,54 @@ class Mirror:
                               f"{at.head_ts_ns} at the mirror site; {fix}")  # fmt: skip
 
     def _forward(
-        self, client: ReplayClient, target: MirrorTarget, others: SourceHeads, until: Callable[[], bool]
+        self, paths: SourcePaths, target: MirrorTarget, others: SourceHeads, until: Callable[[], bool]
     ) -> None:
         c, st = self.config, self.status
-        expected = st.head + 1
-        probe, next_probe = -1, 0.0
+        next_probe = 0.0
         heard = time.monotonic()  # when this round's sidecar last sent records (or the round began)
-        poller = zmq.Poller()
-        poller.register(target.sock, zmq.POLLIN)
+        poller, polled = zmq.Poller(), None  # polled: the sockets and `room` the poller was built for
         while not (self._stopping or until()):
             now = time.monotonic()
-            if client.ready and now >= next_probe:
-                probe, next_probe = client.fetch(B.MAX_SEQ, B.MAX_SEQ), time.monotonic() + c.probe_s
+            if now >= next_probe:
+                paths.ask_head()
+                next_probe = now + c.probe_s
             room = len(st.in_flight) < c.window
-            poller.register(client.sock, zmq.POLLIN if room else 0)
-            poller.poll(50 if client.ready else 10)
+            if polled != (socks := paths.socks, room):
+                polled, poller = (socks, room), zmq.Poller()
+                poller.register(target.sock, zmq.POLLIN)
+                for sock in socks:
+                    poller.register(sock, zmq.POLLIN if room else 0)
+            poller.poll(50 if room else 10)
             while (last := target.confirmed(0)) is not None:
                 self._confirmed(last)
             if st.in_flight and time.monotonic() - self._sent_at > c.timeout_s:
                 raise PublishError(f"the gateway at {target.endpoint} confirmed nothing for {c.timeout_s:g} s")
-            while room and (event := client.recv(0)) is not None:
-                match event:
-                    case B.Batch() if event.count:
-                        expected = self._send(target, event, expected)
-                        heard = time.monotonic()
-                    case P.Trimmed(requested=lo, first_retained=first):
-                        raise self._gone(lo, first - 1, first)
-                    case P.FetchEnd(request_id=rid, last=head) if rid == probe:
-                        st.source_head = max(st.source_head, head)
+            paths.poll(time.monotonic(), reading=room)
+            if paths.gone is not None:
+                raise self._gone(*paths.gone)
+            while room and (batch := paths.pop()) is not None:
+                self._send(target, batch)
+                heard = time.monotonic()
                 room = len(st.in_flight) < c.window
+            st.source_head = max(st.source_head, paths.source_head)
             others.poll(now)
-            if room and now - heard > c.timeout_s and (ahead := others.ahead(expected - 1)) is not None:
+            if room and now - heard > c.timeout_s and (ahead := others.ahead(paths.next - 1)) is not None:
                 self._prefer = ahead[0]
                 raise ReplayError(
-                    f"the source sidecar at {client.endpoint} sent nothing for {now - heard:.1f} s while the one at "
-                    f"{ahead[0]} holds up to {ahead[1]} (this one's journal stopped at {expected - 1}: a source "
+                    f"the source sidecar at {paths.endpoint} sent nothing for {now - heard:.1f} s while the one at "
+                    f"{ahead[0]} holds up to {ahead[1]} (this one's journal stopped at {paths.next - 1}: a source "
                     "group's former leader?); moving there"
                 )
             self._report(time.monotonic())
 
-    def _send(self, target: MirrorTarget, batch: B.Batch, expected: int) -> int:
-        """Forward the part of `batch` from `expected` on; the next sequence expected."""
+    def _send(self, target: MirrorTarget, batch: B.Batch) -> None:
+        """Forward `batch`, which continues the mirror site's head (SourcePaths hands out nothing else)."""
         st = self.status
-        if batch.last_seq < expected:
-            return expected  # had it already (the sidecar's first batch may start before)
-        if batch.first_seq > expected:
-            raise self._gone(expected, batch.first_seq - 1, batch.first_seq)
-        if batch.first_seq < expected:
-            batch = B.Batch.parse(batch.part(expected, batch.last_seq), check_crc=False)
         target.send(batch.buf)
         if not st.in_flight:
             self._sent_at = time.monotonic()
         st.in_flight.append((batch.last_seq, batch.ts_ns))
         st.source_head = max(st.source_head, batch.last_seq)
-        return batch.last_seq + 1
 
     def _confirmed(self, last: int) -> None:
         st = self.status

@@ -14,6 +14,7 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -54,10 +55,10 @@ def wait_head(root: Path, head: int, timeout: float = WAIT_S) -> None:
 class Mirror:
     """`zeps mirror` on b-spare from A's sidecar to B's ingest; its stderr in a log file (a status line a second)."""
 
-    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path) -> None:
+    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path, *extra: str) -> None:
         self.sites, self.log_path = sites, log
         self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source", a.replay, "--to", b.ingest,
-                     "--stream", STREAM, "--timeout", "3s", "--log-every", "1s"]  # fmt: skip
+                     "--stream", STREAM, "--timeout", "3s", "--log-every", "1s", *extra]  # fmt: skip
         self.proc: subprocess.Popen[Any] | None = None
         self.start()
 
@@ -140,6 +141,72 @@ def test_b_equals_a_after_the_mirror_and_bs_gateway_are_killed(
     check_all(sub.result(timeout=WAIT_S), count)  # B's LAN: 1..N exactly once, in order
     print(f"\nmirror lag (status lines, once a second): before the faults at most {steady[0]} records, "
           f"{steady[1]:.3f} s; over the run, restarts included, at most {lag[0]} records, {lag[1]:.3f} s")  # fmt: skip
+
+
+def busiest_connection(sites: Sites, host: str, peer: str) -> int:
+    """The local port of `host`'s established TCP connection to `peer` (tcp://IP:PORT) that has received the
+    most bytes (`ss -tni`): a path carrying the live tail."""
+    ip, port = peer.removeprefix("tcp://").rsplit(":", 1)
+    ss = sites.popen(host, ["ss", "-Htni", "state", "established", "dst", f"{ip}:{port}"], stdout=subprocess.PIPE,
+                     text=True)  # fmt: skip
+    out, _ = ss.communicate(timeout=30)
+    ports = [int(m[1]) for m in re.finditer(r"^\S+\s+\S+\s+\S+:(\d+)\s", out, re.M)]
+    received = [int(m[1]) for m in re.finditer(r"bytes_received:(\d+)", out)]
+    assert len(ports) == len(received) >= 2, out  # several paths, each with its counters
+    return max(zip(received, ports, strict=True))[1]
+
+
+@contextlib.contextmanager
+def cut_connection(sites: Sites, host: str, port: int) -> Iterator[None]:
+    """Every segment of `host`'s connection from local `port` dropped, both ways (iptables in its namespace)."""
+    rules = [["INPUT", "-p", "tcp", "--dport", str(port), "-j", "DROP"],
+             ["OUTPUT", "-p", "tcp", "--sport", str(port), "-j", "DROP"]]  # fmt: skip
+    added = []
+    try:
+        for rule in rules:
+            assert sites.popen(host, ["iptables", "-I", *rule]).wait(30) == 0
+            added.append(rule)
+        yield
+    finally:
+        for rule in added:
+            sites.popen(host, ["iptables", "-D", *rule]).wait(30)
+
+
+def test_the_mirror_goes_on_exactly_once_when_one_of_its_paths_is_cut(tmp_path: Path) -> None:
+    """`zeps mirror --paths 3`: the catch-up striped over three sessions, the live tail on two; the busiest
+    connection cut mid-run (its segments dropped both ways in b-spare): the other copy carries the tail, the
+    stalled path is replaced, and B's journal still equals A's, B's subscriber gets 1..N exactly once."""
+    count = 20_000
+    with (
+        two_sites(WAN) as sites,
+        deployed(sites, "a", tmp_path / "a") as a,
+        deployed(sites, "b", tmp_path / "b", gateway_args=["--mirror", STREAM]) as b,
+    ):
+        assert sites.run("a-spare", publish, a.ingest, 0, 5_000, 0.0, timeout=WAIT_S) == 5_000  # to catch up with
+        mirror = Mirror(sites, a, b, tmp_path / "mirror.log", "--paths", "3")
+        try:
+            ready = MP.Queue()
+            sub = sites.start("b-sub", subscribe, b.for_host("b-sub"), b.replay, "earliest", count, ready)
+            assert ready.get(timeout=60) == "up"
+            publisher = sites.start("a-spare", publish, a.ingest, 5_000, count - 5_000, RATE)
+            wait_head(b.journal, 9_000)
+            before = len(mirror.log())
+            with cut_connection(sites, "b-spare", busiest_connection(sites, "b-spare", a.replay)):
+                wait_head(b.journal, 15_000)
+            assert publisher.result(timeout=WAIT_S) == count
+            wait_head(b.journal, count)
+            assert mirror.proc is not None and mirror.proc.poll() is None, mirror.log()
+            assert "replacing it" in mirror.log()[before:], mirror.log()
+            lag = mirror.max_lag(before)
+        finally:
+            mirror.stop()
+        result = check_group([a.journal, b.journal], STREAM)
+        assert result.violation is None, result.plain()
+        assert {r.head for r in result.nodes.values()} == {count}, result.plain()
+        assert journal_records(b.journal, STREAM) == journal_records(a.journal, STREAM)
+        check_all(sub.result(timeout=WAIT_S), count)
+    print(f"\nwith one of 3 paths cut: mirror lag (status lines, once a second) at most {lag[0]} records, "
+          f"{lag[1]:.3f} s")  # fmt: skip
 
 
 def promote_and_publish(gateway: str, source: str, skip: int) -> dict[str, Any]:

@@ -127,15 +127,17 @@ def sites(tmp_path: Path) -> Iterator[Sites]:
         b.stop()
 
 
-def test_the_mirror_copies_sequence_for_sequence_and_resumes_after_kill_9(sites: Sites) -> None:
-    sites.publish(3000)  # history to catch up with
-    mirror = sites.mirror()
+@pytest.mark.parametrize("paths", [1, 3])
+def test_the_mirror_copies_sequence_for_sequence_and_resumes_after_kill_9(sites: Sites, paths: int) -> None:
+    """With 3 paths, the history (several FETCH chunks) is striped over three sessions and put back in order."""
+    sites.publish(15_000)  # history to catch up with
+    mirror = sites.mirror("mirror", "--paths", str(paths))
     try:
         sites.wait_mirrored(500)
         mirror.kill()  # -9, mid-run: anything in flight is B's to keep or refuse
         mirror.wait(5)
         sites.publish(2000)
-        mirror = sites.mirror()
+        mirror = sites.mirror("mirror", "--paths", str(paths))
         for _ in range(5):  # the live tail, while the mirror runs
             sites.publish(400)
         sites.wait_mirrored(sites.sent)
@@ -152,10 +154,12 @@ def test_the_mirror_copies_sequence_for_sequence_and_resumes_after_kill_9(sites:
     assert got == [(i, b"record %d" % i) for i in range(1, sites.sent + 1)]
 
 
-def test_the_mirror_resumes_across_restarts_of_either_site(sites: Sites) -> None:
-    """kill -9 of the mirror site's gateway, then of the source's sidecar, each restarted at its address."""
+@pytest.mark.parametrize("paths", [1, 3])
+def test_the_mirror_resumes_across_restarts_of_either_site(sites: Sites, paths: int) -> None:
+    """kill -9 of the mirror site's gateway, then of the source's sidecar (every path's), each restarted at its
+    address."""
     sites.publish(2000)
-    mirror = sites.mirror()
+    mirror = sites.mirror("mirror", "--paths", str(paths))
     try:
         sites.wait_mirrored(300)
         sites.b.kill9()
