@@ -2,6 +2,7 @@
 in the same sitting, and with --trace the trip broken into sub-hops.
 
 Usage: python scripts/latency_hops.py [--records N] [--runs R] [--rate R] [--trace DIR] [--no-nats]
+                                      [--switch-interval S]
 
 Runs alternate ZEPS, NATS core, ZEPS, ... (two labs up side by side), so that a machine shared with other work
 loads both alike; it prints each run's p50/p99/p99.9 (ms), the medians, the ZEPS/NATS ratios and the load
@@ -39,9 +40,11 @@ from pathlib import Path
 from typing import Any
 
 TRACE_ENV = "ZEPS_HOPS_TRACE"
+SWITCH_ENV = "ZEPS_HOPS_SWITCH_INTERVAL"
 STAGES = (
     "publish", "io_turn", "take", "encode", "sent", "drain", "read", "decoded", "ingest", "sequence", "append",
-    "appended", "fanned", "journaled", "sendto", "sendto_end", "recv", "parsed", "delivered", "read_done", "link_done", "turn_done", "handed",
+    "appended", "fanned", "journaled", "sendto", "sendto_end", "recv", "parsed", "delivered", "read_done",
+    "link_done", "turn_done", "handed",
 )  # fmt: skip
 HOPS = (
     ("publish -> IO turn", "publish", "io_turn"),
@@ -65,6 +68,8 @@ HOPS = (
     ("read done -> link done", "read_done", "link_done"),
     ("link done -> turn done", "link_done", "turn_done"),
     ("turn done -> handed", "turn_done", "handed"),
+    ("gw read -> sendto", "read", "sendto"),
+    ("sub recv -> handed", "recv", "handed"),
     ("publish -> journaled", "publish", "journaled"),
     ("journaled -> handed", "journaled", "handed"),
     ("publish -> handed", "publish", "handed"),
@@ -337,18 +342,24 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=10_000.0)
     parser.add_argument("--trace", type=Path, help="stamp every record at every stage, into this directory")
     parser.add_argument("--no-nats", action="store_true")
+    parser.add_argument("--switch-interval", type=float, help="sys.setswitchinterval(S) in every ZEPS process")
     args = parser.parse_args()
-    if args.trace:  # before any lab process starts: they inherit the environment
-        args.trace.mkdir(parents=True, exist_ok=True)
+    if args.trace or args.switch_interval:  # before any lab process starts: they inherit the environment
         site = Path(tempfile.mkdtemp(prefix="zeps-hops-site-"))
         (site / "sitecustomize.py").write_text(
-            "import importlib.util, os\n"
+            "import importlib.util, os, sys\n"
+            f"if os.environ.get({SWITCH_ENV!r}):\n"
+            f"    sys.setswitchinterval(float(os.environ[{SWITCH_ENV!r}]))\n"
             f"if os.environ.get({TRACE_ENV!r}):\n"
             f"    spec = importlib.util.spec_from_file_location('latency_hops', {str(Path(__file__).resolve())!r})\n"
             "    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod); mod.install()\n"
         )
-        os.environ[TRACE_ENV] = str(args.trace.resolve())
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
+    if args.switch_interval:
+        os.environ[SWITCH_ENV] = str(args.switch_interval)
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        os.environ[TRACE_ENV] = str(args.trace.resolve())
     import contextlib
 
     import gateway
