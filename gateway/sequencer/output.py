@@ -131,8 +131,9 @@ class McastOutput:
 def fan_out(outs: list[McastOutput], key: StreamKey | None, stream: str, journaled: Journaled) -> None:
     """Queue a committed batch of `stream` on `outs` (cut to size for datagram ones), and send it at once on
     an output that had nothing queued: smart batching, as at the ingest. Left for the loop's next pump, it
-    waited for the rest of the ingest drain and of the loop's pass (25-30 µs at p50, docs/benchmarks.md); an
-    output with batches queued is behind (at its rate, or the pass is busy) and the loop's pump drains it."""
+    waited for the rest of the ingest drain and of the loop's pass (about 30 µs at p50: docs/benchmarks.md,
+    "Sub-hops"); an output with batches queued is behind (at its rate, or the pass is busy), and the loop's
+    pump drains it."""
     batch, sealed, last, ts = journaled
     name = stream.encode()
     frames = message(key, name, sealed)  # signed once, for every output that sends it whole
