@@ -317,6 +317,7 @@ class Subscriber:
         if self._directory is not None:
             self._poller.register(self._directory, zmq.POLLIN)
         self._polled_link: tuple[Any, ...] = ()
+        self._chores_owed = False  # the last turn handed records out before its replay link turn and Tick
         # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
         self._pending: deque[Delivery | DataLoss | SlowConsumer] = deque()
         self._current: tuple[Delivery, Iterator[Received]] | None = None  # the Delivery next() is reading
@@ -548,8 +549,15 @@ class Subscriber:
             self._turn(timeout)
 
     def _turn(self, timeout: float) -> None:
-        self._sync_poller()
+        """Take in what arrives within `timeout`, then the chores: the replay link's turn and the reconciler's
+        Tick. A turn whose multicast handed records out, with nothing from replay or the directory, leaves its
+        chores to the start of the next turn (the application's next call): the records reach the application
+        before them (docs/benchmarks.md, "Sub-hops"), and the chores still run once per turn."""
         self._now = time.monotonic()
+        if self._chores_owed:
+            self._chores_owed = False
+            self._chores({}, self._now)
+        self._sync_poller()
         queued = self._intake.take_queued()
         direct = queued is not False  # read the feeds themselves: not while older messages are queued
         if queued is not None:
@@ -564,8 +572,16 @@ class Subscriber:
             time.sleep(timeout)
             ready = {}
         self._now = now = time.monotonic()
+        pending = len(self._pending)
         if direct:
             self._intake.read(ready)
+        quiet = not any(sock in ready for sock in (*self._polled_link, self._directory))  # nothing but multicast
+        if len(self._pending) > pending and quiet:
+            self._chores_owed = True
+            return
+        self._chores(ready, now)
+
+    def _chores(self, ready: dict[Any, int], now: float) -> None:
         if self._directory is not None and self._directory in ready:
             self._directory.drain()
             self._link.follow_directory(now)

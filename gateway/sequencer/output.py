@@ -129,22 +129,29 @@ class McastOutput:
 
 
 def fan_out(outs: list[McastOutput], key: StreamKey | None, stream: str, journaled: Journaled) -> None:
-    """Queue a committed batch of `stream` on `outs` (cut to size for datagram ones)."""
+    """Queue a committed batch of `stream` on `outs` (cut to size for datagram ones), and send it at once on
+    an output that had nothing queued: smart batching, as at the ingest. Left for the loop's next pump, it
+    waited for the rest of the ingest drain and of the loop's pass (about 30 µs at p50: docs/benchmarks.md,
+    "Sub-hops"); an output with batches queued is behind (at its rate, or the pass is busy), and the loop's
+    pump drains it."""
     batch, sealed, last, ts = journaled
     name = stream.encode()
     frames = message(key, name, sealed)  # signed once, for every output that sends it whole
     cut: dict[int, list[tuple[tuple[bytes, ...], int]]] = {}  # datagram outputs: the parts, by size
     for out in outs:
+        idle = not out.queue
         room = out.rooms.get(stream)
         out.series.bytes[stream].add(len(sealed))
         if room is None or len(sealed) <= room:
             out.queue.append((frames, last))
             out.series.messages[stream].add(1)
-            continue
-        if room not in cut:
-            # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
-            first = last - batch.count + 1
-            whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
-            cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
-        out.queue.extend(cut[room])
-        out.series.messages[stream].add(len(cut[room]))
+        else:
+            if room not in cut:
+                # `sealed` is `batch` resequenced, records byte for byte: its view needs no second walk.
+                first = last - batch.count + 1
+                whole = B.Batch(memoryview(sealed), batch.count, first, last, ts, batch.flags)
+                cut[room] = [(message(key, name, part), part_last) for part_last, part in whole.split(room)]
+            out.queue.extend(cut[room])
+            out.series.messages[stream].add(len(cut[room]))
+        if idle:
+            out.pump()  # what the transport does not take now stays queued for the loop's pump

@@ -12,9 +12,10 @@ from typing import Any
 
 import zmq
 
-from gateway.client.feed_drain import FeedDrain
+from gateway.client.feed_drain import FeedDrain, read_burst
 from gateway.errors import UdpError
 from gateway.transport.pollable import PolledByFd
+from gateway.transport.udp import UdpReceiver
 
 CTX = zmq.Context.instance()
 
@@ -139,3 +140,27 @@ def test_an_awaiting_application_is_taken_over_at_once(feed) -> None:
         drain.release()
     finally:
         drain.close()
+
+
+class ListedDatagrams(UdpReceiver):
+    """A udp:// receiver over a list of messages (no socket), counting the reads that found none."""
+
+    def __init__(self, messages: list[list[bytes]]) -> None:  # not UdpReceiver's: no socket
+        self.messages = deque(messages)
+        self.empty_reads = 0
+
+    def waiting(self) -> bool:
+        return bool(self.messages)
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes | memoryview]:
+        if not self.messages:
+            self.empty_reads += 1
+            raise zmq.Again()
+        return list(self.messages.popleft())
+
+
+def test_a_burst_of_datagrams_ends_without_a_read_that_finds_none() -> None:
+    datagrams = ListedDatagrams([[b"s", b"1"], [b"s", b"2"]])
+    assert list(read_burst(datagrams)) == [[b"s", b"1"], [b"s", b"2"]]
+    assert datagrams.empty_reads == 0  # asked whether more waits: cheaper than a zmq.Again
+    assert list(read_burst(datagrams)) == [] and datagrams.empty_reads == 1  # a first read is tried (polled ready)
