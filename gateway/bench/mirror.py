@@ -52,9 +52,9 @@ from gateway.bench.runner import (
     Stat,
     Table,
     Target,
-    cpu_seconds,
     percentiles,
     repeat,
+    run_seconds,
     runqueue_seconds,
     stop,
     stop_process,
@@ -282,13 +282,13 @@ class _Run:
                 raise BenchError(f"the mirror did not start copying within 60 s: {mirror.tail()}")
             time.sleep(POLL_S)
         pids = dict(zip(STAGES, (_pid(a.sidecar), mirror.pid, b.gateway_pid), strict=True))
-        cpu0, wait0 = {k: cpu_seconds(pid) for k, pid in pids.items()}, runqueue_seconds(mirror.pid)
+        cpu0, wait0 = {k: run_seconds(pid) for k, pid in pids.items()}, runqueue_seconds(mirror.pid)
         t0 = time.monotonic()
         end = t0 + self.catchup_s
         while (head := _head(b.journal)) < total and time.monotonic() < end:
             time.sleep(POLL_S)
         elapsed, records = time.monotonic() - t0, max(1, head - start)
-        out = {k: (cpu_seconds(pid) - cpu0[k]) / records * 1e6 for k, pid in pids.items()}
+        out = {k: (run_seconds(pid) - cpu0[k]) / records * 1e6 for k, pid in pids.items()}
         out["mirror_waiting"] = (runqueue_seconds(mirror.pid) - wait0) / elapsed * 100
         return {"mirror_rate": (head - start) / elapsed, "read_rate": read, **out}
 

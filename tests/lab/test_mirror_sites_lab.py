@@ -144,16 +144,24 @@ def test_b_equals_a_after_the_mirror_and_bs_gateway_are_killed(
 
 
 def busiest_connection(sites: Sites, host: str, peer: str) -> int:
-    """The local port of `host`'s established TCP connection to `peer` (tcp://IP:PORT) that has received the
-    most bytes (`ss -tni`): a path carrying the live tail."""
+    """The local port of `host`'s established TCP connection to `peer` (tcp://IP:PORT) that received the most
+    bytes over one second (`ss -tni`, twice): a path carrying the live tail now. (The most bytes in all would
+    be a path that carried the striped catch-up and may carry nothing since.)"""
     ip, port = peer.removeprefix("tcp://").rsplit(":", 1)
-    ss = sites.popen(host, ["ss", "-Htni", "state", "established", "dst", f"{ip}:{port}"], stdout=subprocess.PIPE,
-                     text=True)  # fmt: skip
-    out, _ = ss.communicate(timeout=30)
-    ports = [int(m[1]) for m in re.finditer(r"^\S+\s+\S+\s+\S+:(\d+)\s", out, re.M)]
-    received = [int(m[1]) for m in re.finditer(r"bytes_received:(\d+)", out)]
-    assert len(ports) == len(received) >= 2, out  # several paths, each with its counters
-    return max(zip(received, ports, strict=True))[1]
+
+    def received() -> dict[int, int]:
+        ss = sites.popen(host, ["ss", "-Htni", "state", "established", "dst", f"{ip}:{port}"],
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+        out, _ = ss.communicate(timeout=30)
+        ports = [int(m[1]) for m in re.finditer(r"^\S+\s+\S+\s+\S+:(\d+)\s", out, re.M)]
+        counts = [int(m[1]) for m in re.finditer(r"bytes_received:(\d+)", out)]
+        assert len(ports) == len(counts) >= 2, out  # several paths, each with its counters
+        return dict(zip(ports, counts, strict=True))
+
+    before = received()
+    time.sleep(1.0)
+    after = received()
+    return max((count - before.get(p, 0), p) for p, count in after.items())[1]
 
 
 @contextlib.contextmanager
