@@ -182,7 +182,7 @@ def test_opening_whose_session_the_server_ended_after_attach_ok_is_refused_not_o
 
 
 def test_session_attaches_again_when_a_leader_stepping_down_ends_its_session_between_attach_ok_and_extend() -> None:
-    """Seen under zeps bench chaos (norm://, seed 328782784, step 15): the Publisher failed for good with "the
+    """Seen under zeps bench chaos (norm://, --seed=328782784, step 15): the Publisher failed for good with "the
     gateway no longer grants publish confirms after its restart", and the run took it for a 60 s confirm stall."""
     s = session("tcp://a:1", "tcp://b:1")
     ready(s)
