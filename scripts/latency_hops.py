@@ -382,7 +382,7 @@ def main() -> int:
             got["ZEPS"].append(_zeps(dep, args.records, args.rate))
             print(f"run {i + 1} ZEPS {_cells(got['ZEPS'][-1])} load {loads[-1]:.1f}", file=sys.stderr)
             if not args.no_nats:
-                got["NATS core"].append(versus_nats._nats_once(lab, url, args.records, args.rate, False, i))
+                got["NATS core"].append(versus_nats.nats_once(lab, url, args.records, args.rate, False, i))
                 print(f"run {i + 1} NATS {_cells(got['NATS core'][-1])}", file=sys.stderr)
     for system, runs in got.items():
         if runs:

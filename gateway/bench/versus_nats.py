@@ -47,7 +47,7 @@ def measure(settings: Settings, progress: Progress, failures: list[str], zeps: Z
             for rate in RATES:
                 n = count(settings, rate)
                 stats[system, rate] = repeat(settings.runs, progress, f"{system} at {rate:,.0f}/s, {n:,} records",
-                                             functools.partial(_nats_once, lab, url, n, rate, jetstream),
+                                             functools.partial(nats_once, lab, url, n, rate, jetstream),
                                              failures)  # fmt: skip
     return stats
 
@@ -57,7 +57,9 @@ def _zeps_once(zeps: ZepsRun, dep: Deployment, n: int, rate: float, run: int) ->
     return zeps(dep, n, rate)
 
 
-def _nats_once(lab: Lab, url: str, n: int, rate: float, jetstream: bool, run: int) -> dict[str, float]:
+def nats_once(lab: Lab, url: str, n: int, rate: float, jetstream: bool, run: int) -> dict[str, float]:
+    """One NATS run in `lab` (core, or JetStream): its latency percentiles and the share received; also the
+    peer of scripts/latency_hops.py."""
     del run
     ready = MP.Queue()
     deadline = n / rate + 30
