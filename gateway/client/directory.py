@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 
 EXPIRE_INTERVALS = 3
 RCVBUF = 1 << 20
+# Datagrams one drain reads at most: a flood on the discovery group (junk or replays) cannot hold the caller's
+# loop; the socket stays readable, so its next poll comes back for the rest.
+DRAIN_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +229,7 @@ class LanDirectory(PolledByFd):
 
     def drain(self) -> None:
         now = time.monotonic()
-        while True:
+        for _ in range(DRAIN_MAX):
             try:
                 data = self.sock.recv(A.MAX_BYTES + 1)
             except BlockingIOError:
