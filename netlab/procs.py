@@ -90,8 +90,10 @@ class HostProcess:
                 return False
             try:
                 self._outcome = self._conn.recv()
-            except EOFError:
-                self._outcome = None  # died without sending anything
+            except (EOFError, OSError):
+                # Died without sending anything, or killed while sending (multiprocessing's OSError "got end of
+                # file during message": a SIGTERM from terminate() landing in the child's write of its result).
+                self._outcome = None
             self._conn.close()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         self._proc.join(left)

@@ -107,6 +107,12 @@ def pid_and_netns() -> tuple[int, str]:
     return os.getpid(), netns_link()
 
 
+def big_result(ready: Queue[int], size: int) -> bytes:
+    data = b"x" * size
+    ready.put(os.getpid())
+    return data  # far more than a pipe holds: the child blocks in sending it until the parent reads
+
+
 def report_then_sleep(started: Queue[int], seconds: float) -> None:
     started.put(os.getpid())
     time.sleep(seconds)
@@ -264,6 +270,20 @@ def test_start_handle(lab: Lab) -> None:
     assert handle.is_alive()
     with pytest.raises(TimeoutError, match="did not finish"):
         handle.result(timeout=0.1)
+    handle.terminate()
+    assert not handle.is_alive()
+    with pytest.raises(HostError, match="died without a result"):
+        handle.result(timeout=5)
+
+
+def test_a_child_killed_while_sending_its_result_died_without_one(lab: Lab) -> None:
+    # terminate() lands in the child's write of a large result: the parent reads a message cut short
+    # (multiprocessing's OSError "got end of file during message"), which is the child dying, not an error of
+    # the teardown (CI once failed a lab's teardown with that line).
+    ready = MP.Queue()
+    handle = lab.start("pub", big_result, ready, 64 << 20)
+    ready.get(timeout=30)
+    time.sleep(0.5)  # into the send
     handle.terminate()
     assert not handle.is_alive()
     with pytest.raises(HostError, match="died without a result"):
