@@ -11,6 +11,11 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   A server that answers "not me, try elsewhere" (a follower while the group elects its leader) is alive:
   that answer starts the rounds again from the first delay, so the client finds the new leader within about
   that delay of its election rather than after a wait that grew during it;
+- an endpoint that failed without an answer (killed, paused, cut off) is passed over while others answer:
+  after the leader went silent and the followers said "none is elected yet", a publisher went back to the
+  paused old leader, whose kernel takes the connection while the process answers nothing, and waited there
+  for its handshake deadline while a follower was elected (a second of a SIGSTOP's silence). It is tried
+  again when a server names it, or when every endpoint has failed without an answer;
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
   becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
@@ -49,6 +54,7 @@ class Endpoints:
         self.at = 0
         self.backoff = Backoff(first, cap)
         self.refusals: dict[str, str] = {}  # endpoint -> its latest refusal, since the last success
+        self.silent: set[str] = set()  # endpoints that failed without an answer since they last answered
         self._tried = 0  # failures in this round
         self._delay = 0.0
 
@@ -80,16 +86,28 @@ class Endpoints:
         if answered:
             self.backoff.reset()
             self._tried = 0
+            self.silent.discard(current)
+        elif not hint:  # no answer at all (a refusal is one)
+            self.silent.add(current)
         if self._tried % len(self.all) == 0:  # a new round
             self._delay = self.backoff.next()
         self._tried += 1
         named = next((i for i, e in enumerate(self.all) if e != current and _names(hint, e)), None)
-        self.at = named if named is not None else (self.at + 1) % len(self.all)
+        self.at = named if named is not None else self._next_answering()
         return self._delay
+
+    def _next_answering(self) -> int:
+        """The next endpoint in order that has not failed without an answer; the next one, if all have."""
+        n = len(self.all)
+        return next(
+            ((self.at + i) % n for i in range(1, n + 1) if self.all[(self.at + i) % n] not in self.silent),
+            (self.at + 1) % n,
+        )
 
     def succeeded(self) -> None:
         self.backoff.reset()
         self.refusals.clear()
+        self.silent.clear()
         self._tried = 0
 
     def add(self, endpoint: str) -> None:

@@ -83,3 +83,22 @@ def test_a_server_that_sends_the_client_elsewhere_starts_the_rounds_again() -> N
     assert e.failed() >= 0.4  # nothing answered for three rounds
     assert e.failed("not the leader: retry later", answered=True) <= 0.1  # a follower: the group is electing
     assert e.failed() <= 0.1 and e.failed() <= 0.2  # the dead one, then a round of its own
+
+
+def test_an_endpoint_that_went_silent_is_passed_over_while_others_answer() -> None:
+    # The leader A went silent (paused); the followers answer "none is elected yet" until one is: the client
+    # asks them again, not A, whose kernel would take the connection while A answers nothing.
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed()  # A: no answer
+    assert e.current == B
+    answered = []
+    for _ in range(4):
+        e.failed("none is elected yet; retry later", answered=True)
+        answered.append(e.current)
+    assert answered == [C, B, C, B]
+    e.failed(f"the leader is {A}", answered=True)  # named: tried again
+    assert e.current == A
+    silent = Endpoints([A, B, C], first=0.1, cap=5.0)
+    assert tries(silent, 4) == [B, C, A, B]  # every one silent: in order, as before
+    silent.succeeded()
+    assert not silent.silent
