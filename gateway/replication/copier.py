@@ -7,17 +7,20 @@ from its last one back, finds where they part (`last_agreed`: galloping, then ha
 pushes once level (gateway.replication.follower says when each), verbatim, acknowledging what it wrote at once and
 what is durable once its group commit (on the journal's own timer, run by the syncer thread) covers it.
 
-Threading contract: used by the gateway's loop only. `cut_to_leader` waits on the leader's sidecar (bounded,
-a few times per change of leader); the rest never waits.
+Threading contract: used by the gateway's loop only; nothing waits. The cut asks the leader's sidecar one
+question at a time and goes on at the next turn of the loop that finds the answer (`cut`): a follower that
+waited for those answers (up to a second each, a few per change of leader) answered no publisher meanwhile,
+and publishers learn from the followers where a new leader is.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from prometheus_client import Counter
 
@@ -25,7 +28,7 @@ from gateway.errors import JournalError, JournalTrimmed, ReplayError, ReplayRefu
 from gateway.journal import JournalReader
 from gateway.journal.committed import CommittedMark
 from gateway.journal.tools import cut_after
-from gateway.replication.follower import Follower
+from gateway.replication.follower import Follower, Question
 from gateway.replication.peer_server import Unwatch, Watch
 from gateway.replication.strategy import ReplicaLane
 from gateway.wire import batch as B
@@ -35,10 +38,14 @@ log = logging.getLogger(__name__)
 RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again this soon
 
 
-class Leader(Protocol):
-    """What a cut asks of the leader (gateway.replication.follower.Follower)."""
+@dataclass
+class _Cut:
+    """The streams still to cut back to the leader's journal, the search under way and its open question."""
 
-    def matches(self, stream: str, own: B.Batch) -> bool: ...
+    streams: deque[str]
+    search: Agreement | None = None
+    question: Question | None = None
+    watched: set[int] = field(default_factory=set)  # ids of the question connections in the loop's poller
 
 
 class ReplicaCopier:
@@ -61,11 +68,12 @@ class ReplicaCopier:
         self._copied, self._watch, self._unwatch = copied, watch, unwatch
         self._retry_at = 0.0
         self._refused_by = 0  # the epoch whose leader's sidecar refused us for good, once said
+        self._cut: _Cut | None = None  # a cut under way
 
     def run(self, f: Follower, now: float) -> None:
-        """One pass while following `f`: start copying once it answers (cut first), or copy what it sent."""
+        """One pass while following `f`: start copying once it answers and the cut is done, or copy what it sent."""
         if not f.copies:
-            if f.answering(now) and now >= self._retry_at:
+            if (self._cut is not None or (f.answering(now) and now >= self._retry_at)) and self.cut(f, now):
                 self._start(f)
             return
         try:
@@ -107,12 +115,49 @@ class ReplicaCopier:
         writer = self._lanes[stream].writer
         self._watch(f.tail(stream, writer.last_seq, writer.durable_seq).sock, 1)
 
-    def _start(self, f: Follower) -> None:
-        """Cut our journal back to the leader's, then copy each stream after its head, from the leader's sidecar
-        until level (waits, bounded)."""
+    def cut(self, f: Follower, now: float) -> bool:
+        """Go on cutting each stream back to the leader's journal (a cut starts at the first call): True once every
+        stream is cut. Never waits: a question the leader's sidecar has not answered yet is looked at again at
+        the next call (the loop wakes when its connection is readable). A failure stops the cut; the next call
+        starts again (`_failed`)."""
+        cut = self._cut = self._cut or _Cut(deque(self._lanes))
         try:
-            for stream in self._lanes:
-                self.cut_to_leader(f, stream, f.leader.node)
+            while cut.streams:
+                stream = cut.streams[0]
+                if cut.search is None:
+                    cut.search = Agreement(JournalReader(self._journal, stream), self._lanes[stream].head)
+                while (own := cut.search.asking) is not None:
+                    if cut.question is None:
+                        cut.question = f.ask(stream, own, now)
+                        if id(cut.question.client) not in cut.watched:
+                            cut.watched.add(id(cut.question.client))
+                            self._watch(cut.question.client.sock, 1)
+                    has = f.answer(cut.question, now)
+                    if has is None:
+                        return False
+                    cut.question = None
+                    cut.search.answer(has)
+                self._cut_after(stream, cut.search.agreed, f.leader.node)
+                cut.search = None
+                cut.streams.popleft()
+        except (ReplayError, JournalError) as exc:
+            self._failed(f, "cannot copy from %s yet (%s); trying again", exc, now)
+            return False
+        self._end_cut(f)
+        return True
+
+    def _end_cut(self, f: Follower) -> None:
+        """Close the question connections (out of the poller first); no cut is under way after this."""
+        watched = self._cut.watched if self._cut is not None else set()
+        for client in f.stop_asking():
+            if id(client) in watched:
+                self._unwatch(client.sock)
+            client.close()
+        self._cut = None
+
+    def _start(self, f: Follower) -> None:
+        """Copy each stream after its head (cut), from the leader's sidecar until level."""
+        try:
             for stream in self._lanes:
                 self.tail(f, stream)
         except (ReplayError, JournalError) as exc:
@@ -138,16 +183,17 @@ class ReplicaCopier:
             client.close()
 
     def stop(self, f: Follower) -> None:
-        """Copy nothing more from `f` (its tails closed and out of the poller)."""
+        """Copy nothing more from `f`, and end a cut under way (its connections closed and out of the poller)."""
         for stream in f.copies:
             self._untail(f, stream)
         f.drop_copies()
+        self._end_cut(f)
 
-    def cut_to_leader(self, leader: Leader, stream: str, name: str) -> None:
-        """Cut our journal of `stream` back to the last batch `leader` (named `name`) holds too, in one cut."""
+    def _cut_after(self, stream: str, keep: int, name: str) -> None:
+        """Cut our journal of `stream` after `keep`, the last sequence the leader (named `name`) holds too, in one
+        cut."""
         lane, mark = self._lanes[stream], self._marks[stream]
         head = lane.head
-        keep = last_agreed(JournalReader(self._journal, stream), head, lambda own: leader.matches(stream, own))
         if keep >= head:
             return
         if keep < mark.value:  # committed records are never cut: our journal is not what we thought
@@ -159,37 +205,62 @@ class ReplicaCopier:
         log.warning("ha: stream %s: dropped %d..%d, which leader %s does not have", stream, keep + 1, head, name)
 
 
-def last_agreed(reader: JournalReader, head: int, leader_has: Callable[[B.Batch], bool]) -> int:
-    """The last sequence of our journal (`reader`, up to `head`) that the leader has too: `leader_has(batch)`
-    says whether it has a batch of ours.
+class Agreement:
+    """The last sequence of our journal (`reader`, up to `head`) that the leader has too, found one question at a
+    time (sans-IO): `asking` is the batch of ours to ask the leader about (None: found, in `agreed`), and
+    `answer(has)` says whether it holds it.
 
     Whether the leader holds a batch of ours is monotone (true up to where the journals part, false after:
     each batch was copied with every batch before it), so the point is found by galloping back from our
-    head, then halving: a few asks for a long divergence (a deposed leader that journaled alone for a
+    head, then halving: a few questions for a long divergence (a deposed leader that journaled alone for a
     while), one in the usual case (nothing to cut)."""
-    # The leader holds our ..agreed, and not the batch that starts at differs. What retention removed is no
-    # longer ours to compare or cut.
-    agreed = reader.first_seq - 1 if head else 0
-    differs = head + 1
-    probe, step = head, 1
-    while probe > agreed:  # gallop back from the head: 1, 2, 4... sequences below the last batch that differs
-        own = _batch_at(reader, probe)
-        if leader_has(own):
-            agreed = own.last_seq
-            break
-        differs, probe, step = own.first_seq, own.first_seq - step, step * 2
-    while agreed + 1 < differs:  # then halve what is left between them
-        middle = (agreed + differs) // 2
-        own = _batch_at(reader, middle)
-        if own.first_seq >= differs:  # our journal jumps over the rest (a copy that started at a trimmed leader's)
-            break
-        if leader_has(own):
-            agreed = own.last_seq
-            if own.last_seq < middle:  # a hole of ours from here on: nothing there for the leader to have
-                differs = own.last_seq + 1
+
+    def __init__(self, reader: JournalReader, head: int) -> None:
+        self._reader = reader
+        # The leader holds our ..agreed, and not the batch that starts at differs. What retention removed is no
+        # longer ours to compare or cut.
+        self.agreed = reader.first_seq - 1 if head else 0
+        self._differs = head + 1
+        self._step = 1  # galloping back from the head: 1, 2, 4... sequences below the last batch that differs
+        self._galloping = True
+        self._middle = 0
+        self.asking: B.Batch | None = None
+        self._next(head)
+
+    def answer(self, has: bool) -> None:
+        """The leader holds `asking` (`has`), or not: the next question, or the end."""
+        own = self.asking
+        assert own is not None, "no question is open"
+        if self._galloping:
+            if has:
+                self.agreed, self._galloping = own.last_seq, False
+                self._next(0)
+            else:
+                self._differs = own.first_seq
+                probe, self._step = own.first_seq - self._step, self._step * 2
+                self._next(probe)
+            return
+        if has:
+            self.agreed = own.last_seq
+            if own.last_seq < self._middle:  # a hole of ours from here on: nothing there for the leader to have
+                self._differs = own.last_seq + 1
         else:
-            differs = own.first_seq
-    return agreed
+            self._differs = own.first_seq
+        self._next(0)
+
+    def _next(self, probe: int) -> None:
+        """Galloping: ask about the batch holding `probe`, while above what is agreed; then halve what is left."""
+        if self._galloping and probe > self.agreed:
+            self.asking = _batch_at(self._reader, probe)
+            return
+        self._galloping = False
+        if self.agreed + 1 < self._differs:
+            self._middle = (self.agreed + self._differs) // 2
+            own = _batch_at(self._reader, self._middle)
+            if own.first_seq < self._differs:  # else our journal jumps over the rest (a copy from a trimmed leader)
+                self.asking = own
+                return
+        self.asking = None
 
 
 def _batch_at(reader: JournalReader, seq: int) -> B.Batch:

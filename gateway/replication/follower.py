@@ -30,8 +30,9 @@ known to be a prefix of the leader's.
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
 
-Threading contract: used by the gateway's loop only. `matches` waits (bounded by `timeout_s`), a few times per
-change of leader; everything else never waits.
+Threading contract: used by the gateway's loop only; nothing waits. A question to the leader's sidecar
+(`ask`) is answered over the loop's turns (`answer`): a follower cutting its journal back to a new leader's
+keeps answering its publishers (they learn where the leader is from it) and its own leader's pings.
 """
 
 from __future__ import annotations
@@ -104,6 +105,19 @@ class ReplaySource(Protocol):
 
 # (endpoint, stream, timeout_s, ctx) -> a connected client
 ReplayFactory = Callable[[str, str, float, zmq.Context], ReplaySource]
+
+
+@dataclass
+class Question:
+    """Whether the leader's journal holds `own`, a batch of ours: a FETCH of its range on `client`, to the leader's
+    sidecar, and what came back so far (`Follower.answer`)."""
+
+    stream: str
+    own: B.Batch
+    client: ReplaySource
+    request_id: int
+    deadline: float
+    got: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,7 @@ class Follower:
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
         self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals rejoined to the leader's first)
+        self._asking: dict[str, ReplaySource] = {}  # per stream, the connection a cut asks the leader's sidecar on
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)
@@ -198,28 +213,38 @@ class Follower:
         """Whether the leader's peer link answers us (its last ping): only then is its sidecar worth a wait."""
         return self.heard_at > self.started_at and now - self.heard_at < 2 * ACK_EVERY_S
 
-    def matches(self, stream: str, own: B.Batch) -> bool:
-        """Whether the leader's journal holds `own` (a batch of ours) byte for byte: journals are identical up to
-        the last batch for which this holds (each batch was copied with every batch before it)."""
-        client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
-        try:
-            rid = client.fetch(own.first_seq, own.last_seq)
-            got = bytearray()
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:
-                event = client.recv(0.05)
-                if isinstance(event, B.Batch):
-                    got += bytes(event)
-                elif isinstance(event, P.FetchEnd) and event.request_id == rid:
-                    return bytes(got) == bytes(own)
-                elif isinstance(event, P.Trimmed):
-                    log.warning(
-                        "stream %s: the leader no longer has %d; taking our journal as its", stream, own.last_seq
-                    )
-                    return True
+    def ask(self, stream: str, own: B.Batch, now: float) -> Question:
+        """Ask the leader's sidecar whether its journal holds `own` (a batch of ours) byte for byte: journals are
+        identical up to the last batch for which this holds (each batch was copied with every batch before it).
+        One connection per stream serves every question of a cut; the first answer also waits for its handshake."""
+        client = self._asking.get(stream)
+        wait = self.timeout_s
+        if client is None:
+            client = self._asking[stream] = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+            wait += self.timeout_s
+        return Question(stream, own, client, client.fetch(own.first_seq, own.last_seq), now + wait)
+
+    def answer(self, q: Question, now: float) -> bool | None:
+        """The leader's answer to `q`: whether it holds the batch, or None while its sidecar has not finished
+        answering (never waits). Raises ReplayError once `q` is past its deadline, or the connection failed."""
+        while (event := q.client.recv(0)) is not None:
+            if isinstance(event, B.Batch):
+                q.got += bytes(event)
+            elif isinstance(event, P.FetchEnd) and event.request_id == q.request_id:
+                return bytes(q.got) == bytes(q.own)
+            elif isinstance(event, P.Trimmed):
+                trimmed = q.own.last_seq
+                log.warning("stream %s: the leader no longer has %d; taking our journal as its", q.stream, trimmed)
+                return True
+        if now > q.deadline:
             raise ReplayError(f"the leader's sidecar at {self.leader.replay} did not answer a FETCH in time")
-        finally:
-            client.close()
+        return None
+
+    def stop_asking(self) -> list[ReplaySource]:
+        """The connections questions were asked on, for the caller to stop polling and close."""
+        clients = list(self._asking.values())
+        self._asking.clear()
+        return clients
 
     def tail(self, stream: str, head: int, durable: int) -> ReplaySource:
         """Copy `stream` from the leader's sidecar after `head` (our journal's, durable through `durable`); the
@@ -356,6 +381,8 @@ class Follower:
         for copy in self.copies.values():
             if copy.client is not None:
                 copy.client.close()
+        for client in self.stop_asking():
+            client.close()
         self.drop_copies()
         for link in self._links:
             self._links.drop(link)

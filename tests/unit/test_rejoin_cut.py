@@ -1,15 +1,17 @@
 """A node that rejoins its group cuts its journal back to where its leader's agrees (docs/ha.md, "Epochs"):
 found in few comparisons however long the divergence, and cut once.
 
-ReplicaCopier.cut_to_leader runs for real on a real lane, journal and committed mark; the leader is a stand-in
-that says whether it holds a batch of ours (as Follower.matches does, over its sidecar) and counts how often it
-was asked.
+ReplicaCopier.cut runs for real on a real lane, journal and committed mark; the leader is a stand-in that says
+whether it holds a batch of ours (as Follower.ask and answer do, over its sidecar), each answer only at the
+second look (the cut goes on over the loop's turns and never waits), and counts how often it was asked.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +19,8 @@ from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark
 from gateway.journal.layout import FrameScanner, seg_path
 from gateway.journal.tools import truncate_at
-from gateway.replication.copier import ReplicaCopier, last_agreed
+from gateway.replication.copier import Agreement, ReplicaCopier
+from gateway.replication.follower import Question
 from gateway.sequencer.lane import Lane
 from gateway.sequencer.metrics import GatewayMetrics
 from gateway.sequencer.producers import ProducerTable
@@ -29,14 +32,39 @@ BATCHES, SIZE = 200, 3  # our journal: 200 batches of 3 records
 
 
 class Leader:
-    """Holds our first `agreed` records; asked through `matches`, as the follower asks the leader's sidecar."""
+    """Holds our first `agreed` records; asked as the follower asks the leader's sidecar (ask, then answer), it
+    answers each question at its second look."""
 
     def __init__(self, agreed: int) -> None:
-        self.agreed, self.asked = agreed, 0
+        self.agreed, self.asked, self.looks = agreed, 0, 0
+        self.leader = SimpleNamespace(node="lead")
+        self.client = SimpleNamespace(sock=None, close=lambda: None)
 
-    def matches(self, stream: str, own: B.Batch) -> bool:
+    def ask(self, stream: str, own: B.Batch, now: float) -> Question:
         self.asked += 1
-        return own.last_seq <= self.agreed
+        return Question(stream, own, self.client, self.asked, now + 1.0)  # type: ignore[arg-type]
+
+    def answer(self, q: Question, now: float) -> bool | None:
+        self.looks += 1
+        return None if self.looks % 2 else q.own.last_seq <= self.agreed
+
+    def stop_asking(self) -> list[object]:
+        return [self.client]
+
+
+def cut(copier: ReplicaCopier, leader: Leader) -> int:
+    """Run the copier's cut to its end, as the loop's turns do; how many turns it took."""
+    turns = 1
+    while not copier.cut(leader, 0.0):  # type: ignore[arg-type]
+        turns += 1
+    return turns
+
+
+def last_agreed(reader: JournalReader, head: int, leader_has: Callable[[B.Batch], bool]) -> int:
+    search = Agreement(reader, head)
+    while search.asking is not None:
+        search.answer(leader_has(search.asking))
+    return search.agreed
 
 
 def offset_of(directory: Path, seq: int) -> int:
@@ -74,7 +102,7 @@ def test_a_rejoining_node_cuts_once_where_the_journals_part(tmp_path: Path, kept
     mark = CommittedMark(tmp_path / STREAM)
     copier = copier_of(tmp_path, lane, mark, reopened)
     try:
-        copier.cut_to_leader(leader, STREAM, "lead")
+        assert cut(copier, leader) == leader.asked + 1  # each question answered at the next turn
         assert lane.head == kept_batches * SIZE
         assert JournalReader(tmp_path, STREAM).last_seq == lane.head
         assert reopened == ([] if kept_batches == BATCHES else [STREAM])  # one cut, or none
@@ -115,7 +143,7 @@ def test_a_node_repaired_by_hand_cuts_at_its_hole_and_reuses_its_sequences(tmp_p
     mark = CommittedMark(tmp_path / STREAM)
     copier = copier_of(tmp_path, lane, mark, [])
     try:
-        copier.cut_to_leader(leader, STREAM, "lead")
+        cut(copier, leader)
         assert lane.head == agreed_batches * SIZE
         assert JournalReader(tmp_path, STREAM).last_seq == lane.head
         assert leader.asked <= 2 * math.ceil(math.log2(BATCHES * SIZE)) + 2, leader.asked
