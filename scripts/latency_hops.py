@@ -1,12 +1,14 @@
 """Publish -> delivery at 10,000 records/s in the latency scenario's lab (udp://, hosts pub, gw, sub), NATS core
 in the same sitting, and with --trace the trip broken into sub-hops.
 
-Usage: python scripts/latency_hops.py [--records N] [--runs R] [--rate R] [--trace DIR] [--no-nats]
+Usage: python scripts/latency_hops.py [--records N] [--runs R] [--rate R [R ...]] [--trace DIR] [--no-nats]
                                       [--switch-interval S]
 
-Runs alternate ZEPS, NATS core, ZEPS, ... (two labs up side by side), so that a machine shared with other work
-loads both alike; it prints each run's p50/p99/p99.9 (ms), the medians, the ZEPS/NATS ratios and the load
-average. Run it with PYTHONPATH=<checkout> to measure another tree (alternate the trees for a before/after).
+Runs alternate ZEPS, NATS core, ZEPS, ... (two labs up side by side), and with several rates the rates too (run 1
+at each rate, then run 2 ...), so that a machine shared with other work loads them all alike; it prints each
+run's p50/p99/p99.9 (ms), the medians, the ZEPS/NATS ratios and the load average, per rate. Run it with
+PYTHONPATH=<checkout> to measure another tree (alternate the trees for a before/after). --records is the count
+at the first rate; other rates run as many seconds (so 1,000/s is not measured on a tenth of the records).
 
 --trace DIR: every process of the ZEPS side (publisher, gateway, subscriber) stamps each record with
 time.time_ns() (CLOCK_REALTIME: the lab's hosts are namespaces of one machine, one clock) where it passes a
@@ -18,11 +20,14 @@ the process ends, so the trip they time is the one the scenario runs. The sub-ho
   IO take -> sent        encoded as PUBLISH-BATCH and handed to libzmq (zmq send returned)
   sent -> gw drain       libzmq's IO threads at both ends, TCP between namespaces, the gateway's poll wake
   gw drain -> read       commands read before it in the same drain
-  read -> journaled      checked, sequenced, written to the journal, queued on the multicast output
-  journaled -> sendto    the rest of the drain and of the loop's pass, until the output's pump sends it
+  read -> appended       checked, sequenced, written to the journal
+  appended -> sendto     fan-out (cut into datagrams); an idle output sends at once, else the loop's pump does
   sendto                 the sendto() call (the kernel carries it through veth and bridge in this call)
   sendto -> sub recv     from the start of sendto to the subscriber's recv of that datagram returning
   sub recv -> handed     parsing, reconcile, until next_batch() returned it
+
+With --trace and several rates, each rate's sub-hops are printed apart (a record belongs to the run whose
+wall-clock window holds its publish time).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import functools
+import math
 import os
 import statistics
 import sys
@@ -43,8 +49,8 @@ TRACE_ENV = "ZEPS_HOPS_TRACE"
 SWITCH_ENV = "ZEPS_HOPS_SWITCH_INTERVAL"
 STAGES = (
     "publish", "io_turn", "take", "encode", "sent", "drain", "read", "decoded", "ingest", "sequence", "append",
-    "appended", "fanned", "journaled", "sendto", "sendto_end", "recv", "parsed", "delivered", "read_done",
-    "link_done", "turn_done", "handed",
+    "appended", "fanned", "journaled", "sendto", "sendto_end", "recv", "delivered", "read_done",
+    "turn_done", "handed",
 )  # fmt: skip
 HOPS = (
     ("publish -> IO turn", "publish", "io_turn"),
@@ -57,16 +63,14 @@ HOPS = (
     ("ingest -> _sequence", "ingest", "sequence"),
     ("_sequence -> append", "sequence", "append"),
     ("append (write)", "append", "appended"),
-    ("appended -> fanned", "appended", "fanned"),
-    ("fanned -> journaled", "fanned", "journaled"),
-    ("journaled -> sendto", "journaled", "sendto"),
+    ("appended -> sendto", "appended", "sendto"),
     ("sendto", "sendto", "sendto_end"),
+    ("sendto end -> fanned", "sendto_end", "fanned"),
+    ("fanned -> journaled", "fanned", "journaled"),
     ("sendto -> sub recv", "sendto", "recv"),
-    ("sub recv -> parsed", "recv", "parsed"),
-    ("parsed -> delivered", "parsed", "delivered"),
+    ("sub recv -> delivered", "recv", "delivered"),
     ("delivered -> read done", "delivered", "read_done"),
-    ("read done -> link done", "read_done", "link_done"),
-    ("link done -> turn done", "link_done", "turn_done"),
+    ("read done -> turn done", "read_done", "turn_done"),
     ("turn done -> handed", "turn_done", "handed"),
     ("gw read -> sendto", "read", "sendto"),
     ("sub recv -> handed", "recv", "handed"),
@@ -91,7 +95,7 @@ def _ts_of(stage: str, what: Any) -> list[int]:
         return [r[0] for r in what]
     if stage in ("drain", "read", "decoded", "ingest", "sequence", "append", "appended", "fanned", "journaled"):
         return [r[1] for r in what.raw()]
-    if stage in ("handed", "delivered", "read_done", "link_done", "turn_done"):
+    if stage in ("handed", "delivered", "read_done", "turn_done"):
         batch, lo, hi = what
         return [r[1] for r in batch.raw(lo, hi)]
     data = bytes(what)
@@ -127,7 +131,7 @@ def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
 def install() -> None:
     """Wrap the stages' functions in this process (every part that is imported: publisher, gateway, subscriber)."""
     from gateway.bench import pipeline
-    from gateway.client import accumulator, feed_intake, publisher_thread, replay_link, subscriber
+    from gateway.client import accumulator, feed_intake, publisher_thread, subscriber
     from gateway.client.ingest_session import Publish
     from gateway.journal import writer
     from gateway.sequencer import gateway, ingest
@@ -230,15 +234,6 @@ def install() -> None:
 
         return wrapper
 
-    def on_message(original: Callable) -> Callable:
-        def wrapper(self: Any, feed: str, frames: Any) -> Any:
-            out = original(self, feed, frames)
-            if not isinstance(frames, Exception):
-                stamp(("parsed", now(), frames[1]))
-            return out
-
-        return wrapper
-
     def deliver(original: Callable) -> Callable:
         def wrapper(self: Any, batch: Any, lo: int, hi: int, source: str) -> Any:
             stamp(("delivered", now(), (batch, lo, hi)))
@@ -255,7 +250,6 @@ def install() -> None:
             t = now()
             for item in _turn_items:
                 stamp(("read_done", _marks.get("read_out", 0), item))
-                stamp(("link_done", _marks.get("link_out", 0), item))
                 stamp(("turn_done", t, item))
             return out
 
@@ -287,11 +281,9 @@ def install() -> None:
     _wrap(protocol, "decode", mark("decode"))
     _wrap(ingest.Ingest, "handle", mark("ingest"))
     _wrap(gateway.Gateway, "_fan_out", mark("fan_out"))
-    _wrap(feed_intake.FeedIntake, "_on_message", on_message)
     _wrap(subscriber.Subscriber, "_deliver", deliver)
     _wrap(subscriber.Subscriber, "_turn", sub_turn)
     _wrap(feed_intake.FeedIntake, "read", mark("read"))
-    _wrap(replay_link.ReplayLink, "turn", mark("link"))
     _wrap(gateway.Gateway, "_drain_router", drain)
     _wrap(gateway, "take", read)
     _wrap(gateway.Gateway, "_sequence", sequence)
@@ -303,8 +295,9 @@ def install() -> None:
     atexit.register(dump)
 
 
-def analyse(directory: Path) -> list[tuple[str, float, float, int]]:
-    """Per sub-hop: (name, p50 µs, p99 µs, records) over every record traced end to end."""
+def analyse(directory: Path, windows: list[tuple[int, int]] | None = None) -> list[tuple[str, float, float, int]]:
+    """Per sub-hop: (name, p50 µs, p99 µs, records) over every record traced end to end (with `windows`: only
+    those published within one of these (start, end) wall-clock windows, in ns)."""
     import numpy as np
 
     stages: dict[str, dict[int, int]] = {s: {} for s in STAGES}
@@ -316,6 +309,8 @@ def analyse(directory: Path) -> list[tuple[str, float, float, int]]:
                     for ts, t in zip(got[f"{stage}_ts"].tolist(), got[f"{stage}_t"].tolist(), strict=True):
                         seen.setdefault(ts, t)  # the first pass (a re-send is not the trip measured)
     handed = stages["handed"]
+    if windows is not None:
+        handed = {ts: t for ts, t in handed.items() if any(lo <= ts <= hi for lo, hi in windows)}
     stages["publish"] = {ts: ts for ts in handed}
     rows = []
     for name, a, b in HOPS:
@@ -337,9 +332,9 @@ def _zeps(dep: Any, n: int, rate: float) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--records", type=int, default=50_000, help="per run at the first rate")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--rate", type=float, default=10_000.0)
+    parser.add_argument("--rate", type=float, nargs="+", default=[10_000.0], help="records/s (several: alternated)")
     parser.add_argument("--trace", type=Path, help="stamp every record at every stage, into this directory")
     parser.add_argument("--no-nats", action="store_true")
     parser.add_argument("--switch-interval", type=float, help="sys.setswitchinterval(S) in every ZEPS process")
@@ -367,7 +362,10 @@ def main() -> int:
     from netlab import Lab
 
     print(f"gateway from {Path(gateway.__file__).parent}", file=sys.stderr)
-    got: dict[str, list[dict[str, float]]] = {"ZEPS": [], "NATS core": []}
+    rates: list[float] = args.rate
+    counts = {rate: max(1, round(args.records * rate / rates[0])) for rate in rates}  # as many seconds at each
+    got: dict[tuple[str, float], list[dict[str, float]]] = {}
+    windows: dict[float, list[tuple[int, int]]] = {rate: [] for rate in rates}
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     loads = []
     with contextlib.ExitStack() as stack:
@@ -378,26 +376,38 @@ def main() -> int:
             lab = stack.enter_context(Lab(["pub", "gw", "sub"]))
             url, _ = stack.enter_context(nats.server(tmp, lab))
         for i in range(args.runs):
-            loads.append(os.getloadavg()[0])
-            got["ZEPS"].append(_zeps(dep, args.records, args.rate))
-            print(f"run {i + 1} ZEPS {_cells(got['ZEPS'][-1])} load {loads[-1]:.1f}", file=sys.stderr)
-            if not args.no_nats:
-                got["NATS core"].append(versus_nats.nats_once(lab, url, args.records, args.rate, False, i))
-                print(f"run {i + 1} NATS {_cells(got['NATS core'][-1])}", file=sys.stderr)
-    for system, runs in got.items():
-        if runs:
-            medians = {c: statistics.median(r[c] for r in runs) for c in ("p50", "p99", "p99.9")}
-            print(f"{system}: median {_cells(medians)}")
-    if got["NATS core"]:
+            for rate in rates:
+                loads.append(os.getloadavg()[0])
+                start = time.time_ns()
+                zeps = got.setdefault(("ZEPS", rate), [])
+                zeps.append(_zeps(dep, counts[rate], rate))
+                windows[rate].append((start, time.time_ns()))
+                print(f"run {i + 1} at {rate:,.0f}/s ZEPS {_cells(zeps[-1])} load {loads[-1]:.1f}", file=sys.stderr)
+                if not args.no_nats:
+                    core = got.setdefault(("NATS core", rate), [])
+                    core.append(versus_nats.nats_once(lab, url, counts[rate], rate, False, i))
+                    print(f"run {i + 1} at {rate:,.0f}/s NATS {_cells(core[-1])}", file=sys.stderr)
+    for (system, rate), runs in got.items():
+        medians = {c: statistics.median(r[c] for r in runs) for c in ("p50", "p99", "p99.9")}
+        print(f"{rate:,.0f}/s {system}: median {_cells(medians)}")
+    for rate in rates if not args.no_nats else ():
         for c in ("p50", "p99", "p99.9"):
-            ratios = [z[c] / n[c] for z, n in zip(got["ZEPS"], got["NATS core"], strict=True)]
-            runs = ", ".join(f"{r:.2f}" for r in ratios)
-            print(f"ZEPS/NATS core {c}: median {statistics.median(ratios):.2f} (runs {runs})")
+            pairs = zip(got["ZEPS", rate], got["NATS core", rate], strict=True)
+            ratios = [z[c] / n[c] for z, n in pairs]
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            print(f"{rate:,.0f}/s ZEPS/NATS core {c}: median {statistics.median(ratios):.2f} (runs {each})")
     print(f"load average (1 min) at the runs: {', '.join(f'{x:.1f}' for x in loads)}")
     if args.trace:
-        print(f"{'sub-hop':24} {'p50 µs':>8} {'p99 µs':>8} records")
-        for name, p50, p99, n in analyse(args.trace):
-            print(f"{name:24} {p50:8.1f} {p99:8.1f} {n}")
+        rows = {rate: {name: row for name, *row in analyse(args.trace, windows[rate] if len(rates) > 1 else None)}
+                for rate in rates}  # fmt: skip
+        print(f"{'sub-hop':24}" + "".join(f" {f'{r:,.0f}/s p50 µs':>14} {'p99 µs':>9}" for r in rates))
+        for name, *_ in HOPS:
+            cells = [rows[r].get(name, [math.nan] * 3) for r in rates]
+            print(f"{name:24}" + "".join(f" {p50:14.1f} {p99:9.1f}" for p50, p99, _ in cells))
+        traced = (
+            f"{int(rows[r]['publish -> handed'][2])} at {r:,.0f}/s" for r in rates if "publish -> handed" in rows[r]
+        )
+        print("records traced end to end: " + ", ".join(traced))
     return 0
 
 
