@@ -9,6 +9,7 @@ checked messages start, except where joining late is the point.
 from __future__ import annotations
 
 import itertools
+import signal
 import subprocess
 import sys
 import time
@@ -388,3 +389,89 @@ def test_a_sender_whose_wall_clock_steps_back_keeps_sending(make_lab, tmp_path) 
     silences = [b - a for (_, a), (_, b) in itertools.pairwise(got)]
     assert max(silences) < 1.0
     assert "the wall clock went back 30.0 s" in err
+
+
+# A failover's shape on norm://: the old leader's gateway multicasts until killed -9 or stopped; the new
+# leader's gateway has had its sender open (idle, as a follower's is) on the same group with its own NORM node
+# id, and starts sending. Messages carry their send time (time.monotonic(): one clock for every namespace).
+OLD_SENDER = """import sys, time, zmq
+from gateway.mcast import Endpoint, Tuning, open_pub
+sender = open_pub(zmq.Context.instance(), Endpoint.parse(sys.argv[1]), Tuning(rate_kbps=20_000))
+i = 0
+while True:  # until killed or stopped: a leader multicasting
+    try:
+        sender.send_multipart([b"t.norm", b"old", b"%d" % i, repr(time.monotonic()).encode()], zmq.NOBLOCK)
+        i += 1
+    except zmq.Again:
+        pass
+    time.sleep(0.005)
+"""
+SUCCESSOR_MESSAGES = 50
+NEW_SENDER_BOUND_S = 0.7  # generous for a loaded 2-core machine; issue #30's whole budget is 1 s
+
+
+def successor(endpoint: str, go: Any, done: Any) -> None:
+    """A sender opened at once and left idle until `go` (a follower's gateway), then SUCCESSOR_MESSAGES at 200/s."""
+    sender = open_pub(zmq.Context.instance(), Endpoint.parse(endpoint), Tuning(rate_kbps=20_000))
+    assert isinstance(sender, NormSender)
+    deadline = time.monotonic() + WAIT_S
+    while not go.wait(0.01):
+        sender.push()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no go within {WAIT_S} s")
+    for i in range(SUCCESSOR_MESSAGES):
+        sender.send_multipart([STREAM, b"new", b"%d" % i, repr(time.monotonic()).encode()])
+        time.sleep(0.005)
+    done.wait(WAIT_S)
+    sender.close()
+
+
+def stamped(endpoint: str, heard: Any) -> list[tuple[bytes, int, float, float]]:
+    """(sender, number, sent, arrived) of each message until the successor's last; `heard` gets the first."""
+    got: list[tuple[bytes, int, float, float]] = []
+    with open_sub(zmq.Context.instance(), Endpoint.parse(endpoint), Tuning(), [STREAM.decode()]) as sub:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            if not sub.poll(100):
+                continue
+            frames = sub.recv_multipart()
+            got.append((frames[1], int(frames[2]), float(frames[3]), time.monotonic()))
+            if len(got) == 1:
+                heard.put(frames[1])
+            if frames[1] == b"new" and int(frames[2]) == SUCCESSOR_MESSAGES - 1:
+                break
+    return got
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_new_sender_after_a_failover_is_delivered_at_once(make_lab, fault: str) -> None:
+    """Issue #30: after a failover the subscriber seemed to take 2 s to receive the new leader's NORM sender.
+    The old sender is killed -9 (or SIGSTOPped, its repairs pending, then continued) mid-stream; the new one,
+    idle on the group until then, starts sending: its first message is delivered within NEW_SENDER_BOUND_S,
+    and all of them in order (measured here: 15-120 ms at load 5-17; the 2 s were the new leader's first
+    commit, which on norm:// came late for other reasons, not NORM)."""
+    lab = make_lab(["old", "new", "sub"])
+    heard, go, done = MP.Queue(), MP.Event(), MP.Event()
+    sub = lab.start("sub", stamped, endpoint(lab, "sub"), heard)
+    new = lab.start("new", successor, endpoint(lab, "new"), go, done)
+    old = lab.popen("old", [sys.executable, "-c", OLD_SENDER, endpoint(lab, "old")])
+    try:
+        assert heard.get(timeout=WAIT_S) == b"old"
+        time.sleep(0.5)  # mid-stream
+        old.send_signal(signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        time.sleep(0.3)  # the failover
+        go.set()
+        got = sub.result(timeout=WAIT_S)
+    finally:
+        old.send_signal(signal.SIGCONT)
+        old.kill()
+        old.wait(10)
+        done.set()
+    new.result(timeout=WAIT_S)
+    from_new = [(i, arrived - sent) for who, i, sent, arrived in got if who == b"new"]
+    assert [i for i, _ in from_new] == list(range(SUCCESSOR_MESSAGES))
+    assert len(got) > len(from_new)  # the old sender was heard too
+    first, median = from_new[0][1], sorted(h for _, h in from_new)[len(from_new) // 2]
+    print(f"norm:// {fault}: the new sender's first message came {first * 1000:.1f} ms after its send (median "
+          f"{median * 1000:.1f} ms)")  # fmt: skip
+    assert first < NEW_SENDER_BOUND_S
