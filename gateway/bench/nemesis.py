@@ -295,7 +295,8 @@ def _partition_in_election(group: Group, fault: Fault) -> None:
             time.sleep(fault.hold_s)
     finally:
         with group.lock(name):
-            node.start()
+            if not node.procs:  # unless an overlapping fault restarted it meanwhile (a second start: two writers)
+                node.start()
     node.wait_ready()
 
 
