@@ -116,7 +116,10 @@ class Node:
     def wait_ready(self) -> Node:
         for endpoint in (self.ingest, self.replay):
             self.lab.run(self.name, wait_ping, endpoint, WAIT_S, timeout=WAIT_S + 5)
-        assert all(p.poll() is None for p in self.procs), self.log.read_text()
+        roles = dict(zip(("gateway", "sidecar"), self.procs, strict=False))
+        if exited := [f"{role} (exit code {p.returncode})" for role, p in roles.items() if p.poll() is not None]:
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
+            raise RuntimeError(f"node {self.name}: {', '.join(exited)} exited while starting; see {self.log}:\n{tail}")
         return self
 
     @property
