@@ -74,6 +74,7 @@ class B:
 
 DT = 0.01  # seconds per simulated step
 PROGRESS_TIMEOUT = 0.15
+FIRST_ANSWER = 0.1  # above the slowest simulated answer (max_answer_delay 8 steps): lost answers are cut early
 #: Once the network heals, something must be delivered at least this often (timeouts, backoff, delays).
 QUIET_STEPS = 120
 
@@ -111,6 +112,7 @@ class Scenario:
     p_delete: float = 0.2  # chance that a record deletes its key (an empty body)
     p_snapshot_pause: float = 0.0  # a snapshot answer pauses part-way for longer than the progress timeout
     replay_only: bool = False  # no feeds: the sidecar's head reports (over its connection) are the heartbeats
+    servers: int = 1  # replay servers the reconciler is told of (>1: the first-answer deadline, FIRST_ANSWER)
 
     @property
     def total(self) -> int:
@@ -269,6 +271,7 @@ class World:
             max_lag=sc.max_lag,
             lag_policy=sc.lag_policy,  # type: ignore[arg-type]
             replay_only=sc.replay_only,
+            first_answer_timeout=FIRST_ANSWER,
         )
         self.live = [B(f, la, 10 * (la - f + 1)) for f, la in cut(rnd, sc.history + 1, sc.total, 6)]
         self.keyed = Keyed.make(sc, rnd)
@@ -284,6 +287,8 @@ class World:
         self.stalls: list[Stalled] = []
         self.too_slow: list[LagExceeded] = []
         self.step = 0
+        if sc.servers > 1:
+            self.feed(ReplayServers(sc.servers))
 
     # --- feeding ---
 
@@ -523,6 +528,7 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         p_delete=draw(st.sampled_from([0.0, 0.2, 0.5])),
         p_snapshot_pause=draw(st.sampled_from([0.0, 0.3])),
         replay_only=replay_only,  # type: ignore[arg-type]
+        servers=pick("servers", st.sampled_from([1, 2])),  # type: ignore[arg-type]
     )
 
 
