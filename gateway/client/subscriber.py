@@ -14,8 +14,8 @@ whenever a connection to it is lost, cannot be made, is refused or times out; th
 new one for what it still needs, so the application sees only a pause. With several, a fill that hears
 nothing at all from its sidecar within FIRST_ANSWER_S (0.3 s; a healthy one answers in milliseconds) moves
 on too, instead of waiting out `progress_timeout` at a paused or cut-off node (the reconciler's first-answer
-deadline, told the count by `ReplayServers`). Records the application asked not to
-see (topic prefixes) are filtered here; the reconciler still sees every sequence.
+deadline, told the count by `ReplayServers`). Records the application asked not to see (topic prefixes) are
+filtered here; the reconciler still sees every sequence.
 
 Without multicast (TCP only) replay is the only source: history, then the sidecar's live tail. The
 reconciler runs in its replay-only mode, with the head the sidecar reports every quarter of
