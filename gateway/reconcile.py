@@ -23,6 +23,8 @@ Rules
    (``ReplayTrimmed``, or a replay answer jumping past it), and then it is reported as ``Loss`` in its place.
    A request that makes no progress is retried for ever (exponential backoff; ``NoProgress`` at each
    failed attempt, so that the IO layer may ask another server; ``Stalled`` once the retries are exhausted).
+   With several servers to ask, a request that hears nothing at all within ``first_answer_timeout`` is such
+   a failed attempt: a silent server is not waited on for the whole progress deadline.
 
 5. Every structure is bounded: held batches by ``buffer_limit_bytes``, requests by
    ``max_outstanding_requests`` and ``max_request_span``, retries by the backoff schedule.
@@ -106,6 +108,16 @@ remainder only, under a new id, after ``retry_backoff`` doubling up to its maxim
 exceed ``max_retries`` the reconciler emits ``Stalled`` once and keeps retrying at the maximum backoff. A
 ``ReplayEnd`` that leaves part of the range uncovered counts as a failed attempt. AWAIT_LIVE counts silent
 periods of ``progress_timeout`` the same way (``Stalled(0, None, attempts)``, once).
+
+The first answer. ``ReplayServers(count)`` says how many replay servers the IO layer can ask (a replicated
+group's sidecars). With more than one, a request owed data and not answered yet is a failed attempt at once
+(``NoProgress``: the IO layer moves to the next server) when its server has said nothing at all (no answer to
+any request, no head report) for ``first_answer_timeout`` (default ``FIRST_ANSWER_S``, 0.3 s) since it was
+asked. A healthy server answers within milliseconds; a paused, cut-off or dead one would otherwise hold the
+range for the whole ``progress_timeout``. Answers to other requests put it off while they come (a request
+queued behind a long answer); once the request has an answer of its own, ``progress_timeout`` alone applies,
+so a slow but live answer is never cut. With one server there is nowhere to move: nothing changes. A
+snapshot's first batch may wait for a scan of the journal: it has only the progress deadline.
 
 Answers whose request id is unknown (cancelled, retired, voided by ``ReplayLost``) are still valid
 journal data: a batch is used when it continues the stream exactly at N, and dropped otherwise (using
@@ -217,7 +229,7 @@ from typing import Any, Literal
 from gateway import machine
 from gateway.merge.held import HELD_OVERHEAD_BYTES, HeldBuffer
 from gateway.merge.position import Position
-from gateway.merge.requests import Fetch, RequestScheduler, RetryPolicy, SilenceWatch
+from gateway.merge.requests import FIRST_ANSWER_S, Fetch, RequestScheduler, RetryPolicy, SilenceWatch
 from gateway.merge.stats import ReconcilerStats
 from gateway.merge.vocabulary import (
     EVENT_KINDS,
@@ -236,6 +248,7 @@ from gateway.merge.vocabulary import (
     ReplayEnd,
     ReplayLost,
     ReplayRestored,
+    ReplayServers,
     ReplayTrimmed,
     Request,
     SnapshotDone,
@@ -247,6 +260,7 @@ from gateway.merge.vocabulary import (
 
 __all__ = [
     "EVENT_KINDS",
+    "FIRST_ANSWER_S",
     "HELD_OVERHEAD_BYTES",
     "TRANSITIONS",
     "Action",
@@ -267,6 +281,7 @@ __all__ = [
     "ReplayEnd",
     "ReplayLost",
     "ReplayRestored",
+    "ReplayServers",
     "ReplayTrimmed",
     "Request",
     "Row",
@@ -435,6 +450,7 @@ class Reconciler:
         progress_timeout: float = 2.0,
         retry_backoff: tuple[float, float] = (0.05, 2.0),
         max_retries: int = 5,
+        first_answer_timeout: float = FIRST_ANSWER_S,
         gap_grace: float = 0.0,
         tail_grace: float = 0.1,
         max_lag: int | None = None,
@@ -452,7 +468,7 @@ class Reconciler:
         self._gap_grace = gap_grace
         self._tail_grace = tail_grace
         self._stats = ReconcilerStats()
-        self._policy = RetryPolicy(progress_timeout, *retry_backoff, max_retries)
+        self._policy = RetryPolicy(progress_timeout, *retry_backoff, max_retries, first_answer_timeout)
         self._held = HeldBuffer(buffer_limit_bytes)
         self._requests = RequestScheduler(
             self._policy,
@@ -583,7 +599,7 @@ class Reconciler:
         return False
 
     def _fix_from_replay(self, ev: Replay) -> None:
-        fetch = self._requests.find(ev.request_id)
+        fetch = self._requests.answer_to(ev.request_id, self._now)
         if fetch is None:
             self._stats.replay_dropped += 1
             return
@@ -592,12 +608,14 @@ class Reconciler:
         self._take_replay(ev)
 
     def _fix_from_trimmed(self, ev: ReplayTrimmed) -> None:
-        fetch = self._requests.find(ev.request_id)
+        fetch = self._requests.answer_to(ev.request_id, self._now)
         if fetch is not None:  # what the journal dropped was never part of "earliest": no Loss
             self._pos.next = ev.first_retained
             self._requests.progress(fetch, max(fetch.covered_to, ev.first_retained - 1), self._now)
 
     def _raise_head(self, ev: HeadSeen) -> None:
+        if ev.feed == "replay":  # replay only: the sidecar's head report, an answer on the replay link
+            self._requests.heard(self._now)
         if not self._stale(ev):
             self._pos.saw_live(ev.head, self._now)
 
@@ -632,7 +650,7 @@ class Reconciler:
     def _take_snapshot(self, ev: Replay) -> None:
         """A snapshot batch: delivered if it continues the snapshot at N; nothing held is delivered (only
         SnapshotDone makes full data due). A gap in a snapshot's coverage fails it."""
-        batch, fetch, pos = ev.batch, self._requests.find(ev.request_id), self._pos
+        batch, fetch, pos = ev.batch, self._requests.answer_to(ev.request_id, self._now), self._pos
         if fetch is None:
             self._stats.replay_dropped += 1  # an abandoned snapshot's answer
             return
@@ -648,7 +666,7 @@ class Reconciler:
             self._stream.emit(batch, n, batch.last_seq, "snapshot")
 
     def _end_snapshot(self, ev: SnapshotDone) -> None:
-        fetch = self._requests.find(ev.request_id)
+        fetch = self._requests.answer_to(ev.request_id, self._now)
         if fetch is None:
             return
         if not self._pos.next:  # no batch: nothing up to N0 concerns this client
@@ -667,7 +685,7 @@ class Reconciler:
         self._stream.take_or_overflow(batch, f"live:{ev.feed}")
 
     def _take_replay(self, ev: Replay) -> None:
-        batch, fetch = ev.batch, self._requests.find(ev.request_id)
+        batch, fetch = ev.batch, self._requests.answer_to(ev.request_id, self._now)
         n = self._pos.next
         if fetch is None:  # a stale answer: still valid data, used only where it continues the stream
             if batch.first_seq <= n and not self._requests.was_snapshot(ev.request_id):
@@ -683,7 +701,7 @@ class Reconciler:
 
     def _end_fetch(self, ev: ReplayEnd) -> None:
         """A bounded answer ended: done if it covered the range, else a failed attempt."""
-        fetch, n = self._requests.find(ev.request_id), self._pos.next
+        fetch, n = self._requests.answer_to(ev.request_id, self._now), self._pos.next
         if fetch is None:
             return
         if fetch.hi is not None and max(fetch.covered_to, (n or 1) - 1) >= fetch.hi:
@@ -692,7 +710,7 @@ class Reconciler:
             self._requests.fail(fetch, self._now, n, self._out, cancel=False)
 
     def _report_trimmed(self, ev: ReplayTrimmed) -> None:
-        fetch = self._requests.find(ev.request_id)
+        fetch = self._requests.answer_to(ev.request_id, self._now)
         if fetch is not None:
             self._stream.journal_lacks(fetch, ev.first_retained, "trimmed", self._now)
 
@@ -701,6 +719,10 @@ class Reconciler:
 
     def _resume_requests(self, ev: ReplayRestored) -> None:
         self._requests.replay_ok = True
+
+    def _count_servers(self, ev: ReplayServers) -> None:
+        """More than one: a request unanswered for first_answer_timeout fails (theory of operation)."""
+        self._requests.servers = ev.count
 
     def _request_close(self, ev: Close) -> None:
         self._closing = True
@@ -835,6 +857,7 @@ _FALL_BACK = (
 _REPLAY_LINK_AND_CLOSE: dict[type, Handler | None] = {
     ReplayLost: R._void_requests,
     ReplayRestored: R._resume_requests,
+    ReplayServers: R._count_servers,
     Close: R._request_close,
 }
 

@@ -69,11 +69,15 @@ def run(settings: Settings) -> Result:
     seed = settings.chaos_seed if settings.chaos_seed is not None else random.SystemRandom().randrange(2**31)
     transport, count = settings.transport, settings.size(settings.chaos_faults, 5)
     rate = round(settings.rate or RATE)
+    drawn_from, overlap = settings.chaos_kinds or nemesis.KINDS, settings.chaos_overlap
+    drawn = (f" --kinds {','.join(drawn_from)}" if settings.chaos_kinds else "") + ("" if overlap else " --no-overlap")
     progress(f"{transport}://, {count} faults, {rate} records/s, seed {seed} (zeps bench chaos --transport "
-             f"{transport} --faults {count} --rate {rate} --seed {seed} repeats it)")  # fmt: skip
+             f"{transport} --faults {count} --rate {rate} --seed {seed}{drawn} repeats it)")  # fmt: skip
     with Lab(["etcd", *NODES, "pub", "sub"]) as lab, tempfile.TemporaryDirectory(dir=settings.tmp) as tmp:
         try:
-            got = campaign(lab, Path(tmp), transport, count, seed, progress, rate=rate)
+            got = campaign(
+                lab, Path(tmp), transport, count, seed, progress, rate=rate, kinds=drawn_from, overlap=overlap
+            )
         except BenchError as exc:
             kept_now = keep_logs(Path(tmp), settings.tmp)
             raise BenchError(f"seed {seed}: {exc}\n(the nodes' and etcd's logs are kept in {kept_now})") from exc
@@ -136,12 +140,21 @@ def _pcts(values: list[float]) -> tuple[float, float, float]:
 
 
 def campaign(
-    lab: Lab, root: Path, transport: str, count: int, seed: int, say: Callable[[str], None] = print, *, rate: int = RATE
+    lab: Lab,
+    root: Path,
+    transport: str,
+    count: int,
+    seed: int,
+    say: Callable[[str], None] = print,
+    *,
+    rate: int = RATE,
+    kinds: tuple[str, ...] = nemesis.KINDS,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """The whole run on `lab` (hosts etcd, n1..n3, pub, sub): the group, the load (`rate` records a second),
-    `count` faults of the schedule of `seed`, then `check`. Returns what was measured and the checker's problems
-    (empty: it held)."""
-    steps = nemesis.schedule(seed, count)
+    `count` faults of the schedule of (`seed`, `kinds`, `overlap`), then `check`. Returns what was measured
+    and the checker's problems (empty: it held)."""
+    steps = nemesis.schedule(seed, count, kinds, overlap)
     loss = round(random.Random(seed).uniform(1.0, 5.0), 1)
     for host in ("sub", *NODES):
         impair.impair(lab, host, Impairment(loss_pct=loss))
@@ -172,8 +185,8 @@ def campaign(
         for i, step in enumerate(steps):
             hagroup.wait_confirmed(group.progress, group.progress.value + 100, timeout=60, publisher=pub)
             time.sleep(max(0.0, healed + STEP_GAP_S - time.monotonic()))
-            overlap = f" + {step.second} at {step.delay_s} s" if step.second else ""
-            say(f"step {i + 1}/{len(steps)} at {time.strftime('%H:%M:%S')}: {step.first}{overlap}")
+            second = f" + {step.second} at {step.delay_s} s" if step.second else ""
+            say(f"step {i + 1}/{len(steps)} at {time.strftime('%H:%M:%S')}: {step.first}{second}")
             group.step = i
             nemesis.apply(group, step)
             healed = time.monotonic()

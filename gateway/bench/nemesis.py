@@ -4,7 +4,9 @@ applies each one to a running replicated group (gateway.tools.hagroup) in a name
 Why a schedule apart from its execution: the seed alone must reproduce a failing run, so everything random
 (which fault, which cut, how long, what overlaps it and when) is drawn up front by `schedule`, a pure function
 of (seed, count); only which node is the leader at that moment is read from the running group. A step is one
-fault, or two when the second starts `delay_s` into the first (an overlap): both count.
+fault, or two when the second starts `delay_s` into the first (an overlap): both count. A run may draw from a
+subset of KINDS and without overlaps (`zeps bench chaos --kinds ... --no-overlap`, to repeat one scenario such
+as issue #30's leader faults one at a time); the kinds and the overlap flag are then part of what reproduces it.
 
 Faults (KINDS): kill -9 of the leader or a follower; SIGSTOP of the leader past its lease; the leader cut off
 from everyone (each way of netlab.impair.cuts), from etcd only, from the clients only, or deaf one way (its
@@ -20,7 +22,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,21 +68,33 @@ class Step:
         return 1 + (self.second is not None)
 
 
-def schedule(seed: int, count: int) -> list[Step]:
-    """Steps holding `count` faults in all, drawn from `seed` alone: the same seed, the same schedule."""
+def schedule(seed: int, count: int, kinds: tuple[str, ...] = KINDS, overlap: bool = True) -> list[Step]:
+    """Steps holding `count` faults in all, drawn from `kinds` (a subset of KINDS) with overlaps unless not
+    `overlap`: the same (seed, count, kinds, overlap), the same schedule."""
+    kinds = check_kinds(kinds)
     rng = random.Random(seed)
     steps: list[Step] = []
     left = count
     while left > 0:
-        first = _fault(rng, rng.choice(KINDS))
-        if left >= 2 and rng.random() < OVERLAP_P:
-            # one etcd fault at a time; the second picks among kinds that do not fight over the same process
-            kinds = [k for k in KINDS if not (k in ETCD_KINDS and first.kind in ETCD_KINDS)]
-            steps.append(Step(first, _fault(rng, rng.choice(kinds)), round(rng.uniform(0.0, first.hold_s), 2)))
+        first = _fault(rng, rng.choice(kinds))
+        # one etcd fault at a time; the second picks among kinds that do not fight over the same process
+        seconds = [k for k in kinds if not (k in ETCD_KINDS and first.kind in ETCD_KINDS)]
+        if overlap and seconds and left >= 2 and rng.random() < OVERLAP_P:
+            steps.append(Step(first, _fault(rng, rng.choice(seconds)), round(rng.uniform(0.0, first.hold_s), 2)))
         else:
             steps.append(Step(first))
         left -= steps[-1].faults()
     return steps
+
+
+def check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
+    """`kinds` as a tuple, each one of KINDS and at least one; else ValueError naming the bad ones and the choice."""
+    kinds = tuple(kinds)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        what = f"unknown fault kind(s) {', '.join(map(repr, bad))}" if bad else "no fault kind given"
+        raise ValueError(f"{what}: choose one or more of {', '.join(KINDS)}")
+    return kinds
 
 
 def _fault(rng: random.Random, kind: str) -> Fault:

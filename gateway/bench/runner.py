@@ -52,6 +52,8 @@ class Settings:
     transport: str = "udp"  # chaos and soak scenarios: the multicast transport
     chaos_faults: int = 100  # chaos scenario: its faults and the schedule's seed
     chaos_seed: int | None = None  # None: drawn at random (and printed)
+    chaos_kinds: tuple[str, ...] | None = None  # chaos: the fault kinds drawn from (None: all, nemesis.KINDS)
+    chaos_overlap: bool = True  # chaos: whether a step may hold a second fault starting inside the first
     soak_minutes: float = 60.0  # soak scenario: how long
     rate: float | None = None  # chaos and soak scenarios: the publisher's records a second (None: the scenario's)
 

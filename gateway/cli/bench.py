@@ -43,6 +43,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--faults", type=_positive(int), default=100, help="chaos: how many faults (default 100)")
     p.add_argument("--seed", type=int, help="chaos: the schedule's seed (default: drawn and printed)")
+    p.add_argument(
+        "--kinds",
+        type=_fault_kinds,
+        help="chaos: draw faults only of these kinds, K1,K2,... (default: every kind; a wrong name lists them)",
+    )
+    p.add_argument(
+        "--no-overlap",
+        dest="overlap",
+        action="store_false",
+        help="chaos: one fault at a time (default: some steps hold a second fault starting inside the first)",
+    )
     p.add_argument("--minutes", type=_positive(float), default=60.0, help="soak: how long (default 60)")
     p.add_argument(
         "--rate", type=_positive(float), help="chaos, soak: the publisher's records/s (default 5,000 and 20,000)"
@@ -75,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
         transport=args.transport,
         chaos_faults=args.faults,
         chaos_seed=args.seed,
+        chaos_kinds=args.kinds,
+        chaos_overlap=args.overlap,
         soak_minutes=args.minutes,
         rate=args.rate,
     )
@@ -110,6 +123,16 @@ def _positive(kind: type) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _fault_kinds(text: str) -> tuple[str, ...]:
+    """K1,K2,...: fault kinds of the chaos nemesis (gateway.bench.nemesis.KINDS)."""
+    from gateway.bench.nemesis import check_kinds
+
+    try:
+        return check_kinds(k.strip() for k in text.split(",") if k.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _directory(text: str) -> Path:

@@ -132,6 +132,12 @@ class ReplayLink:
         return self._sidecars.current
 
     @property
+    def servers(self) -> int:
+        """How many sidecars there are to try (the reconciler's ReplayServers: with more than one, a request
+        that hears nothing within its first-answer deadline moves on, `no_progress`)."""
+        return len(self._sidecars.all)
+
+    @property
     def waiting(self) -> float | None:
         """Seconds the link has been waiting for a sidecar to answer (retries included); None while one
         answers, or while nothing is asked."""

@@ -11,8 +11,11 @@ the reconciler is never re-entered), carries out the actions, and hands the appl
 The replay endpoint may be given, or several (sidecars on one journal, or on the nodes of a replicated
 gateway), or learnt from the multicast heartbeats. Replay uses one at a time and moves on to the next
 whenever a connection to it is lost, cannot be made, is refused or times out; the reconciler then asks the
-new one for what it still needs, so the application sees only a pause. Records the application asked not to
-see (topic prefixes) are filtered here; the reconciler still sees every sequence.
+new one for what it still needs, so the application sees only a pause. With several, a fill that hears
+nothing at all from its sidecar within FIRST_ANSWER_S (0.3 s; a healthy one answers in milliseconds) moves
+on too, instead of waiting out `progress_timeout` at a paused or cut-off node (the reconciler's first-answer
+deadline, told the count by `ReplayServers`). Records the application asked not to see (topic prefixes) are
+filtered here; the reconciler still sees every sequence.
 
 Without multicast (TCP only) replay is the only source: history, then the sidecar's live tail. The
 reconciler runs in its replay-only mode, with the head the sidecar reports every quarter of
@@ -278,6 +281,7 @@ class Subscriber:
         self._checkpoint = Checkpoint(Path(checkpoint)) if checkpoint else None
         self._reconciler: R.Reconciler | None = None  # made once the start is known
         self._inbox: deque[R.Event] = deque()  # events that came while another's actions were carried out
+        self._servers_told = 0  # the sidecar count the reconciler was last told (ReplayServers)
         self._feeding = False
         self._now = time.monotonic()  # the current poll turn's clock, for the events the parts hand on
         ctx = ctx or zmq.Context.instance()
@@ -587,6 +591,7 @@ class Subscriber:
             self._link.follow_directory(now)
         self._link.turn(ready, now)
         if self._reconciler is not None:
+            self._tell_servers()
             self._feed(R.Tick())
 
     # --- the reconciler ---------------------------------------------------------------------------------
@@ -661,4 +666,12 @@ class Subscriber:
 
     def _begin(self, begin: R.Start) -> None:
         self._reconciler = R.Reconciler(begin, **self._options)  # type: ignore[arg-type]
+        self._tell_servers()
         self._feed(R.Tick())
+
+    def _tell_servers(self) -> None:
+        """ReplayServers to the reconciler at the start and whenever the sidecars to try change in number (learnt
+        from heartbeats, named by a directory): with several, a fill that hears nothing moves on quickly."""
+        if (count := self._link.servers) != self._servers_told:
+            self._servers_told = count
+            self._feed(R.ReplayServers(count))

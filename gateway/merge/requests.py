@@ -8,6 +8,14 @@ deadline, and makes progress when an answer continues its coverage. One owed dat
 deadline is cancelled and re-issued for the remainder, under a new id, after a backoff that doubles up
 to its maximum; past ``max_retries`` attempts ``Stalled`` is reported once and retrying goes on.
 
+With several replay servers to ask (``servers`` > 1, a group's sidecars), a request not answered yet fails as
+soon as the server has been silent for ``first_answer`` since it was asked (nothing heard at all: no record,
+no end, no head report, for any request): a healthy server answers within milliseconds, and one that is
+paused, cut off or gone would otherwise hold the range for the whole progress deadline before the next server
+is asked. Answers to other requests put it off while they come (the server answers FETCHes in order: one
+queued behind a long answer hears nothing of its own meanwhile). Once the request has an answer of its own,
+the progress deadline alone applies. With one server there is nowhere to move: nothing changes.
+
 A gap is kept until N passes its end (then it counts as filled, or not if a Loss passed it); the pump
 forgets passed gaps. Gaps never overlap and are ordered, so the ones already cut into fetches are a
 prefix of ``gaps`` (``_cut`` long) and the ones N has passed another (``_passed`` long).
@@ -23,15 +31,23 @@ from dataclasses import dataclass, field
 from gateway.merge.stats import ReconcilerStats
 from gateway.merge.vocabulary import Action, Cancel, NoProgress, Request, Stalled
 
+FIRST_ANSWER_S = 0.3
+"""Seconds a request may wait for the first sign of life from its replay server, when there are others to ask.
+A healthy sidecar answers a FETCH at once (data or FETCH-END within milliseconds, a round trip and a journal
+read); silence past this is a paused, cut-off or dead node, and the fill moves on instead of waiting for the
+progress deadline (1-2 s). Well above a loaded LAN round trip plus a datagram fill's retries (3 x 50 ms)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How long to wait for progress, and how to back off after attempts without it."""
+    """How long to wait for progress (and, with several servers, for a first answer), and how to back off after
+    attempts without it."""
 
     timeout: float
     initial: float
     maximum: float
     max_retries: int
+    first_answer: float = FIRST_ANSWER_S
 
     def __post_init__(self) -> None:
         if self.timeout <= 0:
@@ -40,6 +56,8 @@ class RetryPolicy:
             raise ValueError("Reconciler: retry_backoff must be (initial, max) with 0 <= initial <= max")
         if self.max_retries < 0:
             raise ValueError("Reconciler: max_retries must be >= 0")
+        if self.first_answer <= 0:
+            raise ValueError("Reconciler: first_answer_timeout must be > 0 seconds")
 
     def backoff(self, attempts: int) -> float:
         """The wait after ``attempts`` consecutive failed attempts."""
@@ -95,6 +113,8 @@ class Fetch:
     snapshot: bool = False  # asks for a snapshot (SNAPSHOTTING's one request)
     request: Request | None = None
     due: float = -math.inf  # waiting: when to issue; issued: the progress deadline
+    asked_at: float = -math.inf  # issued: when it was asked, or last became owed data (the first-answer clock)
+    answered: bool = False  # an answer to this request came since then (only the progress deadline applies)
     attempts: Attempts = field(default_factory=Attempts)
     issued: int = 0
     idle: bool = False  # open-ended and owed nothing at the last check
@@ -121,9 +141,11 @@ class RequestScheduler:
         "fetches",
         "filtered",
         "gaps",
+        "heard_at",
         "max_outstanding",
         "policy",
         "replay_ok",
+        "servers",
         "span",
         "stats",
     )
@@ -143,6 +165,8 @@ class RequestScheduler:
         self.fetches: list[Fetch] = []
         self.gaps: deque[Gap] = deque()
         self.replay_ok = True
+        self.servers = 1  # replay servers the IO layer can ask (ReplayServers); >1 arms the first-answer deadline
+        self.heard_at = -math.inf  # the last answer of any kind from the replay server
         self._cut = 0  # gaps at the front of `gaps` already cut into fetches (or abandoned)
         self._passed = 0  # gaps at the front of `gaps` that N has passed (counted in the stats)
         self._by_id: dict[int, Fetch] = {}
@@ -152,8 +176,20 @@ class RequestScheduler:
     # --- what the reconciler reads ----------------------------------------------------------------------
 
     def find(self, request_id: int) -> Fetch | None:
-        """The fetch an answer belongs to; None for an unknown (cancelled, retired, voided) request."""
+        """The fetch of a request; None for an unknown (cancelled, retired, voided) one."""
         return self._by_id.get(request_id)
+
+    def answer_to(self, request_id: int, now: float) -> Fetch | None:
+        """The fetch an answer belongs to (`find`), now answered; any answer, even to an unknown request, shows
+        the server alive (`heard`)."""
+        self.heard(now)
+        if (fetch := self.find(request_id)) is not None:
+            fetch.answered = True
+        return fetch
+
+    def heard(self, now: float) -> None:
+        """The replay server said something (an answer, a head report): the first-answer clocks start again."""
+        self.heard_at = now
 
     def was_snapshot(self, request_id: int) -> bool:
         return request_id in self._snapshot_ids
@@ -224,8 +260,8 @@ class RequestScheduler:
             if f.request is not None:
                 owed = self._owed(f, n, head)
                 if not owed or f.idle:  # idle at the live tail: the clock starts once data is owed
-                    f.due = now + self.policy.timeout
-                elif f.due <= now:
+                    f.due, f.asked_at, f.answered = now + self.policy.timeout, now, False
+                elif f.due <= now or self._unanswered(f, now):
                     self.fail(f, now, n, out, cancel=True)
                 f.idle = not owed
             if f.request is None and f.due <= now:
@@ -281,6 +317,16 @@ class RequestScheduler:
             return True
         return head > max(fetch.covered_to, (n or 1) - 1)
 
+    def _unanswered(self, fetch: Fetch, now: float) -> bool:
+        """Several servers, the fetch not answered yet, and nothing heard from its server for `first_answer`
+        since it was asked (module docstring). Not a snapshot: its first batch may wait for a scan of the journal."""
+        return (
+            self.servers > 1
+            and not fetch.answered
+            and not fetch.snapshot
+            and now - max(fetch.asked_at, self.heard_at) >= self.policy.first_answer
+        )
+
     def _issue(self, fetch: Fetch, now: float, n: int, out: list[Action]) -> None:
         rid = next(self._ids)
         fetch.request = request = Request(
@@ -288,7 +334,7 @@ class RequestScheduler:
         )
         if fetch.snapshot:
             self._snapshot_ids.add(rid)
-        fetch.due = now + self.policy.timeout
+        fetch.due, fetch.asked_at, fetch.answered = now + self.policy.timeout, now, False
         self._by_id[rid] = fetch
         out.append(request)
         self.stats.requests += 1

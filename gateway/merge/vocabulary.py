@@ -111,12 +111,31 @@ class ReplayRestored:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayServers:
+    """The IO layer can ask ``count`` replay servers (a replicated group's sidecars); it says so at the start and
+    whenever the number changes. With more than one, a request that hears nothing within the first-answer
+    deadline is a failed attempt (``NoProgress``: ask the next)."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     """The application is done: cancel everything, ignore what follows."""
 
 
 Event: TypeAlias = (
-    Live | Replay | ReplayEnd | SnapshotDone | ReplayTrimmed | HeadSeen | Tick | ReplayLost | ReplayRestored | Close
+    Live
+    | Replay
+    | ReplayEnd
+    | SnapshotDone
+    | ReplayTrimmed
+    | HeadSeen
+    | Tick
+    | ReplayLost
+    | ReplayRestored
+    | ReplayServers
+    | Close
 )
 EVENT_KINDS: tuple[type[Event], ...] = (
     Live,
@@ -128,6 +147,7 @@ EVENT_KINDS: tuple[type[Event], ...] = (
     Tick,
     ReplayLost,
     ReplayRestored,
+    ReplayServers,
     Close,
 )
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from gateway.client.subscriber import Subscriber
 from gateway.client.subscriber_stats import SubscriberStats
 from gateway.errors import Closed, ReplayRefused
 from gateway.tools.deployment import Keys
+from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 pytestmark = pytest.mark.timeout(120)
@@ -378,7 +381,9 @@ def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: py
 # --- the replay link alone ------------------------------------------------------------------------------------
 
 
-def new_link(endpoint: str, events: list, states: list, starts: list, head_every: float | None = None) -> ReplayLink:
+def new_link(
+    endpoint: str | list[str], events: list | deque, states: list, starts: list, head_every: float | None = None
+) -> ReplayLink:
     return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
                       directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
                       next_seq=lambda: 1, on_start=starts.append,
@@ -457,3 +462,69 @@ def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
         assert events == [R.ReplayLost(), R.ReplayRestored()] and states == ["retrying", "connecting"]
     finally:
         link.close()
+
+
+def fill_seconds(s: Stream, first: Side, second: Side, servers: int) -> float:
+    """The reconciler and the replay link, glued as the Subscriber glues them, with live batches made from the
+    journal (multicast needs a namespace lab): a fill answered by `first`, then `first` frozen (SIGSTOP) and a
+    gap; the seconds until the gap is filled (from `second`), with the reconciler told `servers` sidecars."""
+    events: deque = deque()
+    link = new_link([first.endpoint, second.endpoint], events, [], [])
+    rec = R.Reconciler(R.Start.latest(), progress_timeout=FILL_PROGRESS_S)
+    live = [B.Batch.parse(sealed) for sealed in s.batches]
+
+    def feed(event: R.Event) -> None:
+        events.append(event)
+        while events:
+            for action in rec.handle(events.popleft(), time.monotonic()):
+                match action:
+                    case R.Request():
+                        link.request(action)
+                    case R.Cancel(request_id=rid):
+                        link.cancel(rid)
+                    case R.NoProgress():
+                        link.no_progress(time.monotonic())
+
+    def filled_to(seq: int) -> None:
+        def done() -> bool:
+            feed(R.HeadSeen(seq, "A"))  # a heartbeat a turn: live is alive
+            return (rec.next_seq or 0) > seq
+
+        run_link(link, done, seconds=15)
+        assert (rec.next_seq or 0) > seq, rec.stats
+
+    try:
+        feed(R.ReplayServers(servers))
+        feed(R.Live(live[0], "A"))
+        feed(R.Live(live[2], "A"))  # a gap (batch 1): filled by `first`, whose link is then READY
+        filled_to(live[2].last_seq)
+        first.signal(signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            feed(R.Live(live[4], "A"))  # a gap (batch 3) asked of the frozen sidecar
+            filled_to(live[4].last_seq)
+            return time.monotonic() - began
+        finally:
+            first.signal(signal.SIGCONT)
+    finally:
+        link.close()
+
+
+FILL_PROGRESS_S = 2.0
+
+
+def test_a_fill_at_a_frozen_sidecar_moves_to_the_next_within_the_first_answer_deadline(tmp_path: Path) -> None:
+    """With two sidecars a fill that hears nothing moves on after FIRST_ANSWER_S (0.3 s); told of one, the
+    reconciler waits out progress_timeout before NoProgress moves it (as before the first-answer deadline)."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(6)
+    with side(root) as first, side(root) as second:
+        waited = fill_seconds(s, first, second, servers=1)
+        moved = fill_seconds(s, first, second, servers=2)
+    s.writer.close()
+    load = os.getloadavg()[0]
+    print(f"\ngap fill with the sidecar frozen: {waited:.2f} s told of one sidecar, {moved:.2f} s told of two "
+          f"(progress_timeout {FILL_PROGRESS_S} s, first answer {R.FIRST_ANSWER_S} s; load {load:.2f})")  # fmt: skip
+    assert waited >= FILL_PROGRESS_S
+    assert moved < FILL_PROGRESS_S / 2  # about FIRST_ANSWER_S + the reconnect backoff (0.1 s); generous for load

@@ -46,6 +46,7 @@ from gateway.reconcile import (
     ReplayEnd,
     ReplayLost,
     ReplayRestored,
+    ReplayServers,
     ReplayTrimmed,
     Request,
     SnapshotDone,
@@ -73,6 +74,7 @@ class B:
 
 DT = 0.01  # seconds per simulated step
 PROGRESS_TIMEOUT = 0.15
+FIRST_ANSWER = 0.1  # above the slowest simulated answer (max_answer_delay 8 steps): lost answers are cut early
 #: Once the network heals, something must be delivered at least this often (timeouts, backoff, delays).
 QUIET_STEPS = 120
 
@@ -110,6 +112,7 @@ class Scenario:
     p_delete: float = 0.2  # chance that a record deletes its key (an empty body)
     p_snapshot_pause: float = 0.0  # a snapshot answer pauses part-way for longer than the progress timeout
     replay_only: bool = False  # no feeds: the sidecar's head reports (over its connection) are the heartbeats
+    servers: int = 1  # replay servers the reconciler is told of (>1: the first-answer deadline, FIRST_ANSWER)
 
     @property
     def total(self) -> int:
@@ -268,6 +271,7 @@ class World:
             max_lag=sc.max_lag,
             lag_policy=sc.lag_policy,  # type: ignore[arg-type]
             replay_only=sc.replay_only,
+            first_answer_timeout=FIRST_ANSWER,
         )
         self.live = [B(f, la, 10 * (la - f + 1)) for f, la in cut(rnd, sc.history + 1, sc.total, 6)]
         self.keyed = Keyed.make(sc, rnd)
@@ -283,6 +287,8 @@ class World:
         self.stalls: list[Stalled] = []
         self.too_slow: list[LagExceeded] = []
         self.step = 0
+        if sc.servers > 1:
+            self.feed(ReplayServers(sc.servers))
 
     # --- feeding ---
 
@@ -522,6 +528,7 @@ def scenarios(draw: st.DrawFn, **forced: object) -> Scenario:
         p_delete=draw(st.sampled_from([0.0, 0.2, 0.5])),
         p_snapshot_pause=draw(st.sampled_from([0.0, 0.3])),
         replay_only=replay_only,  # type: ignore[arg-type]
+        servers=pick("servers", st.sampled_from([1, 2])),  # type: ignore[arg-type]
     )
 
 
@@ -1166,6 +1173,81 @@ def test_short_replay_end_retries_the_remainder() -> None:
     r.handle(Replay(B(1, 4), 1), 0.1)
     assert r.handle(ReplayEnd(1), 0.2) == [NoProgress(1), Request(2, 5, 9)]  # this server holds no more
     assert r.stats.retries == 1
+
+
+def filling(servers: int, **options: object) -> Reconciler:
+    """MERGED at 1 with `servers` replay servers; live shows 10, so 1..9 is asked at 0.0 (from request 1 on)."""
+    r = merged_at(1, progress_timeout=1.0, **options)
+    assert r.handle(ReplayServers(servers), 0.0) == []
+    assert requests(r.handle(Live(B(10, 10), "A"), 0.0))[0].lo == 1
+    return r
+
+
+def beat(r: Reconciler, *times: float) -> list[Action]:
+    """Live heartbeats (head 10) at `times`: live stays alive, and they say nothing of the replay server."""
+    return [a for t in times for a in r.handle(HeadSeen(10, "A"), t)]
+
+
+def test_a_fill_unanswered_past_the_first_answer_deadline_moves_to_the_next_server() -> None:
+    r = filling(2)
+    assert r.outstanding == (Request(1, 1, 9),)
+    assert beat(r, 0.29) == []
+    assert beat(r, 0.3) == [Cancel(1), NoProgress(1)]  # not 1.0: the IO layer asks the next sidecar
+    assert r.handle(ReplayLost(), 0.31) == []  # what the Subscriber's link does on NoProgress with several
+    assert r.handle(ReplayRestored(), 0.42) == [Request(2, 1, 9)]  # the next sidecar
+    assert r.handle(Replay(B(1, 9), 2), 0.43)[0] == Emit(B(1, 9), 1, 9, "replay")
+    assert r.next_seq == 11 and r.stats.retries == 1
+
+
+def test_a_slow_but_live_answer_has_the_progress_deadline() -> None:
+    r = filling(2)
+    assert r.handle(Replay(B(1, 2), 1), 0.2)[0] == Emit(B(1, 2), 1, 2, "replay")  # alive: slow, not silent
+    assert beat(r, 0.3, 0.6, 0.9, 1.1) == []
+    assert beat(r, 1.2) == [Cancel(1), NoProgress(1)]  # no progress for progress_timeout since 0.2
+
+
+def test_a_fill_queued_behind_an_answer_in_progress_is_not_cut() -> None:
+    """The sidecar answers FETCHes in order: the second one hears nothing of its own while the first streams,
+    but the server is heard; once it falls silent, the second is cut first_answer_timeout after the last word."""
+    r = filling(2, max_request_span=5)
+    assert r.outstanding == (Request(1, 1, 5), Request(2, 6, 9))
+    r.handle(Replay(B(1, 2), 1), 0.25)
+    assert beat(r, 0.3, 0.5) == []
+    r.handle(Replay(B(3, 4), 1), 0.5)
+    assert beat(r, 0.6, 0.79) == []
+    assert beat(r, 0.8) == [Cancel(2), NoProgress(2)]  # silent since 0.5; not its progress deadline (1.0)
+    assert r.outstanding == (Request(1, 1, 5),)  # request 1 has answered: its progress deadline, 1.5
+
+
+def test_with_one_server_a_silent_fill_waits_for_the_progress_deadline() -> None:
+    for r in (filling(1), merged_at(1, progress_timeout=1.0)):  # told one, or told nothing
+        r.handle(Live(B(10, 10), "A"), 0.0)
+        assert beat(r, 0.3, 0.6, 0.99) == []
+        assert beat(r, 1.0) == [Cancel(1), NoProgress(1)]
+
+
+def test_the_first_answer_deadline_is_an_option_and_spares_snapshots() -> None:
+    r = filling(3, first_answer_timeout=0.1)
+    assert beat(r, 0.1) == [Cancel(1), NoProgress(1)]
+    s = snapshotting(progress_timeout=1.0)
+    s.handle(ReplayServers(2), 0.0)
+    assert [a for t in (0.3, 0.6) for a in s.handle(Tick(), t)] == []  # a snapshot's first batch may need a scan
+    with pytest.raises(ValueError, match="first_answer_timeout"):
+        Reconciler(Start.at_seq(1), first_answer_timeout=0)
+
+
+def test_head_reports_of_the_sidecar_count_as_answers() -> None:
+    """Replay only: the sidecar's head reports come on the replay link; while they come, a catch-up not answered
+    yet is slow, not dead."""
+    r = Reconciler(Start.at_seq(1), replay_only=True, progress_timeout=1.0)
+    assert r.handle(ReplayServers(2), 0.0) == [Request(1, 1, None)]
+    assert [a for t in (0.1, 0.3, 0.5) for a in r.handle(HeadSeen(9, "replay"), t)] == []
+    assert r.handle(Tick(), 0.79) == []
+    assert r.handle(Tick(), 0.8) == [Cancel(1), NoProgress(1)]  # silent since 0.5
+    u = Reconciler(Start.at_seq(1), replay_only=True, progress_timeout=1.0)
+    u.handle(ReplayServers(2), 0.0)
+    u.handle(HeadSeen(9, "A"), 0.0)  # not the replay link
+    assert u.handle(Tick(), 0.3) == [Cancel(1), NoProgress(1)]
 
 
 def test_trimmed_later_piece_is_reported_in_its_place() -> None:
