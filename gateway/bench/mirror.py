@@ -25,6 +25,11 @@ first arrival wins), its runs alternating with the plain WAN row's in one lab.
   the CLI's imports are part of that; `zeps mirror promote --help`, timed just before, shows what they cost. LAN
   to LAN with `--force` (A's publishers stopped: the command's own cost); over the WAN with A cut off and
   `--source A` (the disaster case: the command first finds A silent).
+- Promotion of a group: in the LAN to LAN lab, site B is also a replicated group (docs/mirroring.md, "Promoting
+  a group"): etcd on b-etcd, nodes on b-n1 and b-n2 (`zeps gateway --etcd --node --mirror` and a sidecar each),
+  the mirror into both until they hold a short history, then the same `zeps mirror promote --force`, given both
+  nodes, and one confirmed publish at the group: the promotion adds an etcd transaction (fenced by the epoch)
+  before PROMOTE-OK.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from gateway.bench.runner import (
 from gateway.client.publisher import Publisher
 from gateway.client.source_paths import SourcePaths
 from gateway.journal import JournalReader
+from gateway.tools import hagroup
 from gateway.tools.deployment import Deployment
 from netlab import MP, Impairment, Sites, ns
 
@@ -95,7 +101,10 @@ LINKS = (
     Link("WAN 30 ms, 1% loss, --paths 4", WAN, paths=4),
     Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"),
 )
-A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror")
+GROUP_NODES = ("b-n1", "b-n2")  # site B as a group (the promotion of a group)
+GROUP = "LAN to LAN, B a group of 2"
+GROUP_HISTORY = 10_000  # records mirrored into the group before it is promoted
+A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror", "b-etcd", *GROUP_NODES)
 TARGET_LAN_RATE, TARGET_WAN_RATE = 500_000.0, 200_000.0
 TARGET_ADDED_P99_MS = 5.0  # LAN to LAN: B's p99 at most this above A's
 TARGET_WAN_P99_MS = RTT_MS + 20.0  # over the WAN: B's p99 (publish at A -> delivery at B) at most this
@@ -107,7 +116,7 @@ STAGES = ("sidecar_us", "mirror_us", "b_gateway_us")
 
 
 def estimate(settings: Settings) -> float:
-    return 60 + len(LINKS) * settings.runs * (40 if settings.quick else 120)
+    return 60 + len(LINKS) * settings.runs * (40 if settings.quick else 120) + settings.runs * 30
 
 
 def run(settings: Settings) -> Result:
@@ -129,9 +138,15 @@ def run(settings: Settings) -> Result:
                     got = repeat(1, progress, what, _Run(sites, settings, link, lag_count, burst), failures)
                     for key, values in got.items():
                         stats.setdefault(link.name, {}).setdefault(key, []).extend(values)
+                if wan is None:
+                    what = f"{GROUP}: promotion (run {i + 1} of {settings.runs})"
+                    got = repeat(1, progress, what, _GroupPromotion(sites, settings), failures)
+                    for key, values in got.items():
+                        stats.setdefault(GROUP, {}).setdefault(key, []).extend(values)
 
-    def cell(link: Link, key: str, unit: str = "", digits: int = 0) -> Stat:
-        return Stat.of(stats.get(link.name, {}).get(key), unit, digits)
+    def cell(link: Link | str, key: str, unit: str = "", digits: int = 0) -> Stat:
+        name = link if isinstance(link, str) else link.name
+        return Stat.of(stats.get(name, {}).get(key), unit, digits)
 
     lag_rows = [
         (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
@@ -143,10 +158,17 @@ def run(settings: Settings) -> Result:
         for link in LINKS
     ]  # fmt: skip
     promo_rows = [
-        (link.name, "--force" if link.wan is None else "A cut off, --source A", cell(link, "promote_s", "s", 2),
-         cell(link, "first_publish_s", "s", 2), cell(link, "cold_start_s", "s", 2))
+        (
+            link.name,
+            "--force" if link.wan is None else "A cut off, --source A",
+            cell(link, "promote_s", "s", 2),
+            cell(link, "first_publish_s", "s", 2),
+            cell(link, "cold_start_s", "s", 2),
+        )
         for link in LINKS
     ]  # fmt: skip
+    promo_rows.append((GROUP, "--force", cell(GROUP, "promote_s", "s", 2), cell(GROUP, "first_publish_s", "s", 2),
+                       cell(GROUP, "cold_start_s", "s", 2)))  # fmt: skip
     targets = [
         _at_least(f"{LAN.name}: the mirror keeps up with >= {TARGET_LAN_RATE:,.0f} records/s",
                   cell(LAN, "mirror_rate"), TARGET_LAN_RATE),
@@ -162,11 +184,12 @@ def run(settings: Settings) -> Result:
         ]  # fmt: skip
     targets += [
         _at_most(
-            f"{link.name}: promotion, command to first publish accepted at B, < {TARGET_PROMOTION_S:g} s",
+            f"{link if isinstance(link, str) else link.name}: promotion, command to first publish accepted at B, "
+            f"< {TARGET_PROMOTION_S:g} s",
             cell(link, "first_publish_s", "s", 2),
             TARGET_PROMOTION_S,
         )
-        for link in LINKS
+        for link in (*LINKS, GROUP)
     ]
     return Result(
         "mirror",
@@ -232,7 +255,7 @@ class _Run:
             _site(self.sites, "a", Path(tmp) / "a") as a,
             _site(self.sites, "b", Path(tmp) / "b", "--mirror", STREAM) as b,
         ):
-            mirror = _Mirror(self.sites, a, b, Path(tmp) / "mirror.log", self.link.paths)
+            mirror = _Mirror(self.sites, a, b.ingest, Path(tmp) / "mirror.log", self.link.paths)
             try:
                 out = self._lag(a, b, mirror)
                 out.update(self._catchup(a, b, mirror))
@@ -305,6 +328,52 @@ class _Run:
         return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
 
 
+class _GroupPromotion:
+    """One run of a group's promotion (the module docstring): fresh A, etcd and B's two nodes, the mirror into
+    both until they hold GROUP_HISTORY records, then `zeps mirror promote --force` and one publish."""
+
+    def __init__(self, sites: Sites, settings: Settings) -> None:
+        self.sites, self.settings = sites, settings
+
+    def __call__(self, _: int) -> dict[str, float]:
+        b = self.sites.lab("b")
+        with (
+            tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=self.settings.tmp) as tmp,
+            _site(self.sites, "a", Path(tmp) / "a") as a,
+        ):
+            root = Path(tmp)
+            etcd_proc, etcd = hagroup.start_etcd(b, root / "etcd", host="b-etcd")
+            channel = f"udp://{b.group(2)}:{hagroup.MCAST_PORT}"
+            options = (*hagroup.NODE_OPTIONS, "--mirror", STREAM)
+            nodes = [hagroup.Node(b, root, name, etcd, channel, stream=STREAM, options=options, verbose=False)
+                     for name in GROUP_NODES]  # fmt: skip
+            mirror = None
+            try:
+                for node in nodes:
+                    node.start()
+                for node in nodes:
+                    node.wait_ready()
+                ingests = ",".join(node.ingest for node in nodes)
+                self.sites.run("a-pub", pipeline.publish, a.ingest, GROUP_HISTORY, 0.0, timeout=120)
+                mirror = _Mirror(self.sites, a, ingests, root / "mirror.log", 1)
+                for node in nodes:
+                    _wait_head(node.journal, GROUP_HISTORY, 60.0)
+                mirror.stop()
+                done = self.sites.run("b-mirror", promote_and_publish, ingests, ["--force"], timeout=120)
+            finally:
+                if mirror is not None:
+                    mirror.stop()
+                for node in nodes:
+                    node.kill9()
+                etcd_proc.kill()
+                etcd_proc.wait(10)
+        promoted = re.search(r"promoted at sequence (\d+)", done["stdout"])
+        if done["code"] != 0 or promoted is None or done["seq"] != int(promoted[1]) + 1:
+            raise BenchError(f"the group's promotion failed (exit {done['code']}, first sequence {done['seq']}): "
+                             f"{done['stderr']}")  # fmt: skip
+        return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
+
+
 def read_source(replay: str, after: int, last: int, seconds: float, paths: int = 1) -> float:
     """In host b-mirror: the mirror's reading of A's sidecar (after `after`, over `paths` sessions, put back in
     order as the mirror does), and nothing else, until `last` or for at most `seconds`; records/s from the first
@@ -328,7 +397,8 @@ def read_source(replay: str, after: int, last: int, seconds: float, paths: int =
 
 
 def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
-    """In host b-mirror: `zeps mirror promote` with `how`, then one confirmed publish at B; the exit, what it
+    """In host b-mirror: `zeps mirror promote` with `how` at `gateway` (B's ingest, or a group's, comma-separated),
+    then one confirmed publish at B; the exit, what it
     printed, the first sequence published, the seconds from the command's start to its end and to that confirm,
     and for reference the wall time of `zeps mirror promote --help` on this host (the interpreter's start and the
     CLI's imports: what the command costs before it does anything)."""
@@ -342,7 +412,7 @@ def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
     promote_s, code = time.monotonic() - t0, done.returncode
     seq = None
     if code == 0:
-        with Publisher(gateway, STREAM, confirm=True, timeout=30.0) as pub:
+        with Publisher(gateway.split(","), STREAM, confirm=True, timeout=30.0) as pub:
             pub.publish("key000", b"x" * 100)
             seq = pub.flush()
     return {"code": code, "stdout": done.stdout, "stderr": done.stderr, "seq": seq, "promote_s": promote_s,
@@ -350,11 +420,11 @@ def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
 
 
 class _Mirror:
-    """`zeps mirror --paths N` on b-mirror, A's sidecar to B's ingest; its stderr in a log file."""
+    """`zeps mirror --paths N` on b-mirror, A's sidecar to B's ingest(s) (`to`); its stderr in a log file."""
 
-    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path, paths: int) -> None:
+    def __init__(self, sites: Sites, a: Deployment, to: str, log: Path, paths: int) -> None:
         self.sites, self.log = sites, log
-        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", b.ingest,
+        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", to,
                      "--stream", STREAM, "--paths", str(paths)]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()

@@ -22,7 +22,8 @@ is skipped in silence), a target that was promoted or is no mirror, a source tha
 
 Lag: the source's head is asked (a FETCH beyond any sequence, answered with the head) every `probe_s`, and
 between rounds in a session of its own (so the lag grows while the mirror site is down);
-`status` holds the heads and lag, read by the metrics (gateway.client.mirror_metrics) and a log line every `log_s`.
+`status` holds the heads, the lag and each path's tally, read by the metrics (gateway.client.mirror_metrics) and a log
+line every `log_s`.
 Threading: one thread runs `run()`; the metrics' HTTP thread only reads `status` (ints and floats, each whole).
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from gateway.client.mirror_paths import PathTally
 from gateway.client.mirror_target import MirrorTarget
 from gateway.client.replay_client import ReplayClient, probe
 from gateway.client.source_heads import SourceHeads
@@ -77,6 +79,7 @@ class MirrorStatus:
     resumes: int = 0  # rounds started after a failure
     last_ts_ns: int = 0  # journal time of the last batch confirmed
     in_flight: deque[tuple[int, int]] = field(default_factory=deque)  # (last_seq, ts_ns) sent, not confirmed
+    paths: list[PathTally] = field(default_factory=list)  # per path to the source, across rounds
 
     @property
     def lag_records(self) -> int:
@@ -102,7 +105,7 @@ class Mirror:
             raise ValueError("a mirror needs at least one path to its source")
         self.config = config
         self.ctx = ctx or zmq.Context.instance()
-        self.status = MirrorStatus()
+        self.status = MirrorStatus(paths=[PathTally() for _ in range(config.paths)])
         self._stopping = False
         self._round = 0
         self._next_log = 0.0
@@ -176,7 +179,8 @@ class Mirror:
                 self._same_history(client, at)
             self._behind.clear()
             paths = SourcePaths(source, c.stream, paths=c.paths, after=st.head, features=SOURCE_FEATURES,
-                                timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx, first=client)  # fmt: skip
+                                timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx, first=client,
+                                tallies=st.paths)  # fmt: skip
             client = None  # path 0's now
             log.info("mirror of %s: %s -> %s from sequence %d over %d path(s)", c.stream, source, target_ep,
                      st.head + 1, c.paths)  # fmt: skip

@@ -32,6 +32,10 @@ Rules
 8. With one path there is nothing to stripe or arbitrate: it is LIVE from the start (one subscription, the
    mirror of before), and nothing else is up to call it stalled (its ZMTP heartbeats tell a dead sidecar).
 9. Nothing here does I/O or reads a clock: `now` comes with every event.
+10. Each path's tally (`PathTally`, kept by the caller across rounds for the metrics): the records released
+    from its batches (their sum is what was handed out), those of them that came on a subscription (the live
+    tail's first arrivals: the copy that won), the bytes it received, duplicates included, its reopenings
+    (rule 7), whether it is up, and when it last sent a batch.
 
 Theory of operation
 ===================
@@ -133,6 +137,18 @@ Action = Open | Close | Fetch | Subscribe
 
 
 @dataclass
+class PathTally:
+    """One path's counts (rule 10); the metrics' thread reads them, each field whole."""
+
+    records: int = 0
+    first_arrivals: int = 0
+    bytes: int = 0
+    reopens: int = 0
+    up: bool = False
+    arrived_at: float = 0.0  # `now` of its last batch; 0.0 before any
+
+
+@dataclass
 class _Feed:
     """One FETCH (last bounded) or a subscription (last MAX_SEQ) on a path; `pos`: the next sequence it sends."""
 
@@ -175,9 +191,13 @@ class SourcePathsCore:
         depth: int = DEPTH,
         copies: int = COPIES,
         stall_s: float = STALL_S,
+        tallies: list[PathTally] | None = None,
     ) -> None:
         if paths < 1 or chunk < 1 or depth < 1 or copies < 1:
             raise ValueError("paths, chunk, depth and copies must be >= 1")
+        if tallies is not None and len(tallies) != paths:
+            raise ValueError(f"{len(tallies)} tallies for {paths} paths")
+        self.tallies = tallies if tallies is not None else [PathTally() for _ in range(paths)]
         self.next = after + 1  # the first sequence not released yet
         self.chunk, self.depth, self.copies, self.stall_s = chunk, depth, min(copies, paths), stall_s
         self.ahead = 2 * depth * paths * chunk  # no FETCH starts beyond next + ahead
@@ -189,7 +209,7 @@ class SourcePathsCore:
         self.live_after = after if paths == 1 else -1  # LIVE: the subscriptions start after this
         self._cut = self.next  # the first sequence no chunk covers yet
         self._given_back: list[tuple[int, int]] = []  # ranges to FETCH again, a heap by first
-        self._held: list[tuple[int, int, B.Batch]] = []  # (first_seq, arrival, batch) beyond next, a heap
+        self._held: list[tuple[int, int, int, bool, B.Batch]] = []  # (first_seq, arrival, path, live, batch), a heap
         self._arrivals = 0
         self._met_head = False  # a FETCH ended short (rule 3)
         self._now = 0.0
@@ -203,7 +223,7 @@ class SourcePathsCore:
     def pop(self) -> B.Batch | None:
         """The next batch in order, starting at `next`; None until the one that continues it has come."""
         while self._held:
-            first, _, batch = self._held[0]
+            first, _, i, live, batch = self._held[0]
             if first > self.next:
                 return None
             heapq.heappop(self._held)
@@ -214,6 +234,10 @@ class SourcePathsCore:
                 self.dropped += self.next - first
                 batch = B.Batch.parse(batch.part(self.next, batch.last_seq), check_crc=False)
             self.next = batch.last_seq + 1
+            tally = self.tallies[i]
+            tally.records += batch.count
+            if live:
+                tally.first_arrivals += batch.count
             return batch
         return None
 
@@ -230,6 +254,7 @@ class SourcePathsCore:
     def _up(self, event: Up) -> None:
         path = self.paths[event.path]
         path.up, path.opening, path.heard = True, False, self._now
+        self.tallies[event.path].up = True
 
     def _arrived(self, event: Arrived) -> None:
         path, batch = self.paths[event.path], event.batch
@@ -239,8 +264,11 @@ class SourcePathsCore:
                 self._lose(max(feed.pos, self.next), batch.first_seq - 1, batch.first_seq)
             feed.pos = max(feed.pos, batch.last_seq + 1)
         path.heard, path.backoff = self._now, BACKOFF_MIN_S
+        tally = self.tallies[event.path]
+        tally.bytes, tally.arrived_at = tally.bytes + len(batch.buf), self._now
         if batch.count and batch.last_seq >= self.next:
-            heapq.heappush(self._held, (batch.first_seq, self._arrivals, batch))
+            live = feed is not None and feed.live
+            heapq.heappush(self._held, (batch.first_seq, self._arrivals, event.path, live, batch))
             self._arrivals += 1
         elif batch.count:
             self.dropped += batch.count
@@ -287,6 +315,7 @@ class SourcePathsCore:
         for i, path in enumerate(self.paths):
             if not path.up and not path.opening and now >= path.reopen_at:
                 path.opening = True
+                self.tallies[i].reopens += 1
                 self.actions.append(Open(i))
         if self.up < 2:
             return
@@ -353,6 +382,7 @@ class SourcePathsCore:
         if why:
             self.actions.append(Close(i, why))
         path.up, path.opening = False, False
+        self.tallies[i].up = False
         path.reopen_at = self._now + path.backoff
         path.backoff = min(path.backoff * 2, BACKOFF_MAX_S)
 

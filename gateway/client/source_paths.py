@@ -35,7 +35,8 @@ TICK_S = 0.01  # a poll that only received batches Ticks the core at most this o
 class SourcePaths:
     """`paths` sessions with the sidecar at `endpoint`, resuming after `after` (the module docstring).
 
-    `first`, if given, is the session of path 0 (already opened by the caller, who probed the source on it)."""
+    `first`, if given, is the session of path 0 (already opened by the caller, who probed the source on it);
+    `tallies`, if given, the paths' counts to go on with (the mirror's, across rounds: mirror_paths rule 10)."""
 
     def __init__(
         self,
@@ -50,10 +51,11 @@ class SourcePaths:
         ctx: zmq.Context,
         first: ReplayClient | None = None,
         stall_s: float = M.STALL_S,
+        tallies: list[M.PathTally] | None = None,
     ) -> None:
         self.endpoint, self.stream, self.features = endpoint, stream, features
         self.timeout_s, self.curve, self.ctx = timeout_s, curve, ctx
-        self.core = M.SourcePathsCore(paths, after, stall_s=stall_s)
+        self.core = M.SourcePathsCore(paths, after, stall_s=stall_s, tallies=tallies)
         self.clients: list[ReplayClient | None] = [None] * paths
         self._first = first
         self._up = [False] * paths
@@ -149,6 +151,7 @@ class SourcePaths:
 
     def _close(self, i: int) -> None:
         client, self.clients[i], self._up[i] = self.clients[i], None, False
+        self.core.tallies[i].up = False  # the core hears of a failed or stalled path, not of the round's end
         if self._probe is not None and self._probe[0] == i:
             self._probe = None
         if client is not None:

@@ -7,6 +7,11 @@ promotion is answered, so a restarted gateway finds it, keeps refusing the old s
 survives a crash) and goes on announcing which source it was a copy of. The same text is a group's promotion in
 etcd (gateway.replication.promotions). The journal format itself is unchanged; nothing removes the mark (a site
 mirrors again from a new journal).
+
+Beside it, a file `mirror-source` holds the source sidecar the stream's mirror sessions name (MIRROR), written
+(synced, like the promotion mark) when it changes: a restarted gateway, or a group's new leader, announces which
+source its copy comes from at once, not only once a mirror attaches again. It says where the copy comes from; it
+fences nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROMOTED_NAME = "promoted"
+SOURCE_NAME = "mirror-source"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +53,32 @@ def read_promotion(directory: Path) -> Promotion | None:
 
 def write_promotion(directory: Path, promotion: Promotion) -> None:
     """Persist `promotion`: file and directory synced before this returns (OSError if not)."""
+    _write_synced(directory, PROMOTED_NAME, promotion.encode())
+
+
+def read_source(directory: Path) -> str:
+    """The source sidecar this mirror stream's sessions last named ("": none yet)."""
+    try:
+        return (directory / SOURCE_NAME).read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def write_source(directory: Path, source: str) -> None:
+    """Persist `source` as the one this mirror stream's sessions name: synced before this returns (OSError if
+    not)."""
+    _write_synced(directory, SOURCE_NAME, source)
+
+
+def _write_synced(directory: Path, name: str, text: str) -> None:
+    """Replace the file `name` by one line, `text`, atomically: file and directory synced."""
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f"{PROMOTED_NAME}.tmp"
+    tmp = directory / f"{name}.tmp"
     with open(tmp, "w") as f:
-        f.write(f"{promotion.encode()}\n")
+        f.write(f"{text}\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, directory / PROMOTED_NAME)
+    os.replace(tmp, directory / name)
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

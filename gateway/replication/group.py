@@ -42,7 +42,7 @@ from prometheus_client import Counter
 from gateway.errors import ConfigError, CoordinatorError
 from gateway.journal.committed import CommittedMark
 from gateway.journal.epochs import start_epoch
-from gateway.journal.promotion import Promotion, read_promotion
+from gateway.journal.promotion import Promotion, read_promotion, read_source
 from gateway.replication.copier import ReplicaCopier
 from gateway.replication.elector import Elector
 from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
@@ -255,6 +255,12 @@ class GroupNode:
         marks = {stream: read_promotion(lane.writer.directory) for stream, lane in self.host.lanes.items()}
         return {stream: mark for stream, mark in marks.items() if mark is not None}
 
+    def _own_sources(self) -> dict[str, str]:
+        """The sources of this node's mirror streams, as their journals' marks keep them (a new leader records
+        them for its followers)."""
+        sources = {stream: read_source(self.host.lanes[stream].writer.directory) for stream in self.cfg.mirrors}
+        return {stream: source for stream, source in sources.items() if source}
+
     def journaled(self, stream: str, sealed: bytes) -> None:
         """A batch just journaled goes to the followers level with us (gateway.replication.peer_server.push)."""
         if self.insync is not None:
@@ -317,6 +323,8 @@ class GroupNode:
         if now < until and authority == taken.epoch and self.insync is None:
             self.host.promoted(taken.promotions)  # before any mirror batch reaches this node as leader
             self._lead_from(taken.epoch, taken.members, now)
+            for stream, source in self._own_sources().items():  # at once, not at the next mirror session
+                self.mirror_source(stream, source)
 
     def _lead_from(self, epoch: int, members: frozenset[str], now: float) -> None:
         lanes = self.host.lanes

@@ -46,7 +46,7 @@ from gateway.discovery.registrar import node_registrar
 from gateway.errors import ConfigError
 from gateway.journal import JournalReader, JournalWriter
 from gateway.journal.committed import CommittedMark, remove_mark
-from gateway.journal.promotion import Promotion, read_promotion, write_promotion
+from gateway.journal.promotion import Promotion, read_promotion, read_source, write_promotion, write_source
 from gateway.journal.syncer import Syncer
 from gateway.mcast import McastSender, open_pub
 from gateway.replication.follower import ReplayFactory
@@ -102,6 +102,7 @@ class Gateway:
             self._recover_producers(lane)
         self.ingest = I.Ingest(config, self, self.lanes)  # the ingest's rules (sans-IO): this loop executes them
         self.mirror_sources: dict[str, str] = {}  # stream -> the source sidecar it is (or was) a mirror of
+        self._kept_sources: dict[str, str] = {}  # stream -> the source in its journal's `mirror-source` mark
         self.mirrors = {name: self._mirror_rules(name) for name in config.streams}  # docs/mirroring.md
         if (short := make_room(config.max_clients + SPARE_FDS)) is not None:  # a descriptor per publisher
             log.warning("--max-clients %d: %s; publishers past the limit will not connect", config.max_clients, short)
@@ -594,9 +595,12 @@ class Gateway:
     # --- mirror streams (docs/mirroring.md; the rules are gateway.sequencer.mirroring's) -----------------
 
     def _mirror_rules(self, stream: str) -> MR.MirrorRules:
-        """A stream's rules as it starts: a promoted one also names the source its mark keeps."""
+        """A stream's rules as it starts, naming the source its marks keep (a promoted one's, its mirror
+        sessions' before): announced from the start, not only once a mirror attaches again."""
         if stream not in self.config.mirror:
             return MR.MirrorRules(stream, MR.Role.PRIMARY)
+        self._kept_sources[stream] = read_source(self.config.journal / stream)
+        self._source_of(stream, self._kept_sources[stream])
         mark = read_promotion(self.config.journal / stream)
         if mark is None:
             return MR.MirrorRules(stream, MR.Role.MIRROR)
@@ -604,9 +608,18 @@ class Gateway:
         return MR.MirrorRules(stream, MR.Role.PROMOTED, mark.head)
 
     def _source_of(self, stream: str, source: str) -> None:
-        """`stream` is (or was) a mirror of `source`, as announced (a source not known is not forgotten)."""
-        if known := A.announceable(source):
-            self.mirror_sources[stream] = known
+        """`stream` is (or was) a mirror of `source`, as announced (a source not known is not forgotten), and
+        as its `mirror-source` mark keeps it (written when it changes: rarely, so on the loop, as a promotion's)."""
+        if not (known := A.announceable(source)):
+            return
+        self.mirror_sources[stream] = known
+        if self._kept_sources.get(stream) != known:
+            self._kept_sources[stream] = known  # one attempt per change: a broken disk logs once
+            try:
+                write_source(self.lanes[stream].writer.directory, known)
+            except OSError as exc:
+                log.error("stream %s: the mirror's source could not be kept beside its journal (%s); a restart "
+                          "announces it again once a mirror attaches", stream, exc)  # fmt: skip
 
     def mirror_refusal(self, stream: str) -> str | None:
         """The ingest's Gate: why an ordinary publisher may not write `stream` (a mirror's), or None."""

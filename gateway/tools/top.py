@@ -10,7 +10,9 @@ The view is what the terminal shows (gateway.tools.top_view) and what `zeps top 
 - per subscriber: state, head, lag, records delivered per second and by source, gaps detected and repaired
   from replay, records lost, messages rejected, replay reconnects;
 - per site mirror (`zeps mirror --metrics`), per stream: the mirror site's head and the source's, how far
-  behind the source it is in records and seconds, records mirrored per second, and its resumes;
+  behind the source it is in records and seconds, records mirrored per second, and its resumes; per path to
+  the source (`--paths`): whether it is up, records taken from it per second, the live tail's first arrivals
+  it carried, seconds since its last batch, and its reconnects;
 - for every target, `problems`: each error counter that is not 0 (empty in a healthy deployment).
 
 Rates are the difference between two scrapes over the time between them (None after the first, or when a
@@ -209,6 +211,18 @@ def _mirror(s: _Scrape) -> dict[str, Any]:
             "records_per_s": s.rate("zeps_mirror_mirrored_records_total", stream=name),
             "mirrored_records": s.count("zeps_mirror_mirrored_records_total", stream=name),
             "resumes": s.count("zeps_mirror_resumes_total", stream=name),
+            "paths": {
+                path: {
+                    "up": bool(s.get("zeps_mirror_path_up", stream=name, path=path)),
+                    "records_per_s": s.rate("zeps_mirror_path_records_total", stream=name, path=path),
+                    "records": s.count("zeps_mirror_path_records_total", stream=name, path=path),
+                    "first_arrivals": s.count("zeps_mirror_path_first_arrivals_total", stream=name, path=path),
+                    "bytes": s.count("zeps_mirror_path_bytes_total", stream=name, path=path),
+                    "idle_seconds": s.get("zeps_mirror_path_idle_seconds", stream=name, path=path),
+                    "reconnects": s.count("zeps_mirror_path_reconnects_total", stream=name, path=path),
+                }
+                for path in sorted(s.values("zeps_mirror_path_up", "path"), key=int)
+            },
         }
     return {"streams": streams}
 

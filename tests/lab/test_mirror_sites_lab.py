@@ -15,6 +15,7 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import signal
 import subprocess
@@ -33,6 +34,8 @@ from gateway.journal import JournalReader
 from gateway.journal.crosscheck import check_group
 from gateway.tools.deployment import Deployment
 from netlab import MP, Sites
+
+METRICS = "127.0.0.1:9110"  # the mirror's metrics, on b-spare's own loopback (a namespace of the lab's)
 
 pytestmark = pytest.mark.lab
 
@@ -191,7 +194,7 @@ def test_the_mirror_goes_on_exactly_once_when_one_of_its_paths_is_cut(tmp_path: 
         deployed(sites, "b", tmp_path / "b", gateway_args=["--mirror", STREAM]) as b,
     ):
         assert sites.run("a-spare", publish, a.ingest, 0, 5_000, 0.0, timeout=WAIT_S) == 5_000  # to catch up with
-        mirror = Mirror(sites, a, b, tmp_path / "mirror.log", "--paths", "3")
+        mirror = Mirror(sites, a, b, tmp_path / "mirror.log", "--paths", "3", "--metrics", METRICS)
         try:
             ready = MP.Queue()
             sub = sites.start("b-sub", subscribe, b.for_host("b-sub"), b.replay, "earliest", count, ready)
@@ -206,6 +209,13 @@ def test_the_mirror_goes_on_exactly_once_when_one_of_its_paths_is_cut(tmp_path: 
             assert mirror.proc is not None and mirror.proc.poll() is None, mirror.log()
             assert "replacing it" in mirror.log()[before:], mirror.log()
             lag = mirror.max_lag(before)
+            view = mirrored_view(sites, count)  # per path: which one was replaced, what each one carried
+            paths = view["paths"]
+            assert list(paths) == ["1", "2", "3"], view
+            taken = sum(p["records"] for p in paths.values())  # a round that failed had some taken again
+            assert taken == count if view["resumes"] == 0 else taken >= count, view
+            assert sum(p["reconnects"] for p in paths.values()) >= 1, paths
+            assert sum(p["first_arrivals"] for p in paths.values()) > 0, paths
         finally:
             mirror.stop()
         result = check_group([a.journal, b.journal], STREAM)
@@ -213,8 +223,24 @@ def test_the_mirror_goes_on_exactly_once_when_one_of_its_paths_is_cut(tmp_path: 
         assert {r.head for r in result.nodes.values()} == {count}, result.plain()
         assert journal_records(b.journal, STREAM) == journal_records(a.journal, STREAM)
         check_all(sub.result(timeout=WAIT_S), count)
+    per_path = ", ".join(f"#{n} {p['records']} taken, {p['first_arrivals']} first, {p['reconnects']} reconnects"
+                         for n, p in paths.items())  # fmt: skip
     print(f"\nwith one of 3 paths cut: mirror lag (status lines, once a second) at most {lag[0]} records, "
-          f"{lag[1]:.3f} s")  # fmt: skip
+          f"{lag[1]:.3f} s; per path: {per_path}")  # fmt: skip
+
+
+def mirrored_view(sites: Sites, mirrored: int) -> dict[str, Any]:
+    """`zeps top --once --json` in b-spare, of the mirror's metrics, once it says `mirrored` records were
+    mirrored (its confirms may come a moment after B's journal has them): its stream's view."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        done = zeps_on(sites, "b-spare", "top", "--once", "--json", "--interval", "0.5", "--mirror", METRICS)
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)["mirror"][0]["streams"][STREAM]
+        if got["mirrored_records"] == mirrored:
+            return dict(got)
+        assert time.monotonic() < deadline, got
+        time.sleep(0.5)
 
 
 def promote_and_publish(gateway: str, source: str, skip: int) -> dict[str, Any]:

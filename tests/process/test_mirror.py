@@ -347,3 +347,24 @@ def test_zeps_top_shows_the_mirror_behind_while_the_mirror_site_is_down(sites: S
     finally:
         assert stop(mirror) == 0, sites.log()
     sites.assert_equal_journals()
+
+
+def test_zeps_top_shows_each_of_the_mirrors_paths_and_their_records_sum_to_those_mirrored(sites: Sites) -> None:
+    """`--paths 2`: the catch-up striped over both paths, then the live tail on both (the first copy wins); per
+    path (`zeps_mirror_path_*`), the records taken from it add up to the records mirrored."""
+    port = free_port()
+    sites.publish(20_000)  # history: several FETCH chunks, over both paths
+    mirror = sites.mirror("mirror", "--paths", "2", "--metrics", f"127.0.0.1:{port}")
+    try:
+        mirror_lag(port, lambda s: s.get("head") == sites.sent)
+        sites.publish(1000)  # the live tail
+        got = mirror_lag(port, lambda s: s.get("head") == sites.sent)
+        paths = got["paths"]
+        assert list(paths) == ["1", "2"], got
+        assert sum(p["records"] for p in paths.values()) == got["mirrored_records"] == sites.sent, got
+        assert all(p["records"] > 0 and p["bytes"] > 0 and p["up"] for p in paths.values()), got
+        assert sum(p["first_arrivals"] for p in paths.values()) >= 1000, got  # the records published once level
+        assert all(p["reconnects"] == 0 for p in paths.values()), got
+    finally:
+        assert stop(mirror) == 0, sites.log()
+    sites.assert_equal_journals()

@@ -5,7 +5,9 @@ What is proved: the aggregator serves both streams (one `zeps mirror` per stream
 publish); a subscriber of each at the aggregator's sidecar gets 1..N exactly once; each aggregator journal
 equals its source's (the `zeps ha check` comparison); `zeps streams` lists, for each stream, the source site's
 gateway as the primary and the aggregator as a mirror of that site's sidecar, and after `zeps mirror promote`
-the aggregator as promoted, still naming that sidecar after the aggregator restarts (its promotion mark keeps it).
+the aggregator as promoted, still naming that sidecar after the aggregator restarts (its promotion mark keeps it),
+and the aggregator's other stream, with no mirror running, still as a mirror of its source (its `mirror-source`
+mark keeps it).
 """
 
 from __future__ import annotations
@@ -117,9 +119,10 @@ def test_two_sites_fan_in_to_one_aggregator_listed_by_the_directory(etcd: EtcdPr
             assert rows["s1"]["holders"] == [{"node": node, "copy": "promoted", "source": a_side.endpoint}]
             assert rows["s1"]["ingest"] == agg.ingest
             agg.stop()  # its etcd entries go with it (the lease revoked)
-            agg.restart()  # (s2's source is named again once a mirror session names it)
-            rows = listing(etcd, {"s1": ["promoted"]})
+            agg.restart()  # no mirror runs: s2's source comes from its `mirror-source` mark, s1's from its promotion
+            rows = listing(etcd, {"s1": ["promoted"], "s2": ["mirror", "primary"]})
             assert rows["s1"]["holders"] == [{"node": node, "copy": "promoted", "source": a_side.endpoint}]
+            assert {"node": node, "copy": "mirror", "source": c_side.endpoint} in rows["s2"]["holders"], rows["s2"]
         for stream, source in (("s1", roots["a"]), ("s2", roots["c"])):
             result = check_group([source, roots["agg"]], stream)
             assert result.violation is None, result.plain()

@@ -7,7 +7,10 @@ too; after the leader is killed -9, the new leader accepts publishers continuing
 old source's mirror with the promotion line; the same after both nodes are killed and started again in the
 other order, one of them without its mark (it writes it again); the mark is in etcd and every node's journal.
 The directory in etcd lists both nodes as the same copy of the same source throughout: mirrors of it (the
-follower learns the source from the group), then promoted from it, also after both nodes restarted.
+follower learns the source from the group), then promoted from it, also after both nodes restarted. A mirror
+group restarted whole with no mirror running lists its source at once: each node keeps it beside its journal
+(`mirror-source`), and the new leader records it for the group again (`<group>/sources/<stream>`), from which a
+follower that lost its mark learns it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from support.servers import STREAM, GatewayProcess, Side, free_port, journal_rec
 
 from gateway.client.publisher import Publisher
 from gateway.journal.crosscheck import check_group
-from gateway.journal.promotion import Promotion, read_promotion
+from gateway.journal.promotion import Promotion, read_promotion, read_source
 from gateway.replication.group import group_key
 from gateway.replication.promotions import promote, take_promotions
 from gateway.transport.etcd import Etcd
@@ -115,6 +118,21 @@ def wait_mark(node: Node, head: int) -> None:
         time.sleep(0.05)
 
 
+def source_and_site(tmp_path: Path) -> tuple[Path, Path, GatewayProcess]:
+    """The source site's journal folder and gateway, and the mirror site's folder."""
+    source_root, site = tmp_path / "source", tmp_path / "site"
+    source_root.mkdir()
+    site.mkdir()
+    return source_root, site, GatewayProcess(source_root, streams=(STREAM,))
+
+
+def start_group(site: Path, etcd_url: str, client: Etcd, nodes: list[Node]) -> None:
+    """The mirror site's two nodes, into `nodes` (closed by the caller): n0 leads, then n1 joins as a follower."""
+    nodes.append(Node(site, "n0", etcd_url))
+    leader(client, nodes)
+    nodes.append(Node(site, "n1", etcd_url))
+
+
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
     server = EtcdProcess(tmp_path).start()
@@ -125,19 +143,14 @@ def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
 def test_a_promoted_group_stays_promoted_on_every_node_across_kills_and_restarts(
     etcd: EtcdProcess, tmp_path: Path
 ) -> None:
-    source_root, site = tmp_path / "source", tmp_path / "site"
-    source_root.mkdir()
-    site.mkdir()
-    source = GatewayProcess(source_root, streams=(STREAM,))
+    source_root, site, source = source_and_site(tmp_path)
     nodes: list[Node] = []
     mirror_log = tmp_path / "mirror.log"
     mirror = None
     try:
         with side(source_root) as source_side:
             client = Etcd(etcd.url)
-            nodes = [Node(site, "n0", etcd.url)]
-            leader(client, nodes)  # n1 joins as a follower: it never hears a mirror session before the promotion
-            nodes.append(Node(site, "n1", etcd.url))
+            start_group(site, etcd.url, client, nodes)  # n1: it never hears a mirror session before the promotion
             to = ",".join(n.ingest for n in nodes)
             publish([source.ingest], range(1, 301))
             with open(mirror_log, "ab") as log:
@@ -214,3 +227,61 @@ def test_the_groups_promotions_are_written_only_by_its_leader_and_a_leaders_own_
     client.delete(leader_key)  # deposed: it reads the group's promotions, and adds none
     assert take_promotions(prefix, {"u": Promotion(1)}, leader_key, epoch, client) == known
     assert client.get(f"{prefix}u") is None
+
+
+def wait_source(node: Node, source: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while read_source(node.root / STREAM) != source:
+        assert time.monotonic() < deadline, f"node {node.name} keeps no mirror source"
+        time.sleep(0.05)
+
+
+def test_a_mirror_group_restarted_whole_lists_its_source_with_no_mirror_running(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    source_root, site, source = source_and_site(tmp_path)
+    nodes: list[Node] = []
+    mirror_log = tmp_path / "mirror.log"
+    try:
+        with side(source_root) as source_side:
+            client = Etcd(etcd.url)
+            start_group(site, etcd.url, client, nodes)
+            publish([source.ingest], range(1, 101))
+            with open(mirror_log, "ab") as log:
+                mirror = subprocess.Popen([sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source",
+                                           source_side.endpoint, "--to", ",".join(n.ingest for n in nodes),
+                                           "--stream", STREAM, "--timeout", "2s"], stderr=log)  # fmt: skip
+            try:
+                wait_records(nodes, 100)
+                wait_copies(client, nodes, A.MIRROR, source_side.endpoint)
+                for node in nodes:  # the leader's from its session, the follower's as learnt from the group
+                    wait_source(node, source_side.endpoint)
+            finally:
+                mirror.send_signal(signal.SIGTERM)
+                assert mirror.wait(15) == 0, mirror_log.read_text()
+
+            # the whole group down, and the group's record of the source gone with it: no mirror runs
+            for node in nodes:
+                node.kill9()
+            sources_key = f"{group_key([STREAM])}/sources/{STREAM}"
+            client.delete(sources_key)
+            for node in nodes:
+                node.start()
+            wait_copies(client, nodes, A.MIRROR, source_side.endpoint)  # from the marks, at once
+            first = leader(client, nodes)
+            deadline = time.monotonic() + WAIT_S
+            while client.get(sources_key) != source_side.endpoint:  # the new leader records it for the group
+                assert time.monotonic() < deadline, "the new leader did not record the source for the group"
+                time.sleep(0.05)
+
+            # a follower that lost its mark learns the source from the group, and keeps it again
+            second = next(n for n in nodes if n is not first)
+            second.kill9()
+            (second.root / STREAM / "mirror-source").unlink()
+            second.start()
+            wait_source(second, source_side.endpoint)
+            wait_copies(client, nodes, A.MIRROR, source_side.endpoint)
+    finally:
+        source.stop()
+        for node in nodes:
+            node.close()

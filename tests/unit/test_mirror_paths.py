@@ -143,3 +143,30 @@ def test_a_gap_or_a_trim_names_the_records_gone() -> None:
     gap.on(M.Arrived(0, batch(7, 9)), 0.1)  # the source's first retained is 7
     assert gap.gone == (1, 6, 7)
     assert released(gap) == []
+
+
+def test_each_paths_tally_counts_what_was_taken_from_it_and_the_live_first_arrivals() -> None:
+    """Rule 10: the records released from each path sum to what was handed out; live, the copy that won counts."""
+    tallies = [M.PathTally() for _ in range(2)]
+    core = M.SourcePathsCore(2, 0, chunk=10, depth=1, tallies=tallies)
+    core.on(M.Up(0), 0.0)
+    core.on(M.Up(1), 0.0)
+    assert [t.up for t in tallies] == [True, True]
+    assert [(f.path, f.first) for f in take(core) if isinstance(f, M.Fetch)] == [(0, 1), (1, 11)]
+    core.on(M.Arrived(1, batch(11, 15)), 0.1)
+    core.on(M.Ended(1, 15), 0.1)  # the head is 15
+    core.on(M.Arrived(0, batch(1, 10)), 0.2)
+    core.on(M.Ended(0, 10), 0.2)
+    assert sorted(s.path for s in take(core) if isinstance(s, M.Subscribe)) == [0, 1]
+    core.on(M.Arrived(0, batch(16, 20)), 0.3)
+    core.on(M.Arrived(1, batch(16, 22)), 0.4)  # 16..20 dropped, 21..22 won by path 1
+    core.on(M.Arrived(0, batch(21, 22)), 0.5)  # dropped
+    assert released(core) == [(1, 10), (11, 15), (16, 20), (21, 22)]
+    assert [t.records for t in tallies] == [10 + 5, 5 + 2]  # their sum: the 22 handed out
+    assert [t.first_arrivals for t in tallies] == [5, 2]
+    assert tallies[1].bytes == len(batch(11, 15).buf) + len(batch(16, 22).buf)
+    assert [t.arrived_at for t in tallies] == [0.5, 0.4]
+    core.on(M.Down(1), 0.6)
+    assert not tallies[1].up and tallies[1].reopens == 0
+    assert M.Open(1) in take(core, 0.6 + M.BACKOFF_MIN_S)  # opened again after its backoff: one reconnect
+    assert tallies[1].reopens == 1 and tallies[1].records == 7
