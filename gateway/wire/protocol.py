@@ -603,6 +603,12 @@ def _decode_publish(mv: memoryview) -> Command:
     return Publish(mv[4:key_end].tobytes().decode(), mv[body_start:])
 
 
+def _decode_publish_batch(mv: memoryview) -> Command:
+    if 7 + _U32.unpack_from(mv, 3)[0] != len(mv):
+        raise ValueError
+    return PublishBatch(mv[7:])
+
+
 def _nbytes(body: Buffer) -> int:
     """Byte size of a chunk; len() of a memoryview counts items, which differ from bytes for non-"B" formats."""
     return len(body) if type(body) is bytes else memoryview(body).nbytes
@@ -620,7 +626,11 @@ def _encode_publish(cmd: Publish) -> bytes:
     return b"".join((head, key, _U32.pack(_nbytes(body)), body))
 
 
-_FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {7: _decode_deliver, 6: _decode_publish}
+_FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {
+    7: _decode_deliver,
+    6: _decode_publish,
+    21: _decode_publish_batch,  # a Publisher's every batch
+}
 _FAST_ENCODE: Final[dict[type[Command], Callable[..., bytes]]] = {
     Deliver: _encode_deliver,
     Publish: _encode_publish,
