@@ -576,6 +576,7 @@ def _spec(row: tuple[int, str, type[Command], str | None, Sender]) -> CommandSpe
 COMMANDS: Final[Mapping[int, CommandSpec]] = MappingProxyType({row[0]: _spec(row) for row in _TABLE})
 _BY_ID: Final = {cmd_id: _compile(spec) for cmd_id, spec in COMMANDS.items()}
 _BY_CLASS: Final = {c.spec.cls: c for c in _BY_ID.values()}
+_ONE_CHUNK: Final = frozenset(c.spec.cls for c in _BY_ID.values() if [w for _, w in c.spec.fields] == [Wire.CHUNK])
 
 # --- fast paths for the per-record commands; they handle well-formed input only and hand anything odd to
 # the generic path, which then produces the exact error, so both paths accept exactly the same frames. ---
@@ -665,7 +666,7 @@ def head_of(cls: type[Command], chunk_size: int) -> bytes:
     """The frame of `cls`, a command whose one field is a chunk of `chunk_size` bytes, up to that chunk: a sender
     that builds the chunk in its own buffer writes this in front and sends the same bytes encode() would."""
     compiled = _BY_CLASS[cls]
-    if [wire for _, wire in compiled.spec.fields] != [Wire.CHUNK]:
+    if cls not in _ONE_CHUNK:
         raise TypeError(f"{cls.__name__} is not a command of one chunk field")
     if not 0 <= chunk_size <= MAX_CHUNK:
         raise ProtocolError(f"{compiled.spec.name} chunk of {chunk_size} bytes, max {MAX_CHUNK}")
