@@ -56,7 +56,8 @@ def settle(machine: M, table: Mapping[S, Row[M, S]], state: S, event: object, ki
     handler = row.on.get(type(event) if kind is None else kind)
     if handler is not None:
         handler(machine, event)
-    state, row = _transitions(machine, table, state, row)
+    if row.go:  # a state without transitions stays (the handshake's NEGOTIATED, for every command after it)
+        state, row = _transitions(machine, table, state, row)
     if row.timers:  # without timers nothing changed since the transitions were looked at
         for timer in row.timers:
             timer(machine)

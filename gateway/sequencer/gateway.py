@@ -375,6 +375,8 @@ class Gateway:
         for n in range(1, limit + 1):
             if n % DRAIN_CHECK == 0 and (time.monotonic() > until or self._publishers_wait()):
                 return
+            if n == 2 and not ingest_ready(self.router):  # at a low rate a drain holds one command: ZMQ_EVENTS
+                return  # says so for less than the zmq.Again that reading nothing raises (issue #32)
             frames = take(self.router)
             if frames is None:
                 return
@@ -466,12 +468,9 @@ class Gateway:
             batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
         lane.owe(identity, batch.count, confirm)
         sealed = self._journal(lane, batch, dups)
-        if sealed is not None and producer is not None:
-            last = lane.writer.last_seq  # `sealed` is `batch` resequenced: a view of it needs no walk
-            view = B.Batch(
-                memoryview(sealed), batch.count, last - batch.count + 1, last, lane.writer.last_ts_ns, batch.flags
-            )
-            lane.producers.journaled(view)
+        if sealed is not None and producer is not None:  # its records up to the batch's last are journaled now
+            writer = lane.writer
+            lane.producers.note(producer[0], producer[1] + dups + batch.count - 1, writer.last_seq, writer.last_ts_ns)
 
     def _flush(self, lane: Lane) -> None:
         if not lane.pending:

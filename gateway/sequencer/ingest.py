@@ -289,7 +289,7 @@ class Ingest:
         if producer is not None and P.FEATURE_PRODUCER not in features:
             self._refuse("a PUBLISH-BATCH with a producer header needs the 'producer' extension")
             return
-        payload = batch.nbytes - batch.header_size - batch.count * batch.overhead  # keys and bodies
+        payload = batch.payload_bytes
         if payload > (limit := self.config.max_message_bytes):
             self._refuse(f"batch of {payload} bytes of keys and bodies is over the limit of {limit}")
             return

@@ -75,10 +75,19 @@ class ProducerTable:
         if producer is None or not batch.count:
             return
         pid, first = producer
-        self._by_id[pid] = Producer(first + batch.count - 1, batch.last_seq, batch.ts_ns)
+        self.note(pid, first + batch.count - 1, batch.last_seq, batch.ts_ns)
+
+    def note(self, pid: int, last_pseq: int, last_seq: int, ts_ns: int) -> None:
+        """Producer `pid`'s record `last_pseq` is journaled now, at stream sequence `last_seq`, journal time
+        `ts_ns` (what `journaled` reads from a batch; the gateway's live path knows it without one)."""
+        known = self._by_id.get(pid)
+        if known is None:
+            self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns)
+            while len(self._by_id) > self.capacity:
+                self._by_id.popitem(last=False)
+            return
+        known.last_pseq, known.last_seq, known.seen_ns = last_pseq, last_seq, ts_ns  # updated in place, per batch
         self._by_id.move_to_end(pid)
-        while len(self._by_id) > self.capacity:
-            self._by_id.popitem(last=False)
 
     def expire(self, now_ns: int) -> int:
         """Forget producers silent since before now_ns - expiry_ns; how many were."""

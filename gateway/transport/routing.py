@@ -25,10 +25,13 @@ _RCVMORE = int(zmq.RCVMORE)
 def take(sock: zmq.Socket) -> list[bytes] | None:
     """The next message's frames (the sender's identity first), or None when none is queued."""
     try:
-        frames = [sock.recv(_NOBLOCK)]
+        identity = sock.recv(_NOBLOCK)
     except zmq.Again:
         return None
-    while sock.get(_RCVMORE):  # the parts of a message arrive together: these never wait
+    # A ROUTER puts the identity in front of a message of at least one part, so one part always follows it; the
+    # parts of a message arrive together: these never wait. (Each get() builds a pyzmq enum: one saved a message.)
+    frames = [identity, sock.recv(_NOBLOCK)]
+    while sock.get(_RCVMORE):
         frames.append(sock.recv(_NOBLOCK))
     return frames
 

@@ -136,6 +136,12 @@ class Batch:
         return _header_size(self.flags)
 
     @property
+    def payload_bytes(self) -> int:
+        """Bytes of the records' keys and bodies: the batch without its header and record headers."""
+        flags = self.flags
+        return len(self.buf) - _header_size(flags) - self.count * _overhead(flags)
+
+    @property
     def producer(self) -> tuple[int, int] | None:
         """(producer_id, producer_seq of the first record) of a FLAG_PRODUCER batch; None otherwise."""
         if not self.flags & FLAG_PRODUCER:

@@ -576,6 +576,7 @@ def _spec(row: tuple[int, str, type[Command], str | None, Sender]) -> CommandSpe
 COMMANDS: Final[Mapping[int, CommandSpec]] = MappingProxyType({row[0]: _spec(row) for row in _TABLE})
 _BY_ID: Final = {cmd_id: _compile(spec) for cmd_id, spec in COMMANDS.items()}
 _BY_CLASS: Final = {c.spec.cls: c for c in _BY_ID.values()}
+_ONE_CHUNK: Final = frozenset(c.spec.cls for c in _BY_ID.values() if [w for _, w in c.spec.fields] == [Wire.CHUNK])
 
 # --- fast paths for the per-record commands; they handle well-formed input only and hand anything odd to
 # the generic path, which then produces the exact error, so both paths accept exactly the same frames. ---
@@ -603,6 +604,12 @@ def _decode_publish(mv: memoryview) -> Command:
     return Publish(mv[4:key_end].tobytes().decode(), mv[body_start:])
 
 
+def _decode_publish_batch(mv: memoryview) -> Command:
+    if 7 + _U32.unpack_from(mv, 3)[0] != len(mv):
+        raise ValueError
+    return PublishBatch(mv[7:])
+
+
 def _nbytes(body: Buffer) -> int:
     """Byte size of a chunk; len() of a memoryview counts items, which differ from bytes for non-"B" formats."""
     return len(body) if type(body) is bytes else memoryview(body).nbytes
@@ -620,7 +627,11 @@ def _encode_publish(cmd: Publish) -> bytes:
     return b"".join((head, key, _U32.pack(_nbytes(body)), body))
 
 
-_FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {7: _decode_deliver, 6: _decode_publish}
+_FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {
+    7: _decode_deliver,
+    6: _decode_publish,
+    21: _decode_publish_batch,  # a Publisher's every batch
+}
 _FAST_ENCODE: Final[dict[type[Command], Callable[..., bytes]]] = {
     Deliver: _encode_deliver,
     Publish: _encode_publish,
@@ -655,7 +666,7 @@ def head_of(cls: type[Command], chunk_size: int) -> bytes:
     """The frame of `cls`, a command whose one field is a chunk of `chunk_size` bytes, up to that chunk: a sender
     that builds the chunk in its own buffer writes this in front and sends the same bytes encode() would."""
     compiled = _BY_CLASS[cls]
-    if [wire for _, wire in compiled.spec.fields] != [Wire.CHUNK]:
+    if cls not in _ONE_CHUNK:
         raise TypeError(f"{cls.__name__} is not a command of one chunk field")
     if not 0 <= chunk_size <= MAX_CHUNK:
         raise ProtocolError(f"{compiled.spec.name} chunk of {chunk_size} bytes, max {MAX_CHUNK}")
