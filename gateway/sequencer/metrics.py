@@ -1,16 +1,14 @@
 """The gateway's Prometheus metrics (`zeps_gateway_*`; conventions in gateway.transport.metrics).
 
 Every stream, multicast endpoint and rejection kind is exported at 0 from the start. Counters on the ingest
-path are `Tally`s, and its histogram `Observations`, moved once per pass of the gateway's loop
-(`GatewayMetrics.post`), not per batch: a child's inc() takes a lock and costs about as much as handling a record
-(a histogram's observe() two of them and a walk of its buckets), and with many small publishers (issue #32) a
+path are `Tally`s, moved once per pass of the gateway's loop (`GatewayMetrics.post`), not per batch: a child's
+inc() takes a lock and costs about as much as handling a record, and with many small publishers (issue #32) a
 batch is one record. What is state rather than an event (a stream's head and producers, a multicast queue's depth)
 is read when scraped.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sized
 from typing import Protocol
 
@@ -73,37 +71,6 @@ class Tally:
             self.n = 0
 
 
-class Observations:
-    """A histogram child that the loop's thread observes into plain integers, as a Tally counts: `post` moves
-    the child's buckets and sum by what was observed since (through its own value holders, the ones observe()
-    moves, so a scrape reads the same series; tests/unit/test_metric_series.py compares the two)."""
-
-    __slots__ = ("bounds", "child", "counts", "n", "total")
-
-    def __init__(self, child: Histogram) -> None:
-        self.child = child
-        self.bounds: list[float] = list(child._upper_bounds)  # ascending, +Inf last: every amount has a bucket
-        self.counts = [0] * len(self.bounds)
-        self.total = 0.0
-        self.n = 0
-
-    def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bucket whose bound is >= amount
-        self.total += amount
-        self.n += 1
-
-    def post(self) -> None:
-        if not self.n:
-            return
-        self.child._sum.inc(self.total)
-        for bucket, count in zip(self.child._buckets, self.counts, strict=True):
-            if count:
-                bucket.inc(count)
-        self.counts = [0] * len(self.bounds)
-        self.total = 0.0
-        self.n = 0
-
-
 class HasHead(Protocol):
     @property
     def last_seq(self) -> int: ...
@@ -121,7 +88,7 @@ class StreamSeries:
         self.published = m.tally(m.published.labels(stream))
         self.journaled = m.tally(m.journaled.labels(stream))
         self.journaled_bytes = m.tally(m.journaled_bytes.labels(stream))
-        self.batch_records = m.observations(m.batch_records.labels(stream))
+        self.batch_records = m.batch_records.labels(stream)
         self.fsync_seconds = m.fsync_seconds.labels(stream)
         self.journal_full = m.journal_full.labels(stream)
         self.publishers = m.publishers.labels(stream)
@@ -243,7 +210,7 @@ class GatewayMetrics(Metrics):
             registry=r,
         )
         self.send_errors = SendErrors("gateway", SEND_OPS, r)
-        self._tallies: list[Tally | Observations] = []
+        self._tallies: list[Tally] = []
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.replies_dropped, *((k,) for k in DROPPED_REASONS))
         self.streams = {name: StreamSeries(self, name) for name in streams}
@@ -253,11 +220,6 @@ class GatewayMetrics(Metrics):
         """`child` as a Tally, posted by `post`."""
         self._tallies.append(tally := Tally(child))
         return tally
-
-    def observations(self, child: Histogram) -> Observations:
-        """`child` as Observations, posted by `post`."""
-        self._tallies.append(observations := Observations(child))
-        return observations
 
     def post(self) -> None:
         """Move every Tally's counter by what the loop added since the last post: once per pass of the loop."""

@@ -63,20 +63,3 @@ def test_top_computes_rates_and_lists_moved_error_counters() -> None:
     # Without a previous scrape, or across a restart (a counter went down), there is no rate.
     assert _Scrape(samples(m), None, 0.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
     assert _Scrape(before, samples(m), 1.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
-
-
-def test_observations_post_the_series_that_observe_would() -> None:
-    """The ingest's histogram is observed into plain integers and posted once per pass: a scrape after the post
-    reads what observe() on the child itself would have made, bucket by bucket (edges included) and sum."""
-    amounts = [1, 1, 2, 4, 5, 10, 64, 65, 4096, 4097, 100_000, 0]
-    direct, tallied = GatewayMetrics(["a"]), GatewayMetrics(["a"])
-    child = direct.batch_records.labels("a")
-    for amount in amounts:
-        child.observe(amount)
-        tallied.streams["a"].batch_records.observe(amount)
-    assert samples(tallied)["zeps_gateway_batch_records_count"] == [({"stream": "a"}, 0.0)]  # not posted yet
-    tallied.post()
-    tallied.post()  # nothing new: moves nothing
-    name = "zeps_gateway_batch_records"
-    for suffix in ("_bucket", "_count", "_sum"):
-        assert samples(tallied)[name + suffix] == samples(direct)[name + suffix]
