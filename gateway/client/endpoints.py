@@ -97,10 +97,11 @@ class Endpoints:
         return self._delay
 
     def _next_answering(self) -> int:
-        """The next endpoint in order that has not failed without an answer; the next one, if all have."""
+        """The next other endpoint in order that has not failed without an answer; the next one, if all have
+        (never the current one again: a server that keeps refusing must not hide the others for good)."""
         n = len(self.all)
         return next(
-            ((self.at + i) % n for i in range(1, n + 1) if self.all[(self.at + i) % n] not in self.silent),
+            ((self.at + i) % n for i in range(1, n) if self.all[(self.at + i) % n] not in self.silent),
             (self.at + 1) % n,
         )
 

@@ -102,3 +102,19 @@ def test_an_endpoint_that_went_silent_is_passed_over_while_others_answer() -> No
     assert tries(silent, 4) == [B, C, A, B]  # every one silent: in order, as before
     silent.succeeded()
     assert not silent.silent
+
+
+def test_a_refusing_endpoint_does_not_hide_the_silent_ones_for_good() -> None:
+    # A and C failed without an answer; B refuses again and again: the rotation still goes on to the others.
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed()  # A silent
+    e.failed()  # B silent
+    e.failed()  # C silent: every one has failed without an answer
+    assert e.current == A
+    e.failed()
+    assert e.current == B
+    e.failed("too many clients; retry later")  # B refused: C next, silent or not
+    assert e.current == C
+    e.failed()
+    e.failed("too many clients; retry later", answered=True)  # A answered: the others are still tried
+    assert e.current == B
