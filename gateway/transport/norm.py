@@ -170,9 +170,8 @@ class _Session:
 
     def events(self) -> Iterator[tuple[int, int | None]]:
         """Pending NORM events as (type, object handle), without waiting: at most EVENTS_PER_CALL, so that a
-        caller's turn ends while NORM posts faster than it takes them (the descriptor stays readable for the
-        rest). Unbounded, a subscriber under a NORM backlog never left this loop: it read no stream, and NORM
-        went on posting (`zeps bench chaos --transport norm --faults 100 --seed=328782784`, twice)."""
+        caller's turn ends (and reads its streams) while NORM posts faster than it takes them; the descriptor
+        stays readable for the rest."""
         get, instance, event = self.lib.NormGetNextEvent, self.instance, self.event
         for _ in range(EVENTS_PER_CALL):
             if not get(instance, ctypes.byref(event), False):
