@@ -56,7 +56,7 @@ NORM_RX_OBJECT_ABORTED = 21
 
 CLOCK_STEP_S = 1.0  # a wall clock stepped back further restarts a sender (`NormSender._restart_if_clock_went_back`)
 _READ_CHUNK = 256 * 1024
-EVENTS_PER_CALL = 1024  # NORM events one call takes at most (`_Session.events`)
+_EVENTS_PER_CALL = 1024  # NORM events one call takes at most (`_Session.events`)
 _READS_PER_CALL = 64  # then other streams and the caller get a turn; the rest is read on the next call
 
 
@@ -169,11 +169,11 @@ class _Session:
         self.event = _Event()
 
     def events(self) -> Iterator[tuple[int, int | None]]:
-        """Pending NORM events as (type, object handle), without waiting: at most EVENTS_PER_CALL, so that a
+        """Pending NORM events as (type, object handle), without waiting: at most _EVENTS_PER_CALL, so that a
         caller's turn ends (and reads its streams) while NORM posts faster than it takes them; the descriptor
         stays readable for the rest."""
         get, instance, event = self.lib.NormGetNextEvent, self.instance, self.event
-        for _ in range(EVENTS_PER_CALL):
+        for _ in range(_EVENTS_PER_CALL):
             if not get(instance, ctypes.byref(event), False):
                 return
             yield event.type, event.object
