@@ -27,12 +27,13 @@ import os
 import select
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import zmq
 
 from gateway.errors import NormError
+from gateway.transport import norm_filter
 from gateway.transport.pollable import PolledByFd, again
 from gateway.wire.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
 
@@ -167,6 +168,16 @@ class _Session:
             self.close()
             raise NormError(f"NormSetMulticastInterface({interface!r}) failed: name an interface of this host")
         self.event = _Event()
+        self.where = f"{interface};{group}:{port}"
+
+    def start(self, start: Callable[[], bool]) -> bool:
+        """Start sending or receiving (`start` calls NormStartSender or NormStartReceiver) behind the socket
+        filter of gateway.transport.norm_filter: one malformed datagram would hang libnorm for good."""
+        try:
+            return norm_filter.guarded(start, f"NORM session on {self.where}")
+        except NormError:
+            self.close()
+            raise
 
     def events(self) -> Iterator[tuple[int, int | None]]:
         """Pending NORM events as (type, object handle), without waiting: at most _EVENTS_PER_CALL, so that a
@@ -227,14 +238,16 @@ class NormSender:
         lib_.NormSetTxRate(session, settings.rate_kbps * 1000.0)
         lib_.NormSetGrttEstimate(session, settings.grtt_s)
         lib_.NormSetBackoffFactor(session, settings.backoff)
-        ok = lib_.NormStartSender(
-            session,
-            lib_.NormGetRandomSessionId(),
-            settings.buffer_bytes,
-            settings.segment_bytes,
-            settings.block_segments,
-            settings.parity_segments,
-            0,
+        ok = self._s.start(
+            lambda: lib_.NormStartSender(
+                session,
+                lib_.NormGetRandomSessionId(),
+                settings.buffer_bytes,
+                settings.segment_bytes,
+                settings.block_segments,
+                settings.parity_segments,
+                0,
+            )
         )
         if not ok:
             self._s.close()
@@ -378,7 +391,7 @@ class NormReceiver(PolledByFd):
         self._s = _Session(interface, group, port, settings)
         lib_, session = self._s.lib, self._s.session
         lib_.NormSetDefaultSyncPolicy(session, NORM_SYNC_CURRENT)
-        if not lib_.NormStartReceiver(session, settings.buffer_bytes):
+        if not self._s.start(lambda: lib_.NormStartReceiver(session, settings.buffer_bytes)):
             self._s.close()
             raise NormError(f"NormStartReceiver failed on {interface};{group}:{port}: check the interface address")
         lib_.NormSetRxSocketBuffer(session, settings.socket_buffer_bytes)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -186,6 +188,42 @@ def test_lost_packets_are_repaired(make_lab) -> None:
     ready.get(timeout=WAIT_S)
     go.set()
     got = sub.result(timeout=2 * WAIT_S)
+    done.set()
+    sender.result(timeout=WAIT_S)
+    assert got == {"first": 0, "received": count, "problem": None, "breaks": 0}
+
+
+def forged(msg_type: int, fec_id: int, source_id: int) -> bytes:
+    """A NORM_INFO (1) or NORM_DATA (2) from a new sender whose one header extension (type 1) says 0 bytes:
+    libnorm 1.5.9's walk over the extensions (for the sender's FEC information) never ends on it."""
+    base = 16 if msg_type == 1 else 16 + (8 if fec_id == 129 else 4)
+    common = struct.pack("!BBHIHBBBBH", 0x10 | msg_type, (base + 4) // 4, 1, source_id, 7, 0, 0, 0, fec_id, 1)
+    return common + bytes(base - len(common)) + bytes([1, 0, 0, 0]) + b"payload"
+
+
+def send_datagrams(group: str, port: int, payloads: list[bytes]) -> int:
+    """From a lab host: each payload as one UDP datagram to the group, as any host on the LAN could."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
+        for payload in payloads:
+            sock.sendto(payload, (group, port))
+    return len(payloads)
+
+
+def test_a_malformed_header_extension_does_not_hang_receivers(make_lab) -> None:
+    """One datagram with a zero-length header extension hung libnorm's protocol thread for good, holding its
+    lock (issue #34: junk #4995 of chaos seed 328782784 was one). The receiver's socket filter
+    (gateway.transport.norm_filter) drops it; the feed goes on."""
+    lab = make_lab(["pub", "sub", "rogue"])
+    count = 200
+    ready, go, done = MP.Queue(), MP.Event(), MP.Event()
+    sub = lab.start("sub", receive, endpoint(lab, "sub"), count, ready)
+    sender = lab.start("pub", send, endpoint(lab, "pub"), Tuning(rate_kbps=20_000), 0, count, go, done, 200.0)
+    ready.get(timeout=WAIT_S)
+    packets = [forged(1, 2, 0x0BAD0001), forged(2, 5, 0x0BAD0002), forged(2, 129, 0x0BAD0003)]
+    assert lab.run("rogue", send_datagrams, lab.group(1), PORT, packets) == len(packets)
+    go.set()
+    got = sub.result(timeout=WAIT_S + 10)
     done.set()
     sender.result(timeout=WAIT_S)
     assert got == {"first": 0, "received": count, "problem": None, "breaks": 0}
