@@ -101,6 +101,8 @@ def _load() -> ctypes.CDLL:
         "NormStreamSeekMsgStart": (_BOOL, [_VOIDP]),
         "NormObjectGetType": (ctypes.c_int, [_VOIDP]),
         "NormSetRxLoss": (None, [_VOIDP, ctypes.c_double]),
+        "NormGetRxPort": (_U16, [_VOIDP]),
+        "NormGetTxPort": (_U16, [_VOIDP]),
     }
     for fn, (restype, argtypes) in signatures.items():
         func = getattr(lib, fn)
@@ -174,10 +176,13 @@ class _Session:
         """Start sending or receiving (`start` calls NormStartSender or NormStartReceiver) behind the socket
         filter of gateway.transport.norm_filter: one malformed datagram would hang libnorm for good."""
         try:
-            return norm_filter.guarded(start, f"NORM session on {self.where}")
+            return norm_filter.guarded(start, self._ports, f"NORM session on {self.where}")
         except NormError:
             self.close()
             raise
+
+    def _ports(self) -> set[int]:
+        return {self.lib.NormGetRxPort(self.session), self.lib.NormGetTxPort(self.session)}
 
     def events(self) -> Iterator[tuple[int, int | None]]:
         """Pending NORM events as (type, object handle), without waiting: at most _EVENTS_PER_CALL, so that a

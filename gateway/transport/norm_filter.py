@@ -6,15 +6,15 @@ others. An extension of a type below 128 whose length byte is 0 never moves the 
 the extensions (the FEC information of a new sender's NORM_DATA/INFO in `NormSenderNode::GetFtiData`, the
 congestion control, FLUSH, ACK and NACK handlers) then spins for good in libnorm's protocol thread, holding
 the instance's lock: no API call returns again. One datagram does it, from any host, with any source id:
-one random datagram in about 200,000 (the chaos campaign's junk #4995 of seed 328782784 is one). Nothing
+one random datagram in about 220,000 (the chaos campaign's junk #4995 of seed 328782784 is one). Nothing
 upstream checks it (the walk is unchanged in NORM's master).
 
 The filter (classic BPF, SO_ATTACH_FILTER, on each UDP socket libnorm opens for a session) walks the header
 extensions as libnorm does, from the base header length of the message's type (RFC 5740, libnorm's
 `NormMsg::InitFromBuffer`), and drops the datagram when an extension has a zero length or when
-MAX_EXTENSIONS steps do not reach the end of the header (libnorm itself sends at most two). It also drops
-what libnorm rejects anyway: unknown types, command flavors and FEC ids, and datagrams shorter than what the
-walk reads. Everything else, so every message a libnorm peer sends, passes unchanged.
+MAX_EXTENSIONS steps do not reach the end of the header (libnorm's own messages carry one or two). It also
+drops what libnorm rejects anyway: unknown types, command flavors and FEC ids, and datagrams shorter than
+what the walk reads. Everything else, so every message a libnorm peer sends, passes unchanged.
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def attach(fd: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def _udp_sockets() -> set[tuple[int, int]]:
-    """(fd, inode) of this process's IPv4 datagram sockets."""
-    found = set()
+def _udp_sockets() -> dict[tuple[int, int], int]:
+    """This process's IPv4 datagram sockets: (fd, inode) -> the local port each is bound to."""
+    found = {}
     for name in os.listdir("/proc/self/fd"):
         try:
             link = os.readlink(f"/proc/self/fd/{name}")
@@ -129,21 +129,23 @@ def _udp_sockets() -> set[tuple[int, int]]:
                 continue
             with socket.socket(fileno=os.dup(int(name))) as sock:
                 if sock.family == socket.AF_INET and sock.type == socket.SOCK_DGRAM:
-                    found.add((int(name), int(link[8:-1])))
+                    found[int(name), int(link[8:-1])] = sock.getsockname()[1]
         except OSError:
             continue  # closed meanwhile
     return found
 
 
-def guarded(start: Callable[[], bool], what: str) -> bool:
+def guarded(start: Callable[[], bool], ports: Callable[[], set[int]], what: str) -> bool:
     """Call `start` (NormStartReceiver or NormStartSender) and filter the UDP sockets it opened.
 
-    libnorm names no socket of a session, so they are found as the IPv4 datagram sockets that appeared
-    during the call. Raises NormError when it opened none (then they cannot be guarded)."""
+    libnorm names no socket of a session, only its ports (`ports`: NormGetRxPort, NormGetTxPort): its sockets
+    are the IPv4 datagram sockets that appeared during the call, bound to one of them (a socket another thread
+    opened meanwhile is on another port). Raises NormError when none is found (then none can be guarded)."""
     before = _udp_sockets()
     if not start():
         return False
-    opened = sorted(fd for fd, _ in _udp_sockets() - before)
+    wanted = ports()
+    opened = sorted(fd for (fd, inode), port in _udp_sockets().items() if (fd, inode) not in before and port in wanted)
     if not opened:
         raise NormError(f"{what}: found no socket of the NORM session to filter (is /proc mounted?)")
     for fd in opened:
