@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from gateway.mcast import Endpoint, Tuning, open_pub, open_sub
 from gateway.tools.deployment import Deployment
 from gateway.transport.norm import NormSender
 from netlab import MP, Lab, WallClock
+from netlab.packets import inject
 
 pytestmark = pytest.mark.lab
 
@@ -201,27 +201,16 @@ def forged(msg_type: int, fec_id: int, source_id: int) -> bytes:
     return common + bytes(base - len(common)) + bytes([1, 0, 0, 0]) + b"payload"
 
 
-def send_datagrams(group: str, port: int, payloads: list[bytes]) -> int:
-    """From a lab host: each payload as one UDP datagram to the group, as any host on the LAN could."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 1)
-        for payload in payloads:
-            sock.sendto(payload, (group, port))
-    return len(payloads)
-
-
 def test_a_malformed_header_extension_does_not_hang_receivers(make_lab) -> None:
     """One datagram with a zero-length header extension hung libnorm's protocol thread for good, holding its
     lock (issue #34: junk #4995 of chaos seed 328782784 was one). The receiver's socket filter
     (gateway.transport.norm_filter) drops it; the feed goes on."""
-    lab = make_lab(["pub", "sub", "rogue"])
-    count = 200
-    ready, go, done = MP.Queue(), MP.Event(), MP.Event()
+    lab, count, ready, go, done = make_lab(["pub", "sub", "rogue"]), 200, MP.Queue(), MP.Event(), MP.Event()
     sub = lab.start("sub", receive, endpoint(lab, "sub"), count, ready)
     sender = lab.start("pub", send, endpoint(lab, "pub"), Tuning(rate_kbps=20_000), 0, count, go, done, 200.0)
     ready.get(timeout=WAIT_S)
-    packets = [forged(1, 2, 0x0BAD0001), forged(2, 5, 0x0BAD0002), forged(2, 129, 0x0BAD0003)]
-    assert lab.run("rogue", send_datagrams, lab.group(1), PORT, packets) == len(packets)
+    forgeries = [forged(1, 2, 0x0BAD0001), forged(2, 5, 0x0BAD0002), forged(2, 129, 0x0BAD0003)]
+    assert inject(lab, "rogue", lab.group(1), PORT, payloads=forgeries) == len(forgeries)  # any host could
     go.set()
     got = sub.result(timeout=WAIT_S + 10)
     done.set()
