@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -383,14 +384,16 @@ sender.close(500)
 """
 
 
-def arrivals(endpoint: str, seconds: float) -> list[tuple[int, float]]:
-    """(number, time.monotonic()) of each message received within `seconds`."""
+def arrivals(endpoint: str, seconds: float, receiving: Path) -> list[tuple[int, float]]:
+    """(number, time.monotonic()) of each message received within `seconds`; `receiving` is created at the first."""
     got = []
     with open_sub(zmq.Context.instance(), Endpoint.parse(endpoint), Tuning(), [STREAM.decode()]) as sub:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if sub.poll(100):
                 got.append((int(sub.recv_multipart()[1]), time.monotonic()))
+                if len(got) == 1:
+                    receiving.touch()
     return got
 
 
@@ -399,12 +402,15 @@ def test_a_sender_whose_wall_clock_steps_back_keeps_sending(make_lab, tmp_path) 
     (its stream full, a gateway's publishers waiting: issue #34). The sender restarts on the new clock."""
     lab = make_lab(["pub", "sub"])
     clock = WallClock(tmp_path / "clock")
-    sub = lab.start("sub", arrivals, endpoint(lab, "sub"), 9.0)
+    receiving = tmp_path / "receiving"
+    sub = lab.start("sub", arrivals, endpoint(lab, "sub"), 12.0, receiving)
     time.sleep(1.0)
     start = time.monotonic()
     sender = lab.popen("pub", [sys.executable, "-c", CLOCK_SENDER, endpoint(lab, "pub"), "6"], env=clock.env(),
                        stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(2.0)
+    while not receiving.exists() and time.monotonic() < start + 5.0:  # a loaded host starts the two slowly
+        time.sleep(0.05)
+    time.sleep(1.0)
     clock.step(-30.0)
     stepped = time.monotonic()
     _, err = sender.communicate(timeout=WAIT_S)
