@@ -223,7 +223,7 @@ class Publisher:
         if wake is None:  # the buffer is full: wait for room, then it fits (one application thread adds)
             self._wait_for_room(len(kb) + len(data), self.timeout if timeout is None else timeout)
             wake = acc.add(kb, data, ttl_ms)
-        if wake and self._io.idle and not self._io.send_now():
+        if wake and self._io.idle:
             self._io.wake()
 
     def publish_many(self, keys: Sequence[str], bodies: Sequence[bytes], *, timeout: float | None = None) -> None:

@@ -105,8 +105,6 @@ class PublisherThread:
         self._handshake: Handshake | None = None
         self._several = False
         self.idle = False  # about to wait in poll: only then does a record queued need a wake-up
-        self.lock = threading.Lock()  # the socket's and the session's: the IO thread's but while it polls
-        self._direct = False  # polling, nothing in flight: the application thread may send (send_now)
         self._unusable: Rejected | Dropped | None = None  # a connect that failed, for the session after its actions
         self._open_failed = False  # the last socket could not be opened (said once until one opens again)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -147,41 +145,31 @@ class PublisherThread:
         directory = self._directory
         if directory is not None:
             poller.register(directory, zmq.POLLIN)
-        watched: tuple[int | None, zmq.Socket | None] = (None, None)
-        self.lock.acquire()  # held but while waiting in poll
+            self._feed(self._listing())
+        watched: tuple[zmq.Socket | None, zmq.Socket | None] = (None, None)
         try:
-            if directory is not None:
-                self._feed(self._listing())
             while not self._finished():
                 wait = self._turn()
                 sock, monitor = self._sock, self._monitor
-                fd = None if sock is None else int(sock.getsockopt(zmq.FD))
-                if (fd, monitor) != watched:  # a new connection, or a new monitor on it
+                if (sock, monitor) != watched:  # a new connection, or a new monitor on it
                     for old in watched:
                         if old is not None:
                             poller.unregister(old)
-                    for new in (fd, monitor):
+                    for new in (sock, monitor):
                         if new is not None:
                             poller.register(new, zmq.POLLIN)
-                    watched = (fd, monitor)
+                    watched = (sock, monitor)
                 self.idle = True  # then look at the queue once more: a record queued since needs no wake-up
                 if self.session.state is State.READY and (due := self.acc.due(time.monotonic())) is not None:
                     wait = min(wait, due)
-                if sock is not None and int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                    wait = 0  # ZMQ_FD is edge-triggered: what our own sends read in stays unsignalled
-                self._direct = self.acc.linger_s == 0 and not self.acc.queue
-                self.lock.release()
-                try:
-                    events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
-                finally:
-                    self.lock.acquire()
-                self.idle = self._direct = False
+                events = dict(poller.poll(max(0, math.ceil(wait * 1000))))
+                self.idle = False
                 if self._wake_fd in events:
                     os.eventfd_read(self._wake_fd)
                 if directory is not None and directory in events:
                     directory.drain()
                     self._feed(self._listing())
-                if sock is not None and sock is self._sock:
+                if sock is not None and sock in events:
                     self._receive()
                 if monitor is not None and monitor in events and monitor is self._monitor:
                     self._drain_monitor()
@@ -196,27 +184,8 @@ class PublisherThread:
             self._close_socket(linger=int(self.timeout * 1000) if detach else 0)
             if self._directory is not None and self._own_directory:
                 self._directory.close()
-            self.lock.release()
             with self.cond:
                 self.cond.notify_all()
-
-    def send_now(self) -> bool:
-        """From the application's thread: send what is queued (the record just queued, alone) on the socket
-        at once, when the IO thread waits in poll with nothing in flight; else False (the caller wakes it)."""
-        if not (self._direct and self.lock.acquire(blocking=False)):
-            return False
-        try:
-            if not (self._direct and self.session.state is State.READY and self._sock is not None):
-                return False
-            if self.stop_asked is not Stop.NOT_ASKED:
-                return False
-            self._direct = False  # what comes next queues behind this send, until the IO thread's turn
-            for records, payload, ttl in self.acc.take(time.monotonic(), True):
-                self._feed(Publish(records, payload, ttl), notify=False)
-        finally:
-            self.lock.release()
-        self.wake()  # its turn: the session's new deadline, what our send read in, and what queues behind it
-        return True
 
     def _finished(self) -> bool:
         """Stopping, and (for a DETACH) nothing left to deliver, or no way to deliver it."""
@@ -348,7 +317,7 @@ class PublisherThread:
         return shake.failure if shake.certainty > 0 or shake.failed >= Handshake.CONCLUSIVE else None
 
     def _receive(self) -> None:
-        while self._sock is not None and int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while self._sock is not None and self._sock.poll(0):
             try:
                 cmd = P.decode(self._sock.recv(zmq.NOBLOCK))
             except P.ProtocolError as exc:
