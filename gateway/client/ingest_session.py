@@ -201,6 +201,7 @@ class IngestSession:
         self.state = State.DOWN
         self.endpoint: str = endpoints.current  # the one in use (or next to try)
         self.features: frozenset[str] = frozenset()
+        self.confirming = False  # "confirm" is in features: a plain attribute, read on every batch
         self.error: PublishError | None = None
         self.sent = 0  # records handed to the gateway at least once
         self.confirmed = 0  # records the gateway confirmed as journaled
@@ -222,10 +223,6 @@ class IngestSession:
         self._closing = False
 
     # --- public surface -----------------------------------------------------------------------------
-
-    @property
-    def confirming(self) -> bool:
-        return P.FEATURE_CONFIRM in self.features
 
     @property
     def step(self) -> str:
@@ -382,6 +379,7 @@ class IngestSession:
         """Attached: re-send every unconfirmed batch, in order; the gateway drops those it has journaled."""
         assert self._opening is not None
         self.features = self._opening.features
+        self.confirming = P.FEATURE_CONFIRM in self.features
         self._opening = None
         self._head_confirmed = 0  # a re-sent batch is confirmed whole
         self._progress_at = self._now
