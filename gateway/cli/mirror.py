@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -78,8 +79,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="the source site's sidecar(s): promotion is refused while one answers")  # fmt: skip
     promote.add_argument("--force", action="store_true", help="promote even if the source answers (or is not named)")
     promote.add_argument("--probe-timeout", type=duration, default=PROBE_S,
-                         help="how long a source sidecar has to answer to count as still there (0.3s)")  # fmt: skip
-    promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for the gateway (default 3s)")
+                         help="how long a source sidecar has to answer (or take the TCP connection) to count as "
+                         "still there (default 0.3s: a WAN round trip up to about 0.15s; give more for a longer "
+                         "one)")  # fmt: skip
+    promote.add_argument("--timeout", type=duration, default=3.0,
+                         help="longest wait for each --gateway node (default 3s): the command ends within "
+                         "--probe-timeout plus this per node")  # fmt: skip
     keyopts.add_client_options(promote)
     promote.check(_source_or_force)
     promote.set_defaults(handler=_promote)
@@ -164,6 +169,10 @@ def _promote(args: argparse.Namespace) -> int:
     until = args.probe_timeout
     refused = {source: threading.Event() for source in args.source or ()}
     probes = [(s, i * until * PROBE_STAGGER) for s in ([] if args.force else refused) for i in range(PROBES)]
+    if probes:
+        say(args, f"zeps mirror promote: waiting at most {until:g} s (--probe-timeout) for the source sidecar(s) "
+                  f"{','.join(refused)}: one that answers refuses the promotion")  # fmt: skip
+    t0 = time.monotonic()
     with ThreadPoolExecutor(max(1, len(probes))) as pool:
         answers = list(pool.map(lambda p: _still_there(p[0], args.stream, p[1], until, refused[p[0]], curve), probes))
     for (source, _), why in zip(probes, answers, strict=True):
@@ -172,8 +181,12 @@ def _promote(args: argparse.Namespace) -> int:
                 f"the source sidecar at {source} {why}: promoting now would fork stream {args.stream}. Promote once "
                 "the source site is gone, or stop its publishers and add --force"
             )
+    if probes:
+        say(args, f"zeps mirror promote: no source sidecar answered (probed for {time.monotonic() - t0:.2f} s)")
     error: PublishError | None = None
     for endpoint in args.gateway:
+        say(args, f"zeps mirror promote: asking the gateway at {endpoint} to promote, at most {args.timeout:g} s "
+                  "(--timeout)")  # fmt: skip
         target = MirrorTarget(endpoint, args.stream, timeout_s=args.timeout, curve=curve)
         try:
             head = target.promote()
