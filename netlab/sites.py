@@ -54,6 +54,8 @@ ROUTER = "router"
 ROUTER_A_IFNAME = "site-a"  # the router's leg on site A; its leg on site B is lab0, as every site B host's
 SITES = ("a", "b")
 WanDirection = Literal["a-to-b", "b-to-a", "both"]
+WanCut = Literal["ebpf", "drop"]
+_FORWARD_DROP = ("FORWARD", "-m", "comment", "--comment", "netlab-wan-cut", "-j", "DROP")  # cut_wan("drop")
 _WAN_DIRECTIONS: dict[str, str] = {"a-to-b": "out", "b-to-a": "in", "both": "both"}
 _NUD_PERMANENT = 0x80  # include/uapi/linux/neighbour.h
 
@@ -92,6 +94,7 @@ class Sites:
         self._wan = wan
         self._tso = tso
         self._up = False
+        self._dropped = False  # cut_wan("drop")'s rule is in the router's FORWARD chain
 
     def __repr__(self) -> str:
         return f"<Sites {self.name or '?'} a={self.a!r} b={self.b!r}>"
@@ -166,6 +169,7 @@ class Sites:
         if not self._up:
             return
         self._up = False
+        self._dropped = False  # the rule goes with the router's namespace
         errors = []
         for lab in (self.b, self.a):  # the router's namespace first: its processes go before site A's links
             try:
@@ -226,15 +230,28 @@ class Sites:
         self._check_up()
         impair.clear(self.b, ROUTER)
 
-    def cut_wan(self) -> None:
-        """Cut the sites apart: every packet across the WAN is dropped, silently (each LAN works on)."""
+    def cut_wan(self, how: WanCut = "ebpf") -> None:
+        """Cut the sites apart: every packet across the WAN is dropped, silently (each LAN works on). ``how``:
+        "ebpf", on the WAN link's wire (netlab's partition); "drop", an iptables DROP of everything the router
+        forwards (its FORWARD chain), as a site's firewall or router cuts it. Either way no RST and no ICMP come
+        back: a connect across hangs until its own timeout."""
         self._check_up()
-        impair.partition(self.b, ROUTER)
+        if how == "drop":
+            if not self._dropped:
+                iptables(self.router.netns, "-I", *_FORWARD_DROP, table="filter")
+                self._dropped = True
+        elif how == "ebpf":
+            impair.partition(self.b, ROUTER)
+        else:
+            raise ValueError(f"a WAN cut is 'ebpf' or 'drop', not {how!r}")
 
     def heal_wan(self) -> None:
-        """Undo :meth:`cut_wan`; the WAN's other impairments stay."""
+        """Undo :meth:`cut_wan`, either way; the WAN's other impairments stay."""
         self._check_up()
         impair.heal(self.b, ROUTER)
+        if self._dropped:
+            iptables(self.router.netns, "-D", *_FORWARD_DROP, table="filter")
+            self._dropped = False
 
     # --- running things on the hosts --------------------------------------------------------------------
 

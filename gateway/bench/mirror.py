@@ -30,6 +30,13 @@ first arrival wins), its runs alternating with the plain WAN row's in one lab.
   the mirror into both until they hold a short history, then the same `zeps mirror promote --force`, given both
   nodes, and one confirmed publish at the group: the promotion adds an etcd transaction (fenced by the epoch)
   before PROMOTE-OK.
+- Promotion after A is cut off at the router (the disaster case as it happens), in the WAN lab, B one node and B
+  a group of two: fresh sites, the mirror running into B until it holds a short history, then an iptables DROP
+  of everything the router forwards (no RST, no ICMP: a connect to A hangs), and at once `zeps mirror promote
+  --source A` (no `--force`: the command must find A gone within its `--probe-timeout`) and one confirmed publish
+  at B. Timed from the command's start and from the cut (the rule in place) to that confirm: the latter is the
+  outage a publisher at B sees if the operator acts at once. `zeps bench mirror --promotion-only` runs the
+  promotion rows of their own (these two and the group's, not the links' runs).
 """
 
 from __future__ import annotations
@@ -102,8 +109,24 @@ LINKS = (
     Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"),
 )
 GROUP_NODES = ("b-n1", "b-n2")  # site B as a group (the promotion of a group)
-GROUP = "LAN to LAN, B a group of 2"
-GROUP_HISTORY = 10_000  # records mirrored into the group before it is promoted
+PROMOTION_HISTORY = 10_000  # records mirrored into B before a promotion row of its own promotes it
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """A promotion row of its own: site B one node or a group of two, promoted with `--force` (A's publishers
+    stopped), or once A is cut off at the router with `--source A`."""
+
+    name: str
+    wan: Impairment | None
+    group: bool
+    cut: bool
+
+
+GROUP = Promotion("LAN to LAN, B a group of 2", None, group=True, cut=False)
+CUT = Promotion("WAN 30 ms, 1% loss, A cut off at the router", WAN, group=False, cut=True)
+CUT_GROUP = Promotion("WAN 30 ms, 1% loss, A cut off at the router, B a group of 2", WAN, group=True, cut=True)
+PROMOTIONS = (GROUP, CUT, CUT_GROUP)
 A_HOSTS, B_HOSTS = ("a-gw", "a-pub", "a-sub"), ("b-gw", "b-sub", "b-mirror", "b-etcd", *GROUP_NODES)
 TARGET_LAN_RATE, TARGET_WAN_RATE = 500_000.0, 200_000.0
 TARGET_ADDED_P99_MS = 5.0  # LAN to LAN: B's p99 at most this above A's
@@ -116,7 +139,8 @@ STAGES = ("sidecar_us", "mirror_us", "b_gateway_us")
 
 
 def estimate(settings: Settings) -> float:
-    return 60 + len(LINKS) * settings.runs * (40 if settings.quick else 120) + settings.runs * 30
+    links = 0 if settings.promotion_only else len(LINKS) * settings.runs * (40 if settings.quick else 120)
+    return 60 + links + len(PROMOTIONS) * settings.runs * 30
 
 
 def run(settings: Settings) -> Result:
@@ -126,7 +150,10 @@ def run(settings: Settings) -> Result:
     failures: list[str] = []
     stats: dict[str, dict[str, list[float]]] = {}
     for (wan, congestion), group in itertools.groupby(LINKS, key=lambda link: link.lab):
-        links = list(group)
+        links = [] if settings.promotion_only else list(group)
+        promotions = [p for p in PROMOTIONS if p.wan == wan and congestion is None]  # in the first lab of its WAN
+        if not links and not promotions:
+            continue
         with Sites(A_HOSTS, B_HOSTS, wan=wan) as sites:
             if congestion:
                 for host in sites.hosts:
@@ -138,15 +165,53 @@ def run(settings: Settings) -> Result:
                     got = repeat(1, progress, what, _Run(sites, settings, link, lag_count, burst), failures)
                     for key, values in got.items():
                         stats.setdefault(link.name, {}).setdefault(key, []).extend(values)
-                if wan is None:
-                    what = f"{GROUP}: promotion (run {i + 1} of {settings.runs})"
-                    got = repeat(1, progress, what, _GroupPromotion(sites, settings), failures)
+                for promotion in promotions:
+                    what = f"{promotion.name}: promotion (run {i + 1} of {settings.runs})"
+                    got = repeat(1, progress, what, _Promotion(sites, settings, promotion), failures)
                     for key, values in got.items():
-                        stats.setdefault(GROUP, {}).setdefault(key, []).extend(values)
+                        stats.setdefault(promotion.name, {}).setdefault(key, []).extend(values)
 
-    def cell(link: Link | str, key: str, unit: str = "", digits: int = 0) -> Stat:
-        name = link if isinstance(link, str) else link.name
-        return Stat.of(stats.get(name, {}).get(key), unit, digits)
+    def cell(link: Link | Promotion, key: str, unit: str = "", digits: int = 0) -> Stat:
+        return Stat.of(stats.get(link.name, {}).get(key), unit, digits)
+
+    measured_links = () if settings.promotion_only else LINKS
+    promo_rows: list[tuple[object, ...]] = [
+        (
+            link.name,
+            "--force" if link.wan is None else "A cut off (netlab's partition), --source A",
+            cell(link, "promote_s", "s", 2),
+            cell(link, "first_publish_s", "s", 2),
+            "—",
+            cell(link, "cold_start_s", "s", 2),
+        )
+        for link in measured_links
+    ]
+    promo_rows += [
+        (
+            p.name,
+            "A cut off (iptables DROP at the router), --source A" if p.cut else "--force",
+            cell(p, "promote_s", "s", 2),
+            cell(p, "first_publish_s", "s", 2),
+            cell(p, "from_cut_s", "s", 2) if p.cut else "—",
+            cell(p, "cold_start_s", "s", 2),
+        )
+        for p in PROMOTIONS
+    ]
+    promo_table = Table(
+        "promotion: `zeps mirror promote` started -> it returned, and -> the first publish confirmed at B; with A "
+        "cut off at the router, also from the cut (the rule in place, the command started at once) to that "
+        "publish; and, for reference, `zeps mirror promote --help` on that host (Python's start and the CLI's "
+        "imports)",
+        ("link", "how", "command", "first publish at B", "cut -> first publish at B", "`--help` alone"),
+        promo_rows,
+    )
+    promo_targets = [
+        _at_most(f"{link.name}: promotion, command to first publish accepted at B, < {TARGET_PROMOTION_S:g} s",
+                 cell(link, "first_publish_s", "s", 2), TARGET_PROMOTION_S)
+        for link in (*measured_links, *PROMOTIONS)
+    ]  # fmt: skip
+    if settings.promotion_only:
+        return _result(settings, progress, [promo_table], promo_targets, failures)
 
     lag_rows = [
         (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
@@ -157,18 +222,6 @@ def run(settings: Settings) -> Result:
          cell(link, "mirror_waiting", "%"))
         for link in LINKS
     ]  # fmt: skip
-    promo_rows = [
-        (
-            link.name,
-            "--force" if link.wan is None else "A cut off, --source A",
-            cell(link, "promote_s", "s", 2),
-            cell(link, "first_publish_s", "s", 2),
-            cell(link, "cold_start_s", "s", 2),
-        )
-        for link in LINKS
-    ]  # fmt: skip
-    promo_rows.append((GROUP, "--force", cell(GROUP, "promote_s", "s", 2), cell(GROUP, "first_publish_s", "s", 2),
-                       cell(GROUP, "cold_start_s", "s", 2)))  # fmt: skip
     targets = [
         _at_least(f"{LAN.name}: the mirror keeps up with >= {TARGET_LAN_RATE:,.0f} records/s",
                   cell(LAN, "mirror_rate"), TARGET_LAN_RATE),
@@ -182,49 +235,42 @@ def run(settings: Settings) -> Result:
             _at_most(f"{link.name}: lag p99 at {LAG_RATE:,.0f}/s (publish at A -> delivery at B) <= RTT + 20 ms "
                      f"({TARGET_WAN_P99_MS:g} ms)", cell(link, "b_p99", "ms", 2), TARGET_WAN_P99_MS),
         ]  # fmt: skip
-    targets += [
-        _at_most(
-            f"{link if isinstance(link, str) else link.name}: promotion, command to first publish accepted at B, "
-            f"< {TARGET_PROMOTION_S:g} s",
-            cell(link, "first_publish_s", "s", 2),
-            TARGET_PROMOTION_S,
-        )
-        for link in (*LINKS, GROUP)
+    tables = [
+        Table(
+            f"publish -> delivery at {LAG_RATE:,.0f} records/s, {lag_count:,} records: at site A (the source's "
+            "own) and at site B (through the mirror)",
+            ("link", "A p50", "A p99", "B p50", "B p99", "B p99 - A p99"),
+            lag_rows,
+        ),
+        Table(
+            f"catch-up of a {burst:,}-record burst (at most {CATCHUP_S:g} s timed), records/s; per stage: a "
+            "plain reader of A's sidecar on b-mirror, each process's CPU time per record while the mirror "
+            "caught up (1 / that is the stage's rate with a core of its own), and the share of that time the "
+            "mirror's threads waited for a CPU (the machine's load)",
+            (
+                "link",
+                "mirror",
+                "sidecar read alone (over the row's paths)",
+                "A's sidecar CPU µs/record",
+                "mirror CPU µs/record",
+                "B's gateway CPU µs/record",
+                "mirror waiting for a CPU",
+            ),
+            rate_rows,
+        ),
+        promo_table,
     ]
+    return _result(settings, progress, tables, targets + promo_targets, failures)
+
+
+def _result(
+    settings: Settings, progress: Progress, tables: list[Table], targets: list[Target], failures: list[str]
+) -> Result:
     return Result(
         "mirror",
         TITLE,
         method=__doc__.split("\n\n", 1)[1].strip(),
-        tables=[
-            Table(
-                f"publish -> delivery at {LAG_RATE:,.0f} records/s, {lag_count:,} records: at site A (the source's "
-                "own) and at site B (through the mirror)",
-                ("link", "A p50", "A p99", "B p50", "B p99", "B p99 - A p99"),
-                lag_rows,
-            ),
-            Table(
-                f"catch-up of a {burst:,}-record burst (at most {CATCHUP_S:g} s timed), records/s; per stage: a "
-                "plain reader of A's sidecar on b-mirror, each process's CPU time per record while the mirror "
-                "caught up (1 / that is the stage's rate with a core of its own), and the share of that time the "
-                "mirror's threads waited for a CPU (the machine's load)",
-                (
-                    "link",
-                    "mirror",
-                    "sidecar read alone (over the row's paths)",
-                    "A's sidecar CPU µs/record",
-                    "mirror CPU µs/record",
-                    "B's gateway CPU µs/record",
-                    "mirror waiting for a CPU",
-                ),
-                rate_rows,
-            ),
-            Table(
-                "promotion: `zeps mirror promote` started -> it returned, and -> the first publish confirmed at B; "
-                "and, for reference, `zeps mirror promote --help` on that host (Python's start and the CLI's imports)",
-                ("link", "how", "command", "first publish at B", "`--help` alone"),
-                promo_rows,
-            ),
-        ],
+        tables=tables,
         targets=targets,
         notes=failures,
         runs=settings.runs,
@@ -328,50 +374,77 @@ class _Run:
         return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
 
 
-class _GroupPromotion:
-    """One run of a group's promotion (the module docstring): fresh A, etcd and B's two nodes, the mirror into
-    both until they hold GROUP_HISTORY records, then `zeps mirror promote --force` and one publish."""
+class _Promotion:
+    """One run of a promotion row of its own (the module docstring): fresh A and B (one node, or etcd and two
+    nodes), the mirror into B until it holds PROMOTION_HISTORY records, then the promotion and one publish."""
 
-    def __init__(self, sites: Sites, settings: Settings) -> None:
-        self.sites, self.settings = sites, settings
+    def __init__(self, sites: Sites, settings: Settings, promotion: Promotion) -> None:
+        self.sites, self.settings, self.promotion = sites, settings, promotion
 
     def __call__(self, _: int) -> dict[str, float]:
-        b = self.sites.lab("b")
         with (
             tempfile.TemporaryDirectory(prefix="zeps-bench-", dir=self.settings.tmp) as tmp,
             _site(self.sites, "a", Path(tmp) / "a") as a,
+            _mirror_site(self.sites, Path(tmp), self.promotion.group) as (ingests, journals),
         ):
-            root = Path(tmp)
-            etcd_proc, etcd = hagroup.start_etcd(b, root / "etcd", host="b-etcd")
-            channel = f"udp://{b.group(2)}:{hagroup.MCAST_PORT}"
-            options = (*hagroup.NODE_OPTIONS, "--mirror", STREAM)
-            nodes = [hagroup.Node(b, root, name, etcd, channel, stream=STREAM, options=options, verbose=False)
-                     for name in GROUP_NODES]  # fmt: skip
-            mirror = None
+            mirror = _Mirror(self.sites, a, ingests, Path(tmp) / "mirror.log", 1)
             try:
-                for node in nodes:
-                    node.start()
-                for node in nodes:
-                    node.wait_ready()
-                ingests = ",".join(node.ingest for node in nodes)
-                self.sites.run("a-pub", pipeline.publish, a.ingest, GROUP_HISTORY, 0.0, timeout=120)
-                mirror = _Mirror(self.sites, a, ingests, root / "mirror.log", 1)
-                for node in nodes:
-                    _wait_head(node.journal, GROUP_HISTORY, 60.0)
-                mirror.stop()
-                done = self.sites.run("b-mirror", promote_and_publish, ingests, ["--force"], timeout=120)
-            finally:
-                if mirror is not None:
+                self.sites.run("a-pub", pipeline.publish, a.ingest, PROMOTION_HISTORY, 0.0, timeout=120)
+                for journal in journals:
+                    _wait_head(journal, PROMOTION_HISTORY, 60.0)
+                if self.promotion.cut:  # the mirror runs on, as it would: A vanishes under it
+                    done = self._after_cut(ingests, a.replay)
+                else:
                     mirror.stop()
-                for node in nodes:
-                    node.kill9()
-                etcd_proc.kill()
-                etcd_proc.wait(10)
+                    done = self.sites.run("b-mirror", promote_and_publish, ingests, ["--force"], timeout=120)
+            finally:
+                mirror.stop()
+                self.sites.heal_wan()
         promoted = re.search(r"promoted at sequence (\d+)", done["stdout"])
         if done["code"] != 0 or promoted is None or done["seq"] != int(promoted[1]) + 1:
-            raise BenchError(f"the group's promotion failed (exit {done['code']}, first sequence {done['seq']}): "
+            raise BenchError(f"the promotion failed (exit {done['code']}, first sequence {done['seq']}): "
                              f"{done['stderr']}")  # fmt: skip
-        return {k: done[k] for k in ("promote_s", "first_publish_s", "cold_start_s")}
+        return {k: v for k, v in done.items() if k.endswith("_s") and v is not None}
+
+    def _after_cut(self, ingests: str, source: str) -> dict[str, Any]:
+        """The command is ready on b-mirror (its `--help` timed) before the cut, and started as soon as the cut
+        is in place."""
+        ready, cut = MP.Queue(), MP.Queue()
+        proc = self.sites.start("b-mirror", promote_and_publish, ingests, ["--source", source], ready, cut)
+        try:
+            ready.get(timeout=120)
+            self.sites.cut_wan("drop")
+            cut.put(time.monotonic())
+            return dict(proc.result(timeout=120))
+        finally:
+            stop(proc)
+
+
+@contextlib.contextmanager
+def _mirror_site(sites: Sites, root: Path, group: bool) -> Iterator[tuple[str, list[Path]]]:
+    """Site B serving the stream as a mirror: its ingest(s), comma-separated, and journal(s). One gateway and
+    sidecar on b-gw, or etcd on b-etcd and a group's nodes on GROUP_NODES; stopped on exit."""
+    if not group:
+        with _site(sites, "b", root / "b", "--mirror", STREAM) as single:
+            yield single.ingest, [single.journal]
+        return
+    b = sites.lab("b")
+    etcd_proc, etcd = hagroup.start_etcd(b, root / "etcd", host="b-etcd")
+    channel = f"udp://{b.group(2)}:{hagroup.MCAST_PORT}"
+    options = (*hagroup.NODE_OPTIONS, "--mirror", STREAM)
+    nodes = [hagroup.Node(b, root, name, etcd, channel, stream=STREAM, options=options, verbose=False)
+             for name in GROUP_NODES]  # fmt: skip
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.wait_ready()
+        yield ",".join(node.ingest for node in nodes), [node.journal for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill9()
+        etcd_proc.kill()
+        etcd_proc.wait(10)
 
 
 def read_source(replay: str, after: int, last: int, seconds: float, paths: int = 1) -> float:
@@ -396,16 +469,21 @@ def read_source(replay: str, after: int, last: int, seconds: float, paths: int =
     return (head - first) / (time.monotonic() - t0)
 
 
-def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
+def promote_and_publish(gateway: str, how: list[str], ready: Any = None, cut: Any = None) -> dict[str, Any]:
     """In host b-mirror: `zeps mirror promote` with `how` at `gateway` (B's ingest, or a group's, comma-separated),
-    then one confirmed publish at B; the exit, what it
-    printed, the first sequence published, the seconds from the command's start to its end and to that confirm,
-    and for reference the wall time of `zeps mirror promote --help` on this host (the interpreter's start and the
-    CLI's imports: what the command costs before it does anything)."""
+    then one confirmed publish at B; the exit, what it printed, the first sequence published, the seconds from
+    the command's start to its end and to that confirm, and for reference the wall time of `zeps mirror promote
+    --help` on this host (the interpreter's start and the CLI's imports: what the command costs before it does
+    anything). With queues `ready` and `cut`: says it is ready once `--help` was timed, and starts the command
+    when `cut` brings the (monotonic) time the cut was made; the seconds from then to the confirm, too."""
     zeps = [sys.executable, "-m", "gateway.cli", "mirror", "promote"]
     t0 = time.monotonic()
     subprocess.run([*zeps, "--help"], capture_output=True, timeout=60, check=True)
     cold_s = time.monotonic() - t0
+    cut_at = None
+    if ready is not None and cut is not None:
+        ready.put(True)
+        cut_at = cut.get(timeout=120)
     t0 = time.monotonic()
     done = subprocess.run([*zeps, "--stream", STREAM, "--gateway", gateway, *how], capture_output=True, text=True,
                           timeout=60)  # fmt: skip
@@ -415,8 +493,10 @@ def promote_and_publish(gateway: str, how: list[str]) -> dict[str, Any]:
         with Publisher(gateway.split(","), STREAM, confirm=True, timeout=30.0) as pub:
             pub.publish("key000", b"x" * 100)
             seq = pub.flush()
+    confirmed = time.monotonic()
     return {"code": code, "stdout": done.stdout, "stderr": done.stderr, "seq": seq, "promote_s": promote_s,
-            "first_publish_s": time.monotonic() - t0, "cold_start_s": cold_s}  # fmt: skip
+            "first_publish_s": confirmed - t0, "from_cut_s": None if cut_at is None else confirmed - cut_at,
+            "cold_start_s": cold_s}  # fmt: skip
 
 
 class _Mirror:

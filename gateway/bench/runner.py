@@ -56,6 +56,7 @@ class Settings:
     chaos_overlap: bool = True  # chaos: whether a step may hold a second fault starting inside the first
     soak_minutes: float = 60.0  # soak scenario: how long
     rate: float | None = None  # chaos and soak scenarios: the publisher's records a second (None: the scenario's)
+    promotion_only: bool = False  # mirror scenario: only its promotion rows of their own
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,11 @@ from gateway.cli.options import Parser, duration, host_port, positive, say, stre
 if TYPE_CHECKING:
     from gateway.transport.curve import CurveClientKeys
 
-PROBE_S = 0.3  # a source sidecar that neither answers nor takes the connection this long is gone (promote)
+# A source sidecar that neither answers nor takes the connection this long is gone (promote). It must exceed the
+# WAN's round trip, or a live source looks gone and the promotion forks the stream: 0.5 s sees one at up to 0.3 s
+# (a lost SYN included: the last of PROBES starts at 0.2 s) and, without loss, at up to about 0.46 s (measured),
+# which covers terrestrial WANs; 0.3 s missed a live source at 0.4 s. It costs 0.5 s when the source is gone.
+PROBE_S = 0.5
 PROBES, PROBE_STAGGER = 3, 0.2  # connections per source sidecar, started this share of PROBE_S apart
 
 
@@ -78,8 +83,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                          help="the source site's sidecar(s): promotion is refused while one answers")  # fmt: skip
     promote.add_argument("--force", action="store_true", help="promote even if the source answers (or is not named)")
     promote.add_argument("--probe-timeout", type=duration, default=PROBE_S,
-                         help="how long a source sidecar has to answer to count as still there (0.3s)")  # fmt: skip
-    promote.add_argument("--timeout", type=duration, default=3.0, help="longest wait for the gateway (default 3s)")
+                         help="how long a source sidecar has to answer (or take the TCP connection) to count as "
+                         "still there (default 0.5s, for WAN round trips up to 0.3s; a longer round trip needs more, "
+                         "or a live source looks gone)")  # fmt: skip
+    promote.add_argument("--timeout", type=duration, default=3.0,
+                         help="longest wait for each --gateway node (default 3s): the command ends within "
+                         "--probe-timeout plus this per node")  # fmt: skip
     keyopts.add_client_options(promote)
     promote.check(_source_or_force)
     promote.set_defaults(handler=_promote)
@@ -125,19 +134,19 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _still_there(
-    source: str, stream: str, after_s: float, until_s: float, refused: threading.Event, curve: CurveClientKeys | None
+    source: str, stream: str, start: float, deadline: float, refused: threading.Event, curve: CurveClientKeys | None
 ) -> str | None:
-    """Why the source sidecar at `source` counts as still there, or None if it is gone: asked `after_s` from
-    now, it answers ATTACH (or refuses it), or its host takes the TCP connection (a process that is there, if
-    slow), before `until_s` from now. `refused`: set once its host refused a connection (nothing listens
+    """Why the source sidecar at `source` counts as still there, or None if it is gone: asked at `start`, it
+    answers ATTACH (or refuses it), or its host takes the TCP connection (a process that is there, if slow),
+    before `deadline` (both monotonic times). `refused`: set once its host refused a connection (nothing listens
     there: no later probe is needed)."""
     from gateway.client.replay_client import ReplayClient
     from gateway.errors import ReplayError, ReplayRefused
 
-    if refused.wait(after_s):
+    if refused.wait(max(0.0, start - time.monotonic())):
         return None
-    timeout_s = until_s - after_s
-    client = ReplayClient(source, stream, timeout=timeout_s, curve=curve, fail_unreachable=True)
+    client = ReplayClient(source, stream, timeout=max(0.0, deadline - time.monotonic()), curve=curve,
+                          fail_unreachable=True)  # fmt: skip
     try:
         client.wait_ready()
         return "still answers"
@@ -146,7 +155,7 @@ def _still_there(
     except ReplayError:  # down, unreachable or silent: as a source that is gone looks, unless it took the connection
         client.handshake.explain()
         if client.handshake.established or client.handshake.connected:
-            return f"still answers (it took the connection, but not ATTACH within {until_s:g} s)"
+            return "still answers (it took the connection, but not ATTACH before the probe's deadline)"
         if client.handshake.unreachable:
             refused.set()
         return None
@@ -160,20 +169,34 @@ def _promote(args: argparse.Namespace) -> int:
 
     curve = keyopts.client_curve(args)
     # Every source at once, each over PROBES connections PROBE_STAGGER of the deadline apart (so that one lost SYN,
-    # which TCP sends again only after 1 s, does not make a live source look gone): the wait is one deadline.
+    # which TCP sends again only after 1 s, does not make a live source look gone): the wait is one deadline, one
+    # instant for all, counted once the probe's module is imported (tens of ms on a loaded machine, not the
+    # sources' time: it made the probe overrun its deadline by as much).
+    import gateway.client.replay_client  # noqa: F401
+
     until = args.probe_timeout
     refused = {source: threading.Event() for source in args.source or ()}
-    probes = [(s, i * until * PROBE_STAGGER) for s in ([] if args.force else refused) for i in range(PROBES)]
+    sources = [] if args.force else list(refused)
+    if sources:
+        say(args, f"zeps mirror promote: waiting at most {until:g} s (--probe-timeout) for the source sidecar(s) "
+                  f"{','.join(sources)}: one that answers refuses the promotion")  # fmt: skip
+    t0 = time.monotonic()
+    probes = [(s, t0 + i * until * PROBE_STAGGER) for s in sources for i in range(PROBES)]
     with ThreadPoolExecutor(max(1, len(probes))) as pool:
-        answers = list(pool.map(lambda p: _still_there(p[0], args.stream, p[1], until, refused[p[0]], curve), probes))
+        answers = list(pool.map(lambda p: _still_there(p[0], args.stream, p[1], t0 + until, refused[p[0]], curve),
+                                probes))  # fmt: skip
     for (source, _), why in zip(probes, answers, strict=True):
         if why is not None:
             raise MirrorError(
                 f"the source sidecar at {source} {why}: promoting now would fork stream {args.stream}. Promote once "
                 "the source site is gone, or stop its publishers and add --force"
             )
+    if sources:
+        say(args, f"zeps mirror promote: no source sidecar answered (probed for {time.monotonic() - t0:.2f} s)")
     error: PublishError | None = None
     for endpoint in args.gateway:
+        say(args, f"zeps mirror promote: asking the gateway at {endpoint} to promote, at most {args.timeout:g} s "
+                  "(--timeout)")  # fmt: skip
         target = MirrorTarget(endpoint, args.stream, timeout_s=args.timeout, curve=curve)
         try:
             head = target.promote()

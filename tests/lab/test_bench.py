@@ -86,7 +86,7 @@ def test_mirror_quick_measures_every_link_and_numbers_are_sane(tmp_path: Path) -
     _check(result, "mirror")
     lag, rates, promotion = result.tables
     links = [link.name for link in mirror.LINKS]
-    promoted = [*links, mirror.GROUP]  # and the promotion of a site that is a group of two
+    promoted = [*links, *(p.name for p in mirror.PROMOTIONS)]  # and B a group, and A cut off at the router
     assert [[row[0] for row in table.rows] for table in result.tables] == [links, links, promoted]
     for row in lag.rows:
         a_p50, a_p99, b_p50, b_p99, added = (cell.median for cell in row[1:])
@@ -98,9 +98,10 @@ def test_mirror_quick_measures_every_link_and_numbers_are_sane(tmp_path: Path) -
         mirrored, read, *cpu_us, waiting = (cell.median for cell in row[1:])
         assert 1_000 < mirrored < 10_000_000 and 1_000 < read < 10_000_000
         assert all(0 < us < 1_000 for us in cpu_us) and 0 <= waiting <= 100 * os.cpu_count()
-    for row in promotion.rows:
+    for row, cut in zip(promotion.rows, [False] * len(links) + [p.cut for p in mirror.PROMOTIONS], strict=True):
         command, first_publish = row[2].median, row[3].median
         assert 0 < command <= first_publish < 60
+        assert (row[4].median >= first_publish) if cut else row[4] == "—"  # from the cut: the command's start too
     assert {t.issue for t in result.targets} == {None} and result.issue == 35
     assert len(result.targets) == 2 + 2 * len(wans) + len(promoted)
     assert not _my_labs()

@@ -5,9 +5,10 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 - Restarts anywhere: the mirror killed -9 and restarted, then B's gateway killed -9 and started on its journal,
   while A publishes: B's journal equals A's record for record (`zeps ha check`'s comparison, and sequences, keys
   and bodies read back), and a subscriber on B's LAN gets 1..N exactly once, in order.
-- Promotion: refused while A's sidecar answers across the WAN, accepted once the WAN is cut; publishing at B
-  continues at H + 1; when the WAN heals, the mirror is refused by B with the promotion line, B's journal
-  untouched by it.
+- Promotion: refused while A's sidecar answers across the WAN, accepted (no `--force`) once A is cut off at the
+  router (an iptables DROP of all it forwards: no RST, a connect to A hangs), its probe ending within its
+  deadline; publishing at B continues at H + 1; when the WAN heals, the mirror is refused by B with the
+  promotion line, B's journal untouched by it. The same with site B a group of two (etcd and two nodes).
 - A subscriber given both sites' sidecars moves from A to B when A disappears (B's sidecar is down until then,
   so it reads at A first), without a gap or duplicate.
 """
@@ -30,8 +31,11 @@ from support.feedlab import STREAM, check_all, expected, publish, subscribe
 from support.servers import journal_records
 from support.sitelab import WAN, deployed, two_sites
 
+from gateway.cli.mirror import PROBE_S
 from gateway.journal import JournalReader
 from gateway.journal.crosscheck import check_group
+from gateway.journal.promotion import read_promotion
+from gateway.tools import hagroup
 from gateway.tools.deployment import Deployment
 from netlab import MP, Sites
 
@@ -42,6 +46,8 @@ pytestmark = pytest.mark.lab
 RATE = 2_000.0  # records/s at the source
 WAIT_S = 120.0  # the machine is shared and loaded: generous
 FENCED = "this site was promoted at sequence {}; it no longer accepts mirror batches"
+PROBE_SLACK_S = 1.0  # what a loaded machine may add to the probe's deadline (threads waiting for a core)
+GROUP_NODES = ("b-n1", "b-n2")
 
 
 def head_of(root: Path) -> int:
@@ -56,11 +62,12 @@ def wait_head(root: Path, head: int, timeout: float = WAIT_S) -> None:
 
 
 class Mirror:
-    """`zeps mirror` on b-spare from A's sidecar to B's ingest; its stderr in a log file (a status line a second)."""
+    """`zeps mirror` on b-spare from A's sidecar to B's ingest(s) `to`; its stderr in a log file (a status line a
+    second)."""
 
-    def __init__(self, sites: Sites, a: Deployment, b: Deployment, log: Path, *extra: str) -> None:
+    def __init__(self, sites: Sites, a: Deployment, to: str, log: Path, *extra: str) -> None:
         self.sites, self.log_path = sites, log
-        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source", a.replay, "--to", b.ingest,
+        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "-v", "--source", a.replay, "--to", to,
                      "--stream", STREAM, "--timeout", "3s", "--log-every", "1s", *extra]  # fmt: skip
         self.proc: subprocess.Popen[Any] | None = None
         self.start()
@@ -107,7 +114,7 @@ def mirrored(tmp_path: Path) -> Iterator[tuple[Sites, Deployment, Deployment, Mi
         deployed(sites, "a", tmp_path / "a") as a,
         deployed(sites, "b", tmp_path / "b", gateway_args=["--mirror", STREAM]) as b,
     ):
-        mirror = Mirror(sites, a, b, tmp_path / "mirror.log")
+        mirror = Mirror(sites, a, b.ingest, tmp_path / "mirror.log")
         try:
             yield sites, a, b, mirror
         finally:
@@ -194,7 +201,7 @@ def test_the_mirror_goes_on_exactly_once_when_one_of_its_paths_is_cut(tmp_path: 
         deployed(sites, "b", tmp_path / "b", gateway_args=["--mirror", STREAM]) as b,
     ):
         assert sites.run("a-spare", publish, a.ingest, 0, 5_000, 0.0, timeout=WAIT_S) == 5_000  # to catch up with
-        mirror = Mirror(sites, a, b, tmp_path / "mirror.log", "--paths", "3", "--metrics", METRICS)
+        mirror = Mirror(sites, a, b.ingest, tmp_path / "mirror.log", "--paths", "3", "--metrics", METRICS)
         try:
             ready = MP.Queue()
             sub = sites.start("b-sub", subscribe, b.for_host("b-sub"), b.replay, "earliest", count, ready)
@@ -244,8 +251,9 @@ def mirrored_view(sites: Sites, mirrored: int) -> dict[str, Any]:
 
 
 def promote_and_publish(gateway: str, source: str, skip: int) -> dict[str, Any]:
-    """In a site B host: `zeps mirror promote`, then one confirmed publish at B (the generated load's record
-    skip + 1); the exit, the output and the seconds from the command to the publish's confirm."""
+    """In a site B host: `zeps mirror promote` (no --force), then one confirmed publish at B (the generated
+    load's record skip + 1); the exit, the output, the seconds from the command to the publish's confirm, and
+    how long the command says its probe of the source took."""
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "mirror", "promote", "--stream", STREAM, "--gateway", gateway,
@@ -253,9 +261,11 @@ def promote_and_publish(gateway: str, source: str, skip: int) -> dict[str, Any]:
         capture_output=True, text=True, timeout=WAIT_S,
     )  # fmt: skip
     promoted = time.monotonic() - t0
-    seq = publish(gateway, skip, 1, 0.0) if done.returncode == 0 else None
+    seq = publish(gateway.split(","), skip, 1, 0.0) if done.returncode == 0 else None
+    probed = re.search(r"no source sidecar answered \(probed for ([\d.]+) s\)", done.stderr)
     return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr, "promoted_s": promoted,
-            "first_publish_s": time.monotonic() - t0, "seq": seq}  # fmt: skip
+            "first_publish_s": time.monotonic() - t0, "seq": seq,
+            "probe_s": float(probed[1]) if probed else None}  # fmt: skip
 
 
 def zeps_on(sites: Sites, host: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -263,6 +273,30 @@ def zeps_on(sites: Sites, host: str, *args: str) -> subprocess.CompletedProcess[
                        stderr=subprocess.PIPE, text=True)  # fmt: skip
     out, err = proc.communicate(timeout=WAIT_S)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def a_cut_off(sites: Sites) -> Iterator[None]:
+    """Site A cut off at the router for the block (an iptables DROP in its FORWARD chain); the rule removed when
+    the block ends, however it ends."""
+    sites.cut_wan("drop")
+    try:
+        yield
+    finally:
+        sites.heal_wan()
+
+
+def promote_cut_off(sites: Sites, host: str, gateway: str, source: str, head: int) -> dict[str, Any]:
+    """Promotion on `host` of the mirror site at `gateway` while A is cut off at the router: it succeeds without
+    --force at `head`, its probe of `source` ends within the probe's deadline (a loaded machine's slack
+    allowed), and B's next publish gets head + 1."""
+    done = sites.run(host, promote_and_publish, gateway, source, head, timeout=WAIT_S)
+    assert done["code"] == 0, done["stderr"]
+    assert f"promoted at sequence {head}" in done["stdout"]
+    assert f"waiting at most {PROBE_S:g} s (--probe-timeout) for the source sidecar(s) {source}" in done["stderr"]
+    assert done["probe_s"] is not None and done["probe_s"] < PROBE_S + PROBE_SLACK_S, done["stderr"]
+    assert done["seq"] == head + 1  # publishers at B continue from the mirrored head
+    return dict(done)
 
 
 def test_promotion_when_a_is_cut_off_and_a_fenced_out_when_it_returns(
@@ -278,19 +312,16 @@ def test_promotion_when_a_is_cut_off_and_a_fenced_out_when_it_returns(
     assert refused.returncode == 1, refused.stderr
     assert f"the source sidecar at {a.replay} still answers" in refused.stderr
 
-    sites.cut_wan()
-    done = sites.run("b-spare", promote_and_publish, b.ingest, a.replay, mirrored_head, timeout=WAIT_S)
-    assert done["code"] == 0, done["stderr"]
-    assert f"promoted at sequence {mirrored_head}" in done["stdout"]
-    assert done["seq"] == mirrored_head + 1  # publishers at B continue from the mirrored head
-    more = 999
-    assert sites.run("b-spare", publish, b.ingest, mirrored_head + 1, more, RATE, timeout=WAIT_S) == 2_000 + 1 + more
-    head = mirrored_head + 1 + more
-    assert sites.run("a-spare", publish, a.ingest, 0, 500, 0.0, timeout=WAIT_S) == mirrored_head + 500  # A goes on
+    with a_cut_off(sites):
+        done = promote_cut_off(sites, "b-spare", b.ingest, a.replay, mirrored_head)
+        more = 999
+        got = sites.run("b-spare", publish, b.ingest, mirrored_head + 1, more, RATE, timeout=WAIT_S)
+        assert got == mirrored_head + 1 + more
+        head = mirrored_head + 1 + more
+        assert sites.run("a-spare", publish, a.ingest, 0, 500, 0.0, timeout=WAIT_S) == mirrored_head + 500  # A on
+        before = journal_records(b.journal, STREAM)
 
-    before = journal_records(b.journal, STREAM)
-    sites.heal_wan()
-    assert mirror.wait(WAIT_S) == 1, mirror.log()  # it ends on B's refusal
+    assert mirror.wait(WAIT_S) == 1, mirror.log()  # healed: it ends on B's refusal
     assert FENCED.format(mirrored_head) in mirror.log(), mirror.log()
     mirror.start()  # started again: refused at once, with the same line
     assert mirror.wait(WAIT_S) == 1
@@ -298,8 +329,63 @@ def test_promotion_when_a_is_cut_off_and_a_fenced_out_when_it_returns(
     assert journal_records(b.journal, STREAM) == before
     assert [body for _, _, body in before] == [body for _, body in expected(1, head)]
     assert journal_records(a.journal, STREAM)[:mirrored_head] == before[:mirrored_head]
-    print(f"\npromotion: the command took {done['promoted_s']:.2f} s, the first publish at B was confirmed "
-          f"{done['first_publish_s']:.2f} s after it began (A unreachable: the probe waits its --timeout)")  # fmt: skip
+    print(f"\npromotion, A cut off at the router: the probe took {done['probe_s']:.2f} s, the command "
+          f"{done['promoted_s']:.2f} s, the first publish at B was confirmed {done['first_publish_s']:.2f} s after "
+          "it began")  # fmt: skip
+
+
+def test_a_group_of_two_is_promoted_when_a_is_cut_off_and_fences_a_out_when_it_returns(tmp_path: Path) -> None:
+    """Site B a replicated group (etcd and two nodes, the mirror writing to both): the promotion given both nodes
+    while A is cut off at the router; the group continues at H + 1 and, healed, refuses the mirror."""
+    with (
+        two_sites(WAN, b=("b-etcd", *GROUP_NODES, "b-spare")) as sites,
+        deployed(sites, "a", tmp_path / "a") as a,
+    ):
+        b = sites.lab("b")
+        etcd_proc, etcd = hagroup.start_etcd(b, tmp_path / "etcd", host="b-etcd")
+        channel = f"udp://{b.group(2)}:{hagroup.MCAST_PORT}"
+        options = (*hagroup.NODE_OPTIONS, "--mirror", STREAM)
+        nodes = [hagroup.Node(b, tmp_path, name, etcd, channel, stream=STREAM, options=options)
+                 for name in GROUP_NODES]  # fmt: skip
+        mirror = None
+        try:
+            for node in nodes:
+                node.start()
+            for node in nodes:
+                node.wait_ready()
+            ingests = ",".join(node.ingest for node in nodes)
+            mirror = Mirror(sites, a, ingests, tmp_path / "mirror.log")
+            mirrored_head = 2_000
+            assert sites.run("a-spare", publish, a.ingest, 0, mirrored_head, RATE, timeout=WAIT_S) == mirrored_head
+            for node in nodes:
+                wait_head(node.journal, mirrored_head)
+
+            with a_cut_off(sites):
+                done = promote_cut_off(sites, "b-spare", ingests, a.replay, mirrored_head)
+                assert sites.run("a-spare", publish, a.ingest, 0, 500, 0.0, timeout=WAIT_S) == mirrored_head + 500
+
+            assert mirror.wait(WAIT_S) == 1, mirror.log()  # healed: the group's leader refuses it
+            assert FENCED.format(mirrored_head) in mirror.log(), mirror.log()
+            for node in nodes:  # every node holds the mark (the follower within about a second)
+                deadline = time.monotonic() + WAIT_S
+                while (mark := read_promotion(node.journal / STREAM)) is None:
+                    assert time.monotonic() < deadline, f"{node.name} has no promotion mark"
+                    time.sleep(0.2)
+                assert mark.head == mirrored_head
+                wait_head(node.journal, mirrored_head + 1)  # B's first publish, on both (--min-insync 1)
+                assert [body for _, _, body in journal_records(node.journal, STREAM)] == [
+                    body for _, body in expected(1, mirrored_head + 1)
+                ]
+        finally:
+            if mirror is not None:
+                mirror.stop()
+            for node in nodes:
+                node.kill9()
+            etcd_proc.kill()
+            etcd_proc.wait(10)
+    print(f"\npromotion of a group of two, A cut off at the router: the probe took {done['probe_s']:.2f} s, the "
+          f"command {done['promoted_s']:.2f} s, the first publish at B was confirmed {done['first_publish_s']:.2f} "
+          "s after it began")  # fmt: skip
 
 
 def test_a_subscriber_with_both_sidecars_moves_to_b_when_a_disappears(

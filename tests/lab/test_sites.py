@@ -170,6 +170,10 @@ def test_wan_changes_under_traffic(sites: Sites) -> None:
     assert probe(sites.a, "a1", b1, group=b1.ip, count=100, pps=1000).received == 0
     sites.heal_wan()
     assert probe(sites.a, "a1", b1, group=b1.ip, count=100, pps=1000).lost() == []
+    sites.cut_wan("drop")  # the router's firewall drops all it forwards: the same silence
+    assert probe(sites.a, "a1", b1, group=b1.ip, count=100, pps=1000).received == 0
+    sites.heal_wan()
+    assert probe(sites.a, "a1", b1, group=b1.ip, count=100, pps=1000).lost() == []
     cues.put(False)
     assert client.result(timeout=30) == 3
 

@@ -33,8 +33,9 @@ def expected(first: int, last: int) -> list[tuple[int, bytes]]:
     return [(i + 1, body) for i, (_, body) in enumerate(bodies) if i + 1 >= first]
 
 
-def publish(ingest: str, skip: int, count: int, rate: float, curve: Any = None) -> int | None:
-    """Publish records skip..skip+count-1 of the generated load (confirmed); returns the last sequence."""
+def publish(ingest: str | list[str], skip: int, count: int, rate: float, curve: Any = None) -> int | None:
+    """Publish records skip..skip+count-1 of the generated load (confirmed) at `ingest` (a group's: its nodes);
+    returns the last sequence."""
     with Publisher(ingest, STREAM, confirm=True, timeout=WAIT_S, batch_records=100, curve=curve) as pub:
         for i, (key, body) in enumerate(generated(skip + count, BODY, KEYS, 0)):
             if i < skip:
