@@ -185,9 +185,18 @@ class Tuning:
                        rcvbuf=self.rcvbuf, hops=self.hops)  # fmt: skip
 
 
-# What open_pub / open_sub return, whichever the transport: each offers the socket calls the callers use.
+class LibzmqSub(zmq.Socket):
+    """libzmq's SUB (tuning.libzmq_pgm), with the other receivers' `waiting`."""
+
+    def waiting(self) -> bool:
+        """True: a NOBLOCK read says (zmq.Again); asking libzmq first (ZMQ_EVENTS) costs as much as that read."""
+        return True
+
+
+# What open_pub / open_sub return, whichever the transport: each offers the socket calls the callers use, and
+# a receiver `waiting()`: False when no message waits, so that a reader's burst ends without a read that finds none.
 McastSender = zmq.Socket | NormSender | UdpSender | PgmSender
-McastReceiver = zmq.Socket | NormReceiver | UdpReceiver | PgmReceiver
+McastReceiver = LibzmqSub | NormReceiver | UdpReceiver | PgmReceiver
 
 
 def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSender:
@@ -220,8 +229,8 @@ def open_pub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning) -> McastSende
 def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list[str]) -> McastReceiver:
     """A receiver on the multicast endpoint, subscribed to whole streams (every sequence is seen).
 
-    PGM: a `PgmReceiver` (a SUB socket with tuning.libzmq_pgm). NORM and UDP: a `NormReceiver` or
-    `UdpReceiver`. All three offer the same poll /
+    PGM: a `PgmReceiver` (a `LibzmqSub` with tuning.libzmq_pgm). NORM and UDP: a `NormReceiver` or
+    `UdpReceiver`. All offer the same poll / waiting /
     recv_multipart / close (and a fileno for zmq.Poller); `ctx` is not used.
     """
     resolved = endpoint.resolve()
@@ -233,7 +242,7 @@ def open_sub(ctx: zmq.Context, endpoint: Endpoint, tuning: Tuning, streams: list
     if not tuning.libzmq_pgm:
         return PgmReceiver(resolved.interface, resolved.group, resolved.port, tuning.pgm_settings(), names,
                            udp=endpoint.transport == "epgm")  # fmt: skip
-    sock = ctx.socket(zmq.SUB)
+    sock = ctx.socket(zmq.SUB, socket_class=LibzmqSub)
     tuning.apply(sock, endpoint)
     # No high-water mark on the pipe: libzmq 4.3.4's PGM receiver aborts the whole process when that pipe is full
     # and packets keep coming (pgm_receiver.cpp:131), which any host on the LAN can cause. Unread messages wait

@@ -3,8 +3,8 @@
 It is a separate process that only reads the journal files the gateway writes, so replay load (disk reads,
 slow clients, a thousand late joiners at 9:00) never slows sequencing or multicast. One thread, one loop:
 
-    drain commands (bounded) -> each client in turn: at most `frames_per_turn` frames and `reads_per_turn`
-    journal reads -> timers: tail polls, pings, idle timeouts
+    drain commands (bounded) -> each client in turn: at most `frames_per_turn` frames, `reads_per_turn`
+    journal reads and `turn_s` seconds (gateway.sidecar.session.Turn) -> timers: tail polls, pings, idle timeouts
 
 Clients are Sessions (gateway.sidecar.session, sans-IO); this module owns the socket, the timers and the
 metrics. Sends never block: the ROUTER has a bounded SNDHWM and ROUTER_MANDATORY, so a full pipe raises
@@ -44,7 +44,7 @@ from gateway.journal.layout import list_segments, seg_path
 from gateway.sidecar.fills import FillAnswerer, FillLimits, FillPort
 from gateway.sidecar.metrics import ReplayMetrics
 from gateway.sidecar.session import Phase as SessionPhase
-from gateway.sidecar.session import Session
+from gateway.sidecar.session import Session, Turn
 from gateway.sidecar.snapshots import SnapshotIndexes
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
@@ -80,6 +80,7 @@ class ReplayConfig:
     max_command_bytes: int = 65_536
     frames_per_turn: int = 256
     reads_per_turn: int = 8
+    turn_s: float = 0.02  # nor a frame begun this long into a client's turn (5 ms cut `bench replay`'s rate ~20%)
     max_replies: int = 256  # answers queued for a client that sends commands but reads nothing
     curve: CurveServerKeys | None = None  # CURVE with allowed client keys; None: plain TCP
     snapshots: bool = True  # keep a last-value index per stream and grant 'snapshot' (docs/snapshots.md)
@@ -97,8 +98,8 @@ class ReplayConfig:
         self.journal = Path(self.journal)
         if self.journal.exists() and not self.journal.is_dir():
             raise ValueError(f"journal root {self.journal} is not a directory: pass the gateway's --journal DIR")
-        if self.client_timeout <= 0 or self.tail_poll_ms <= 0:
-            raise ValueError("client timeout and tail poll interval must be positive")
+        if self.client_timeout <= 0 or self.tail_poll_ms <= 0 or self.turn_s <= 0:
+            raise ValueError("client timeout, tail poll interval and turn_s must be positive")
         if min(self.sndhwm, self.max_clients, self.max_fetches, self.frames_per_turn, self.reads_per_turn) < 1:
             raise ValueError("sndhwm, max_clients, max_fetches, frames_per_turn and reads_per_turn must be >= 1")
         if self.max_command_bytes < 1024:
@@ -456,7 +457,8 @@ class ReplayServer:
     def _serve_one(self, s: Session) -> None:
         s.begin_turn(self.config.reads_per_turn)
         nbytes = records = stalls = 0
-        for _ in range(self.config.frames_per_turn):
+        turn = Turn(self.config.frames_per_turn, time.monotonic() + self.config.turn_s)
+        while turn.allows(time.monotonic()):
             try:
                 frame = s.peek()
             except Exception as exc:  # a broken journal or a bug ends this session only
@@ -465,6 +467,7 @@ class ReplayServer:
             if frame is None or not self._send(s, frame):
                 break
             sent = s.pop()
+            turn.served += 1
             nbytes += sent.data_bytes
             records += sent.records
             stalls += sent.credit_stall

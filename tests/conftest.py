@@ -14,6 +14,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, settings
 
+from gateway.mcast import LibzmqSub
 from netlab import Lab
 
 # Property tests judge results, never speed: no per-example deadline, and no health check that fails a test
@@ -126,9 +127,10 @@ def spark() -> Iterator[object]:
 # module by its name, "conftest", which a second conftest.py would take over).
 @pytest.fixture
 def feed() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    """An inproc PUSH -> PULL pair standing in for a multicast feed: (sender, receiver)."""
+    """An inproc PUSH -> PULL pair standing in for a multicast feed: (sender, receiver); the
+    receiver a `LibzmqSub`, as open_sub makes for libzmq's PGM (read_burst asks it `waiting()`)."""
     ctx = zmq.Context.instance()
-    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL, socket_class=LibzmqSub)
     address = f"inproc://feed-{time.monotonic_ns()}"
     pull.bind(address)
     push.connect(address)

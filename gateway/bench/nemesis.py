@@ -309,8 +309,7 @@ def _partition_in_election(group: Group, fault: Fault) -> None:
             time.sleep(fault.hold_s)
     finally:
         with group.lock(name):
-            if not node.procs:  # unless an overlapping fault restarted it meanwhile (a second start: two writers)
-                node.start()
+            node.start()  # a no-op if an overlapping fault restarted it meanwhile
     node.wait_ready()
 
 

@@ -39,7 +39,6 @@ import zmq
 
 from gateway.errors import McastError, ZepsError
 from gateway.transport.pollable import PolledByFd
-from gateway.transport.udp import UdpReceiver
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +169,14 @@ class FeedDrain(PolledByFd):
 
 
 def read_burst(sock: Any, most: int = BURST) -> Iterator[list[bytes] | McastError]:
-    """Up to `most` messages waiting at a feed's receiver, without waiting; a receiver's refusal (a udp://
-    datagram that is no message) comes in the message's place. The first read follows a poll that found the
-    receiver ready; after it, a udp:// receiver is asked whether more waits (`UdpReceiver.waiting`) rather
-    than read until it raises zmq.Again, which cost about 18 µs per delivery at p50 in the latency lab
-    (docs/benchmarks.md, "Sub-hops")."""
-    waiting = sock.waiting if isinstance(sock, UdpReceiver) else None
+    """Up to `most` messages waiting at a feed's receiver (a `gateway.mcast.McastReceiver`), without waiting; a
+    receiver's refusal (a udp:// datagram that is no message) comes in the message's place. The first read
+    follows a poll that found the receiver ready; after it, the receiver is asked whether more waits
+    (`waiting()`) rather than read until it raises zmq.Again, which cost a udp:// receiver about 18 µs per
+    delivery at p50 in the latency lab (docs/benchmarks.md, "Sub-hops")."""
+    waiting = sock.waiting
     for n in range(most):
-        if n and waiting is not None and not waiting():
+        if n and not waiting():
             return
         try:
             yield sock.recv_multipart(zmq.NOBLOCK)

@@ -19,7 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import Counter
@@ -40,12 +40,12 @@ RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again thi
 
 @dataclass
 class _Cut:
-    """The streams still to cut back to the leader's journal, the search under way and its open question."""
+    """The streams still to cut back to the leader's journal, the search under way and its open question. The
+    connections questions are asked on are the follower's (`Follower.stop_asking`), each in the loop's poller."""
 
     streams: deque[str]
     search: Agreement | None = None
     question: Question | None = None
-    watched: set[int] = field(default_factory=set)  # ids of the question connections in the loop's poller
 
 
 class ReplicaCopier:
@@ -129,9 +129,7 @@ class ReplicaCopier:
                 while (own := cut.search.asking) is not None:
                     if cut.question is None:
                         cut.question = f.ask(stream, own, now)
-                        if id(cut.question.client) not in cut.watched:
-                            cut.watched.add(id(cut.question.client))
-                            self._watch(cut.question.client.sock, 1)
+                        self._watch(cut.question.client.sock, 1)  # again for a connection watched: a no-op
                     has = f.answer(cut.question, now)
                     if has is None:
                         return False
@@ -147,11 +145,10 @@ class ReplicaCopier:
         return True
 
     def _end_cut(self, f: Follower) -> None:
-        """Close the question connections (out of the poller first); no cut is under way after this."""
-        watched = self._cut.watched if self._cut is not None else set()
+        """Close the question connections (out of the poller first: each carried a question, so it was watched);
+        no cut is under way after this."""
         for client in f.stop_asking():
-            if id(client) in watched:
-                self._unwatch(client.sock)
+            self._unwatch(client.sock)
             client.close()
         self._cut = None
 

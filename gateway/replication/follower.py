@@ -216,13 +216,20 @@ class Follower:
     def ask(self, stream: str, own: B.Batch, now: float) -> Question:
         """Ask the leader's sidecar whether its journal holds `own` (a batch of ours) byte for byte: journals are
         identical up to the last batch for which this holds (each batch was copied with every batch before it).
-        One connection per stream serves every question of a cut; the first answer also waits for its handshake."""
-        client = self._asking.get(stream)
-        wait = self.timeout_s
+        One connection per stream serves every question of a cut; the first answer also waits for its handshake.
+        A connection is kept (for `stop_asking`) once it carried a question: one whose first FETCH failed is closed."""
+        client = kept = self._asking.get(stream)
         if client is None:
-            client = self._asking[stream] = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
-            wait += self.timeout_s
-        return Question(stream, own, client, client.fetch(own.first_seq, own.last_seq), now + wait)
+            client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+        try:
+            request_id = client.fetch(own.first_seq, own.last_seq)
+        except BaseException:
+            if kept is None:
+                client.close()
+            raise
+        self._asking[stream] = client
+        wait = self.timeout_s if kept is not None else 2 * self.timeout_s
+        return Question(stream, own, client, request_id, now + wait)
 
     def answer(self, q: Question, now: float) -> bool | None:
         """The leader's answer to `q`: whether it holds the batch, or None while its sidecar has not finished

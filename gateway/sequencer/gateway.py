@@ -419,7 +419,7 @@ class Gateway:
                 case I.Enqueue(identity, stream, key, body, confirm):
                     self._enqueue(identity, self.lanes[stream], key, body, confirm)
                 case I.Reply(identity, command):
-                    self.reply(identity, command)
+                    self._send_to(identity, P.encode(command), owed=action.owed)
                 case I.Refuse(identity, reason, kind):
                     if kind is None:
                         self._send_to(identity, P.invalid(reason))
@@ -431,11 +431,6 @@ class Gateway:
                     self.metrics.streams[stream].publishers.dec()
                 case I.Mirror(identity, stream, command, confirm):
                     self._mirror_command(identity, stream, command, confirm)
-                case I.Farewell(identity):
-                    # Best effort: the session is over and nothing is owed; a client that closes right after
-                    # DETACH (as Publisher.close does) is gone before this answer arrives, and that is normal.
-                    with contextlib.suppress(zmq.ZMQError):
-                        self.router.send_multipart((identity, P.encode(P.DetachOk())), zmq.NOBLOCK)
 
     def _enqueue(self, identity: bytes | None, lane: Lane, key: bytes, body: bytes, confirm: bool) -> None:
         """One record (a PUBLISH, or a plain PUB frame: no identity) into the lane's pending batch."""
@@ -752,11 +747,12 @@ class Gateway:
     def reply(self, identity: bytes, cmd: P.Command) -> None:
         self._send_to(identity, P.encode(cmd))
 
-    def _send_to(self, identity: bytes, frame: bytes) -> None:
+    def _send_to(self, identity: bytes, frame: bytes, *, owed: bool = True) -> None:
         """A reply to one client. Never blocks the gateway; a reply that cannot go is counted, not lost in silence:
-        the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms)."""
+        the client is gone, or has left REPLY_HWM replies unread (a publisher that never reads its confirms). One
+        not `owed` (`ingest.Reply.owed`: PING-OK, DETACH-OK) to a client that is gone is normal: not counted."""
         outcome = route(self.router, identity, frame)
-        if outcome == "sent":
+        if outcome == "sent" or (outcome == "gone" and not owed):
             return
         self.metrics.replies_dropped.labels(outcome).inc()
         if outcome == "unread":

@@ -43,7 +43,7 @@ ATTACHED
     A session on one stream with its own handshake. PUBLISH queues a record on the stream's lane (`Enqueue`);
     PUBLISH-BATCH has its batch sequenced whole (`Sequence`); both are owed PUBLISH-OK when 'confirm' was
     granted. PING gets PING-OK. A second ATTACH starts over (perhaps on another stream). DETACH ends the session,
-    answered DETACH-OK best effort: DETACHED. An EXTEND that is granted 'mirror': MIRRORING.
+    answered DETACH-OK (not owed: see `Reply.owed`): DETACHED. An EXTEND that is granted 'mirror': MIRRORING.
 MIRRORING
     The session of `zeps mirror`, writing another site's stream here sequence for sequence: MIRROR (where to
     resume), PROMOTE and its PUBLISH-BATCHes are the stream's mirror rules' to judge (`Mirror`). A second
@@ -106,6 +106,13 @@ class Reply(NamedTuple):
     identity: bytes
     command: P.Command
 
+    @property
+    def owed(self) -> bool:
+        """False for an answer nothing waits on (PING-OK, DETACH-OK): a client may be gone before it goes (a
+        readiness probe that stopped at its first PING-OK, a publisher that closes right after DETACH), and a
+        reply to a client that left normally is not a dropped reply."""
+        return not isinstance(self.command, (P.PingOk, P.DetachOk))
+
 
 class Refuse(NamedTuple):
     """Send INVALID(reason); count it under `kind` (None: the node's doing, not the client's: not counted)."""
@@ -113,12 +120,6 @@ class Refuse(NamedTuple):
     identity: bytes
     reason: str
     kind: str | None = "invalid"
-
-
-class Farewell(NamedTuple):
-    """DETACH-OK, best effort: the session is over and nothing is owed (a client may close right after DETACH)."""
-
-    identity: bytes
 
 
 class Joined(NamedTuple):
@@ -162,7 +163,7 @@ class Mirror(NamedTuple):
     confirm: bool
 
 
-Action = Reply | Refuse | Farewell | Joined | Left | Enqueue | Sequence | Mirror
+Action = Reply | Refuse | Joined | Left | Enqueue | Sequence | Mirror
 
 
 @dataclass(slots=True)
@@ -314,7 +315,7 @@ class Ingest:
     def _detach(self, cmd: P.Detach) -> None:
         self._negotiated(cmd)
         del self.sessions[self._identity]
-        self._out += (Left(self._attached.stream), Farewell(self._identity))
+        self._out += (Left(self._attached.stream), Reply(self._identity, P.DetachOk()))
 
     def _send_to_sidecar(self, cmd: P.Command) -> None:
         """3f: history is the replay sidecar's."""

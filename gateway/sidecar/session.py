@@ -81,6 +81,22 @@ class Sent(NamedTuple):
     credit_stall: bool  # this frame used up the credit while more was waiting to be sent
 
 
+class Turn:
+    """One client's share of one turn of the socket loop: at most `frames` frames, and none begun once `deadline`
+    (a time.monotonic() value) has passed, so that one big answer (a long FETCH of large batches) holds the other
+    clients and the loop's timers no longer than that. The first frame is always allowed: every ready client
+    moves at each turn."""
+
+    __slots__ = ("deadline", "frames", "served")
+
+    def __init__(self, frames: int, deadline: float) -> None:
+        self.frames, self.deadline, self.served = frames, deadline, 0
+
+    def allows(self, now: float) -> bool:
+        """Whether another frame may be served at `now`; the caller counts it in `served` once it went."""
+        return self.served == 0 or (self.served < self.frames and now < self.deadline)
+
+
 class _Out(NamedTuple):
     frame: bytes
     charge: int

@@ -108,6 +108,11 @@ class Node:
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> Node:
+        """Start the gateway and the sidecar; a no-op while they run (started, not killed since): a second gateway
+        would find the journal's writer lock held and exit. One that exited on its own stays exited, for the
+        checks that look for such processes."""
+        if self.procs:
+            return self
         self.journal.mkdir(parents=True, exist_ok=True)
         self.procs = [zeps(self.lab, self.name, self.log, *args, env=self.env)
                       for args in (self.gateway_args, self.replay_args)]  # fmt: skip

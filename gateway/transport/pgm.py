@@ -753,6 +753,10 @@ class PgmReceiver(PolledByFd):
         ready = select.select([self.fileno()], [], [], None if timeout is None else timeout / 1000)[0]
         return zmq.POLLIN if ready and self._loop.ready() else 0
 
+    def waiting(self) -> bool:
+        """Whether a whole message is ready (what recv_multipart takes)."""
+        return bool(self._loop.ready())
+
     def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
         """The next whole message; zmq.Again with NOBLOCK when none is ready."""
         del copy

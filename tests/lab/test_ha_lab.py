@@ -93,3 +93,21 @@ def test_subscribers_ride_through_leader_kills_on_multicast(
     print(f"{transport} loss {loss}: {len(confirmed)} confirmed, head {head}, kill -9 -> confirms again "
           f"{[round(f, 3) for f in failovers]} s, -> subscriber receives again {outages} s, epochs {epochs}, "
           f"subscriber {got['summary']}")  # fmt: skip
+
+
+def test_starting_a_running_node_again_starts_nothing(make_lab, tmp_path: Path) -> None:
+    """A second start of a running node (overlapping nemesis faults restart it) is a no-op: a second gateway would
+    find the journal's writer lock held and exit, and pass for a process that exited on its own."""
+    lab = make_lab(["etcd", "n1"])
+    etcd_proc, etcd = start_etcd(lab, tmp_path / "etcd")
+    node = Node(lab, tmp_path, "n1", etcd, f"udp://{lab.group(1)}:{MCAST_PORT}")
+    try:
+        running = node.start().wait_ready().procs
+        assert node.start().wait_ready().procs is running
+        assert all(p.poll() is None for p in running)
+        node.kill9()
+        assert node.start().wait_ready().procs is not running  # killed: started afresh
+    finally:
+        node.kill9()
+        etcd_proc.kill()
+        etcd_proc.wait(10)

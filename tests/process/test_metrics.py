@@ -6,17 +6,20 @@ error counter, and no `_created` series is exported.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
-from support.servers import STREAM, GatewayProcess, free_port, start_sidecar
+from support.servers import STREAM, GatewayProcess, free_port, start_sidecar, zeps_client
 
 from gateway.client.publisher import Publisher
 from gateway.wire import batch as B
+from gateway.wire import protocol as P
 
 OTHER = "other"
 SHORT_LIVED = 20  # publishers that publish one record and close: DETACH, then gone before DETACH-OK arrives
@@ -131,3 +134,30 @@ def test_a_two_stream_gateway_counts_per_stream_and_normal_use_moves_no_error_co
     assert value(after, "zeps_gateway_journaled_bytes_total", stream=STREAM) == SHORT_LIVED * per_batch
     assert value(after, "zeps_gateway_journaled_bytes_total", stream=OTHER) >= 250 * (B.RECORD_OVERHEAD + 5)
     assert not moved(after, *GATEWAY_ERRORS)
+
+
+def test_a_ping_ok_to_a_client_gone_is_no_dropped_reply_an_attach_ok_is(tmp_path: Path) -> None:
+    """A readiness probe sends PINGs until one is answered and leaves: the rest of its PING-OKs find it gone.
+    The gateway is stopped while the client queues its commands and leaves, so every answer finds it gone."""
+    port = free_port()
+    gw = GatewayProcess(tmp_path, "--metrics", f"127.0.0.1:{port}")
+    try:
+        probe = zeps_client(gw.ingest)
+        probe.send(P.encode(P.Ping()))
+        assert isinstance(P.decode(probe.recv()), P.PingOk)  # connected
+        gw.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(5):
+                probe.send(P.encode(P.Ping()))
+            probe.send(P.encode(P.Attach(P.PROTOCOL, P.VERSION, STREAM)))  # last: owed its ATTACH-OK
+            probe.setsockopt(zmq.LINGER, 2000)
+            probe.close()  # the commands wait in the gateway's socket buffer, then the connection's end
+        finally:
+            gw.proc.send_signal(signal.SIGCONT)
+        deadline = time.monotonic() + 10
+        while not (gone := value(scrape(port), "zeps_gateway_replies_dropped_total", reason="gone")):
+            assert time.monotonic() < deadline, "the ATTACH-OK to a client gone was not counted"
+            time.sleep(0.05)
+    finally:
+        gw.stop()
+    assert gone == 1  # the ATTACH-OK, answered after the five PING-OKs

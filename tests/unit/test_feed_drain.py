@@ -92,6 +92,9 @@ class Datagrams(PolledByFd):
     def fileno(self) -> int:
         return self.ready
 
+    def waiting(self) -> bool:
+        return bool(self.datagrams)
+
     def recv_multipart(self, flags: int = 0) -> list[bytes]:
         try:
             os.read(self.ready, 1)

@@ -81,7 +81,8 @@ def test_the_table_uses_only_the_cores_methods_and_names_every_phase() -> None:
 
 def test_without_a_session_ping_is_answered_and_the_rest_names_attach() -> None:
     ingest, _ = core()
-    assert ingest.handle(A, P.Ping(), 0.0) == [I.Reply(A, P.PingOk())]
+    assert (pong := ingest.handle(A, P.Ping(), 0.0)) == [I.Reply(A, P.PingOk())]
+    assert not pong[0].owed  # a readiness probe stops at its first PING-OK: one to a probe gone is no error
     reason, kind = refusal(ingest.handle(A, P.Publish("k", b"v"), 0.0))
     assert reason.startswith("PUBLISH before ATTACH") and kind == "invalid"
     assert not ingest.sessions
@@ -99,9 +100,10 @@ def test_attach_is_checked_then_a_second_one_starts_over() -> None:
     assert ingest.sessions[A].stream == "t"
 
 
-def test_detach_ends_the_session_with_a_farewell() -> None:
+def test_detach_ends_the_session_with_a_detach_ok_not_owed() -> None:
     ingest, _ = attached()
-    assert ingest.handle(A, P.Detach(), 1.0) == [I.Left("s"), I.Farewell(A)]
+    assert (answer := ingest.handle(A, P.Detach(), 1.0)) == [I.Left("s"), I.Reply(A, P.DetachOk())]
+    assert not answer[1].owed  # a publisher may close right after DETACH: a DETACH-OK it missed is no error
     assert A not in ingest.sessions
     assert refusal(ingest.handle(A, P.Publish("k", b"v"), 2.0))[0].startswith("PUBLISH before ATTACH")
 
@@ -121,6 +123,7 @@ def test_extend_once_first_grants_and_later_is_refused() -> None:
     assert "EXTEND is allowed once" in refusal(ingest.handle(A, P.Extend((P.FEATURE_BATCH,)), 1.0))[0]
     late, _ = attached()
     assert late.handle(A, P.Ping(), 1.0) == [I.Reply(A, P.PingOk())]
+    assert I.Reply(A, P.AttachOk()).owed and I.Reply(A, P.ExtendOk(())).owed and I.Reply(A, P.PublishOk(1, 1)).owed
     assert "EXTEND is allowed once" in refusal(late.handle(A, P.Extend((P.FEATURE_BATCH,)), 1.0))[0]
 
 

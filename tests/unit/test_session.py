@@ -462,3 +462,17 @@ def test_close_releases_every_cursor() -> None:
     assert any(not c.closed for c in journal.cursors)
     s.close()
     assert all(c.closed for c in journal.cursors)
+
+
+def test_a_turn_ends_at_its_frame_count_or_its_deadline_whichever_comes_first() -> None:
+    """One big answer (a long FETCH) holds the socket loop no longer than a turn's deadline, nor for more frames
+    than its count; the first frame always goes, so every ready client moves at each turn."""
+    counted = S.Turn(3, deadline=10.0)
+    for now in (0.0, 1.0, 2.0, 3.0, 4.0):
+        if counted.allows(now):
+            counted.served += 1
+    assert counted.served == 3
+    timed = S.Turn(256, deadline=10.0)
+    assert timed.allows(11.0)  # the first frame, however late the turn began
+    timed.served = 1
+    assert timed.allows(9.999) and not timed.allows(10.0) and not timed.allows(11.0)
