@@ -15,7 +15,9 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   after the leader went silent and the followers said "none is elected yet", a publisher went back to the
   paused old leader, whose kernel takes the connection while the process answers nothing, and waited there
   for its handshake deadline while a follower was elected (a second of a SIGSTOP's silence). It is tried
-  again when a server names it, or when every endpoint has failed without an answer;
+  again when a server names it, or when every other endpoint has failed without an answer too; a success
+  at another endpoint does not clear it (it says nothing of that one: a publisher attached to the new leader,
+  sent on when that leader was deposed in turn, went back to the old one, still paused, and waited 0.6 s);
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
   becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
@@ -106,9 +108,11 @@ class Endpoints:
         )
 
     def succeeded(self) -> None:
+        """The current endpoint did the job: the rounds and the refusals start again; the endpoints that went
+        silent stay passed over until they answer or are named."""
         self.backoff.reset()
         self.refusals.clear()
-        self.silent.clear()
+        self.silent.discard(self.all[self.at])
         self._tried = 0
 
     def add(self, endpoint: str) -> None:

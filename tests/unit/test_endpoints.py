@@ -101,7 +101,24 @@ def test_an_endpoint_that_went_silent_is_passed_over_while_others_answer() -> No
     silent = Endpoints([A, B, C], first=0.1, cap=5.0)
     assert tries(silent, 4) == [B, C, A, B]  # every one silent: in order, as before
     silent.succeeded()
-    assert not silent.silent
+    assert silent.silent == {A, C}  # B answered; the others did not
+
+
+def test_an_endpoint_that_went_silent_stays_passed_over_after_a_success_elsewhere() -> None:
+    # The leader A was paused; the client attached at B, the new leader, which was deposed in turn and sent it
+    # on ("none is elected yet"), as did C: the client asks B and C again, not A, which is still paused.
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed()  # A: no answer
+    e.succeeded()  # attached at B
+    assert e.silent == {A}
+    e.failed("none is elected yet; retry later", answered=True)
+    assert e.current == C
+    e.failed("none is elected yet; retry later", answered=True)
+    assert e.current == B
+    e.failed(f"the leader is {A}", answered=True)  # A resumed and was elected: named, tried again
+    assert e.current == A
+    e.succeeded()
+    assert not e.silent
 
 
 def test_a_refusing_endpoint_does_not_hide_the_silent_ones_for_good() -> None:
