@@ -15,8 +15,9 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   after the leader went silent and the followers said "none is elected yet", a publisher went back to the
   paused old leader, whose kernel takes the connection while the process answers nothing, and waited there
   for its handshake deadline while a follower was elected (a second of a SIGSTOP's silence). It is tried
-  again when a server names it, or when every other endpoint has failed without an answer too; a success
-  at another endpoint does not clear it (it says nothing of that one: a publisher attached to the new leader,
+  again when a server names it, or when every other endpoint has failed without an answer too, and then the
+  one that failed longest ago first (the one that failed last is the likeliest still down). A success at
+  another endpoint does not clear it (it says nothing of that one: a publisher attached to the new leader,
   sent on when that leader was deposed in turn, went back to the old one, still paused, and waited 0.6 s);
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
@@ -56,7 +57,9 @@ class Endpoints:
         self.at = 0
         self.backoff = Backoff(first, cap)
         self.refusals: dict[str, str] = {}  # endpoint -> its latest refusal, since the last success
-        self.silent: set[str] = set()  # endpoints that failed without an answer since they last answered
+        # endpoints that failed without an answer since they last answered -> when (a count of such failures)
+        self.silent: dict[str, int] = {}
+        self._silences = 0
         self._tried = 0  # failures in this round
         self._delay = 0.0
 
@@ -88,9 +91,11 @@ class Endpoints:
         if answered:
             self.backoff.reset()
             self._tried = 0
-            self.silent.discard(current)
-        elif not hint:  # no answer at all (a refusal is one)
-            self.silent.add(current)
+        if answered or hint:  # it answered (a refusal is an answer)
+            self.silent.pop(current, None)
+        else:
+            self._silences += 1
+            self.silent[current] = self._silences
         if self._tried % len(self.all) == 0:  # a new round
             self._delay = self.backoff.next()
         self._tried += 1
@@ -99,20 +104,22 @@ class Endpoints:
         return self._delay
 
     def _next_answering(self) -> int:
-        """The next other endpoint in order that has not failed without an answer; the next one, if all have
-        (never the current one again: a server that keeps refusing must not hide the others for good)."""
+        """The next other endpoint in order that has not failed without an answer; if all have, the one whose
+        silence is oldest (never the current one again, while there is another: a server that keeps refusing
+        must not hide the others for good)."""
         n = len(self.all)
-        return next(
-            ((self.at + i) % n for i in range(1, n) if self.all[(self.at + i) % n] not in self.silent),
-            (self.at + 1) % n,
-        )
+        others = [(self.at + i) % n for i in range(1, n)]
+        if not others:
+            return self.at
+        answering = [i for i in others if self.all[i] not in self.silent]
+        return answering[0] if answering else min(others, key=lambda i: self.silent[self.all[i]])
 
     def succeeded(self) -> None:
         """The current endpoint did the job: the rounds and the refusals start again; the endpoints that went
         silent stay passed over until they answer or are named."""
         self.backoff.reset()
         self.refusals.clear()
-        self.silent.discard(self.all[self.at])
+        self.silent.pop(self.all[self.at], None)
         self._tried = 0
 
     def add(self, endpoint: str) -> None:
