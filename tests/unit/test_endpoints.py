@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.client.endpoints import Endpoints
+from gateway.client.endpoints import CONNECT_TIMEOUT_MS, FIRST_CONNECT_TIMEOUT_MS, Endpoints
 from gateway.errors import ConfigError
 
 A, B, C = "tcp://10.0.0.1:5570", "tcp://10.0.0.2:5570", "tcp://10.0.0.3:5570"
@@ -154,3 +154,16 @@ def test_a_refusing_endpoint_does_not_hide_the_silent_ones_for_good() -> None:
     assert e.current == B  # B answered (a refusal): before the silent ones
     e.failed("too many clients; retry later", answered=True)
     assert e.current == A  # the silent ones still come round, the longest silent first
+
+
+def test_a_connect_waits_short_first_and_longer_each_round_nothing_answered() -> None:
+    # a lost SYN costs the first try FIRST_CONNECT_TIMEOUT_MS, not 0.5 s; a path slower than that still connects
+    e = Endpoints([A, B], first=0.1, cap=5.0)
+    waits = [e.connect_timeout_ms]
+    for _ in range(6):
+        e.failed()
+        waits.append(e.connect_timeout_ms)
+    assert waits == [200, 200, 400, 400, CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS]
+    assert FIRST_CONNECT_TIMEOUT_MS == 200 < CONNECT_TIMEOUT_MS == 500
+    e.failed("none is elected yet; retry later", answered=True)  # an answer: short again
+    assert e.connect_timeout_ms == FIRST_CONNECT_TIMEOUT_MS
