@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 from gateway.client.backoff import Backoff
 from gateway.errors import ConfigError
+from gateway.transport import connect_retry
 from gateway.transport.tcp_endpoint import check_tcp_endpoint
 
 # With other endpoints to try, a TCP connect unanswered this long is given up (libzmq's CONNECT_TIMEOUT; the
@@ -42,10 +43,10 @@ from gateway.transport.tcp_endpoint import check_tcp_endpoint
 # cut from a healthy leader so reached it up to a second after the cut healed, and a subscriber's replay link
 # waited seconds for one sidecar while the others held what it needed. A LAN connect takes a millisecond.
 CONNECT_TIMEOUT_MS = 500
-# ... and the first try of a round waits less: a SYN or SYN-ACK lost (1-5% loss) cost a publisher 0.5 s at a
-# healthy new leader before it moved on. Each round in which nothing answered doubles it, up to
-# CONNECT_TIMEOUT_MS, so a longer path still connects.
-FIRST_CONNECT_TIMEOUT_MS = 200
+# ... and the first try of a round waits less, as a follower's connect to its leader does: a SYN or SYN-ACK
+# lost (1-5% loss) cost a publisher 0.5 s at a healthy new leader before it moved on. Each round in which
+# nothing answered doubles it, up to CONNECT_TIMEOUT_MS, so a longer path still connects.
+FIRST_CONNECT_TIMEOUT_MS = round(connect_retry.FIRST_S * 1000)
 
 
 class Endpoints:
