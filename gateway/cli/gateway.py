@@ -221,6 +221,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
     from gateway.sequencer.gateway import Gateway
+    from gateway.transport import connect_retry
     from gateway.wire import protocol as P
 
     cfg = configure(args)
@@ -228,10 +229,13 @@ def _run(args: argparse.Namespace) -> int:
         check_tails(cfg)
     replica = (*DEFAULT_FEATURES, P.FEATURE_UNCOMMITTED)  # a follower copies its leader's uncommitted records too
     curve = keyopts.client_curve(args)  # to the leader's sidecar, when the group's sidecars require CURVE
+    # A connect to the leader's sidecar with no answer is made again after FIRST_S (libzmq reconnects), not
+    # at the kernel's 1 s SYN retry: the follower's ATTACH there has 0.5 s, and commits wait for its copy.
+    retry_ms = round(connect_retry.FIRST_S * 1000)
     gateway = Gateway(
         cfg,
         replay=lambda endpoint, stream, timeout, ctx: ReplayClient(
-            endpoint, stream, timeout=timeout, ctx=ctx, features=replica, curve=curve
+            endpoint, stream, timeout=timeout, ctx=ctx, features=replica, curve=curve, connect_timeout_ms=retry_ms
         ),
     )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())

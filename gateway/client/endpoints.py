@@ -15,7 +15,10 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   after the leader went silent and the followers said "none is elected yet", a publisher went back to the
   paused old leader, whose kernel takes the connection while the process answers nothing, and waited there
   for its handshake deadline while a follower was elected (a second of a SIGSTOP's silence). It is tried
-  again when a server names it, or when every endpoint has failed without an answer;
+  again when a server names it, or when every other endpoint has failed without an answer too, and then the
+  one that failed longest ago first (the one that failed last is the likeliest still down). A success at
+  another endpoint does not clear it (it says nothing of that one: a publisher attached to the new leader,
+  sent on when that leader was deposed in turn, went back to the old one, still paused, and waited 0.6 s);
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
   becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
@@ -31,6 +34,7 @@ from collections.abc import Sequence
 
 from gateway.client.backoff import Backoff
 from gateway.errors import ConfigError
+from gateway.transport import connect_retry
 from gateway.transport.tcp_endpoint import check_tcp_endpoint
 
 # With other endpoints to try, a TCP connect unanswered this long is given up (libzmq's CONNECT_TIMEOUT; the
@@ -39,6 +43,10 @@ from gateway.transport.tcp_endpoint import check_tcp_endpoint
 # cut from a healthy leader so reached it up to a second after the cut healed, and a subscriber's replay link
 # waited seconds for one sidecar while the others held what it needed. A LAN connect takes a millisecond.
 CONNECT_TIMEOUT_MS = 500
+# ... and the first try of a round waits less, as a follower's connect to its leader does: a SYN or SYN-ACK
+# lost (1-5% loss) cost a publisher 0.5 s at a healthy new leader before it moved on. Each round in which
+# nothing answered doubles it, up to CONNECT_TIMEOUT_MS, so a longer path still connects.
+FIRST_CONNECT_TIMEOUT_MS = round(connect_retry.FIRST_S * 1000)
 
 
 class Endpoints:
@@ -54,7 +62,9 @@ class Endpoints:
         self.at = 0
         self.backoff = Backoff(first, cap)
         self.refusals: dict[str, str] = {}  # endpoint -> its latest refusal, since the last success
-        self.silent: set[str] = set()  # endpoints that failed without an answer since they last answered
+        # endpoints that failed without an answer since they last answered -> when (a count of such failures)
+        self.silent: dict[str, int] = {}
+        self._silences = 0
         self._tried = 0  # failures in this round
         self._delay = 0.0
 
@@ -65,6 +75,13 @@ class Endpoints:
     @property
     def several(self) -> bool:
         return len(self.all) > 1
+
+    @property
+    def connect_timeout_ms(self) -> int:
+        """How long the next TCP connect may go unanswered (with other endpoints to try): FIRST_CONNECT_TIMEOUT_MS,
+        doubled for each whole round of failures since an endpoint last answered, up to CONNECT_TIMEOUT_MS."""
+        rounds = self._tried // len(self.all) if self.all else 0
+        return min(CONNECT_TIMEOUT_MS, FIRST_CONNECT_TIMEOUT_MS << min(rounds, 8))
 
     @property
     def all_refused(self) -> bool:
@@ -86,9 +103,11 @@ class Endpoints:
         if answered:
             self.backoff.reset()
             self._tried = 0
-            self.silent.discard(current)
-        elif not hint:  # no answer at all (a refusal is one)
-            self.silent.add(current)
+        if answered or hint:  # it answered (a refusal is an answer)
+            self.silent.pop(current, None)
+        else:
+            self._silences += 1
+            self.silent[current] = self._silences
         if self._tried % len(self.all) == 0:  # a new round
             self._delay = self.backoff.next()
         self._tried += 1
@@ -97,18 +116,22 @@ class Endpoints:
         return self._delay
 
     def _next_answering(self) -> int:
-        """The next other endpoint in order that has not failed without an answer; the next one, if all have
-        (never the current one again: a server that keeps refusing must not hide the others for good)."""
+        """The next other endpoint in order that has not failed without an answer; if all have, the one whose
+        silence is oldest (never the current one again, while there is another: a server that keeps refusing
+        must not hide the others for good)."""
         n = len(self.all)
-        return next(
-            ((self.at + i) % n for i in range(1, n) if self.all[(self.at + i) % n] not in self.silent),
-            (self.at + 1) % n,
-        )
+        others = [(self.at + i) % n for i in range(1, n)]
+        if not others:
+            return self.at
+        answering = [i for i in others if self.all[i] not in self.silent]
+        return answering[0] if answering else min(others, key=lambda i: self.silent[self.all[i]])
 
     def succeeded(self) -> None:
+        """The current endpoint did the job: the rounds and the refusals start again; the endpoints that went
+        silent stay passed over until they answer or are named."""
         self.backoff.reset()
         self.refusals.clear()
-        self.silent.clear()
+        self.silent.pop(self.all[self.at], None)
         self._tried = 0
 
     def add(self, endpoint: str) -> None:

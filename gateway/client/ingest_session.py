@@ -148,6 +148,7 @@ class Connect:
     endpoint: str
     first: bool
     several: bool  # other endpoints to try: a connect that fails (nothing listens) counts as a drop
+    connect_timeout_ms: int = 0  # with several: a connect unanswered this long counts as a drop (0: the kernel's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +372,9 @@ class IngestSession:
                 self._endpoints.move_to(leader)
                 self.endpoint = leader
             self._epoch = listed.epoch
-        self._out.append(Connect(self.endpoint, first=not self.attached_once, several=self._endpoints.several))
+        several = self._endpoints.several
+        timeout = self._endpoints.connect_timeout_ms if several else 0
+        self._out.append(Connect(self.endpoint, not self.attached_once, several, timeout))
         self._opening = Opening(self.stream, WANTED, attach_s=self._opening_s(), extend_s=HANDSHAKE_S)
         self._send(P.encode(self._opening.start(self._now)))
 

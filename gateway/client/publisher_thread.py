@@ -30,7 +30,6 @@ import zmq
 
 from gateway.client.accumulator import Accumulator
 from gateway.client.directory import Directory
-from gateway.client.endpoints import CONNECT_TIMEOUT_MS
 from gateway.client.ingest_session import (
     Close,
     Connect,
@@ -252,8 +251,8 @@ class PublisherThread:
                         pass
                 case Release(nbytes=n):
                     self.acc.release(n)
-                case Connect(endpoint=endpoint, first=first, several=several):
-                    self._connect(endpoint, first, several)
+                case Connect(endpoint=endpoint, first=first, several=several, connect_timeout_ms=timeout):
+                    self._connect(endpoint, first, several, timeout)
                 case Disconnect():
                     self._close_socket(linger=0)
 
@@ -265,10 +264,10 @@ class PublisherThread:
         ingests = (info.ingest, *(i for i in info.ingests if i != info.ingest))
         return Listed(ingests, info.epoch)
 
-    def _connect(self, endpoint: str, first: bool, several: bool) -> None:
+    def _connect(self, endpoint: str, first: bool, several: bool, connect_timeout_ms: int) -> None:
         self._close_socket(linger=0)
         try:
-            self._open(first, several)
+            self._open(first, several, connect_timeout_ms)
         except zmq.ZMQError as exc:  # EMFILE, say, in a storm of reconnects: a connection to retry, not a dead thread
             self._close_socket(linger=0)
             if not self._open_failed:  # once per episode
@@ -287,7 +286,7 @@ class PublisherThread:
             self._close_socket(linger=0)
             self._unusable = Rejected(f"cannot connect to {endpoint!r}: {exc.strerror}")
 
-    def _open(self, first: bool, several: bool) -> None:
+    def _open(self, first: bool, several: bool, connect_timeout_ms: int) -> None:
         """A DEALER for the next connection (and the monitor of its handshake or of its drops) as `_sock`."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -295,8 +294,8 @@ class PublisherThread:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS if several else LONE_HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS if several else LONE_HEARTBEAT_TIMEOUT_MS)
-        if several:
-            sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
+        if several and connect_timeout_ms:
+            sock.setsockopt(zmq.CONNECT_TIMEOUT, connect_timeout_ms)
         if self._curve is not None:
             self._curve.apply(sock)
         self._several = several

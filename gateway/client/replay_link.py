@@ -42,7 +42,7 @@ from typing import Any
 from gateway import reconcile as R
 from gateway.client.datagram_fills import DatagramFills
 from gateway.client.directory import Directory
-from gateway.client.endpoints import CONNECT_TIMEOUT_MS, Endpoints
+from gateway.client.endpoints import Endpoints
 from gateway.client.link_state import ANSWERED, LOST, REFUSED, RETRY, LinkInput, LinkState, step
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, start_after
 from gateway.client.replay_client import Event as Answer  # what a sidecar sends; R.Event is the reconciler's
@@ -406,7 +406,7 @@ class ReplayLink:
             curve=self._curve,
             ctx=self._ctx,
             fail_unreachable=self._sidecars.several,
-            connect_timeout_ms=CONNECT_TIMEOUT_MS if self._sidecars.several else 0,
+            connect_timeout_ms=self._sidecars.connect_timeout_ms if self._sidecars.several else 0,
         )
 
     def _close_connections(self) -> None:

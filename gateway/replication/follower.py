@@ -23,9 +23,11 @@ put in its etcd leader key: only a node that reads the group's etcd can make an 
 anyone who can reach the link (docs/ha.md). A peer link that answers nothing for `suspect_s` after our ping
 left (gateway.replication.silence: a ping still queued behind a connect is not counted) is a leader gone
 silent (killed, paused, cut off); one that the leader closed, after which its port refuses us, is a leader
-whose process exited, suspected at once. The leader answers with REPLICA-COMMIT, how far each stream is
-committed: the follower's sidecar serves that far (gateway.journal.committed), once the follower's journal is
-known to be a prefix of the leader's.
+whose process exited, suspected at once. A connect to the leader's link still under way after 0.2 s is
+made again (gateway.transport.connect_retry): a lost SYN waits for the kernel's 1 s otherwise, and until
+the link is up the follower copies nothing and acknowledges nothing. The leader answers with REPLICA-COMMIT,
+how far each stream is committed: the follower's sidecar serves that far (gateway.journal.committed), once
+the follower's journal is known to be a prefix of the leader's.
 
 The replay client is passed in (gateway.client.replay_client.ReplayClient, by `zeps gateway`): the server layer
 does not import the client library.
@@ -55,6 +57,7 @@ import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
 from gateway.replication.silence import Silence
+from gateway.transport.connect_retry import ConnectRetry
 from gateway.transport.link import Link, LinkSet
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
@@ -200,7 +203,8 @@ class Follower:
         self._max_frame = max_frame
         self._tls = tls  # the group's TLS on the peer link, if it has one
         self._untrusted_logged = False
-        self.link = self._connect()
+        self._connect_retry = ConnectRetry()
+        self.link = self._connect(time.monotonic())
         self._reconnect_at = 0.0
         self._answered_on: Link | None = None  # the link the leader last answered on
         self._hung_up = False  # the leader closed the link it answered on, and has not answered since
@@ -327,8 +331,15 @@ class Follower:
                     log.warning("ha: the peer link of leader %s: %s; check this node's --peer-tls-cert, "
                                 "--peer-tls-key and --peer-tls-ca", self.leader.node, link.error)  # fmt: skip
                     self._untrusted_logged = True
+            self._connect_retry.ended()
             if now >= self._reconnect_at:
-                self.link, self._reconnect_at = self._connect(), now + RECONNECT_S
+                self.link, self._reconnect_at = self._connect(now), now + RECONNECT_S
+        elif not link.connecting:
+            self._connect_retry.ended()
+        elif self._connect_retry.expired(now):  # no SYN-ACK yet: the SYN again now, not at the kernel's 1 s
+            log.debug("ha: peer link to %s: the connect had no answer; connecting again", self.leader.node)
+            self._links.drop(link)
+            self.link = self._connect(now)
         if now >= self._next_ack:
             self._next_ack = now + ACK_EVERY_S
             self._send(P.Ping())
@@ -344,7 +355,8 @@ class Follower:
             return f"silent for {self.suspect_s:.2f} s"
         return ""
 
-    def _connect(self) -> Link:
+    def _connect(self, now: float) -> Link:
+        self._connect_retry.started(now)
         peer = self.leader.reachable(self.leader.peer)
         tls = self._tls.client if self._tls is not None else None
         link = Link.connect(peer, max_frame=self._max_frame, max_queued=ACK_QUEUE, errors=self._errors, tls=tls,

@@ -89,6 +89,7 @@ class InSyncKeeper:
         self._writing: tuple[int, frozenset[str] | None] | None = None
         self._dropping: set[str] = set()
         self._write_retry_at = 0.0
+        self._retry_epoch = 0  # the epoch of the write that failed last: the retry wait holds back its epoch only
         self._report_at = 0.0
 
     def eligible(self, etcd: Etcd) -> tuple[str, int] | None:
@@ -101,8 +102,10 @@ class InSyncKeeper:
 
     def take_over(self, epoch: int, now: float, promoted: Callable[[], Mapping[str, Promotion]]) -> None:
         """Ask for the previous epoch's in-sync set to be taken over (`written` says when it was), and for the
-        group's promotions, `promoted()` (this node's own marks, read only if asked) added to them."""
-        if self._writing is not None or now < self._write_retry_at:
+        group's promotions, `promoted()` (this node's own marks, read only if asked) added to them. A write of
+        an earlier epoch that failed does not hold it back: that epoch is over (a leader deposed and elected
+        again waited `RETRY_WRITE_S` more before it could lead, while publishers heard "none is elected yet")."""
+        if self._writing is not None or (now < self._write_retry_at and epoch <= self._retry_epoch):
             return
         self._writing, self._dropping = (epoch, None), set()
         self._post("insync", partial(self._take_over, epoch, dict(promoted())))
@@ -131,7 +134,7 @@ class InSyncKeeper:
             why = outcome if isinstance(outcome, CoordinatorError) else "a successor leads"
             log.warning("ha: %s (%s); trying again", "cannot take over yet" if target is None else "in-sync set not "
                         "written", why)  # fmt: skip
-            self._write_retry_at = now + RETRY_WRITE_S
+            self._write_retry_at, self._retry_epoch = now + RETRY_WRITE_S, epoch
             return Applied(None, frozenset())
         if target is None:
             return Applied(outcome, frozenset())

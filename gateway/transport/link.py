@@ -131,6 +131,11 @@ class Link(PolledByFd):
         return self._fd
 
     @property
+    def connecting(self) -> bool:
+        """Whether a background connect is still under way (no SYN-ACK yet, as of the last `frames` or `flush`)."""
+        return self._connecting and not self.closed
+
+    @property
     def wants_write(self) -> bool:
         """Whether the owner should poll for POLLOUT: connecting, or frames wait for the kernel."""
         handshake = self._handshake

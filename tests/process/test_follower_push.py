@@ -11,6 +11,7 @@ lets it have.
 from __future__ import annotations
 
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -245,4 +246,38 @@ def test_a_leader_whose_process_exits_is_suspected_at_once_and_one_that_only_han
     finally:
         f.close()
         leader.close()
+    assert not polled
+
+
+def test_a_connect_to_the_leader_whose_syn_is_lost_is_made_again_without_the_kernels_second(
+    ctx: zmq.Context,
+) -> None:
+    """A leader's port whose accept queue is full drops SYNs, as a lossy network does: the kernel would send the
+    SYN again only after 1 s (the follower, unconnected, would copy and acknowledge nothing meanwhile); the
+    follower gives the connect up after 0.2 s and connects again (gateway.transport.connect_retry)."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    port.listen(0)  # room for one connection waiting to be accepted
+    host, number = port.getsockname()
+    filler = socket.create_connection((host, number))  # ... taken: the next SYN is dropped
+    info = LeaderInfo("L", "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", f"tcp://{host}:{number}", secrets.token_hex(32))
+    polled: dict[object, int] = {}
+    f = Follower(ctx, Sidecar(ctx, []), "F", info, EPOCH, suspect_s=60.0, watch=polled.__setitem__,
+                 unwatch=polled.pop, max_frame=1 << 20)  # fmt: skip
+    accepted: list[socket.socket] = []
+    try:
+        started = time.monotonic()
+        assert ticks_until(f, 0.1) == "" and f.link.connecting  # its SYN was dropped
+        accepted.append(port.accept()[0])  # room again: a SYN sent from now on is taken
+        while f.link.connecting and time.monotonic() - started < 5.0:
+            f.tick(time.monotonic())
+            time.sleep(0.005)
+        assert not f.link.connecting and not f.link.closed
+        assert time.monotonic() - started < 0.9  # a new SYN, not the kernel's retransmission at 1 s
+    finally:
+        f.close()
+        filler.close()
+        for sock in accepted:
+            sock.close()
+        port.close()
     assert not polled

@@ -11,7 +11,7 @@ import pytest
 from gateway.client import ingest_session as S
 from gateway.client import opening as O
 from gateway.client.accumulator import Accumulator
-from gateway.client.endpoints import Endpoints
+from gateway.client.endpoints import FIRST_CONNECT_TIMEOUT_MS, Endpoints
 from gateway.errors import BadRecord, BadRecordType, ConfigError, ZepsError
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -205,7 +205,7 @@ def test_session_follows_the_directory_and_a_batch_outside_ready_is_a_bug() -> N
     s.handle(S.Listed(("tcp://c:1", "tcp://a:1"), 2), 1.0)  # a new leader, in a newer epoch
     assert s.state is S.State.DOWN
     actions = s.handle(S.Tick(), 9.0)
-    assert S.Connect("tcp://c:1", first=False, several=True) in actions
+    assert S.Connect("tcp://c:1", first=False, several=True, connect_timeout_ms=FIRST_CONNECT_TIMEOUT_MS) in actions
     with pytest.raises(RuntimeError, match="a bug"):
         publish(s, 1)
     actions = s.handle(S.Close(detach=True), 9.0)

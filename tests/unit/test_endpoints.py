@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.client.endpoints import Endpoints
+from gateway.client.endpoints import CONNECT_TIMEOUT_MS, FIRST_CONNECT_TIMEOUT_MS, Endpoints
 from gateway.errors import ConfigError
 
 A, B, C = "tcp://10.0.0.1:5570", "tcp://10.0.0.2:5570", "tcp://10.0.0.3:5570"
@@ -101,7 +101,42 @@ def test_an_endpoint_that_went_silent_is_passed_over_while_others_answer() -> No
     silent = Endpoints([A, B, C], first=0.1, cap=5.0)
     assert tries(silent, 4) == [B, C, A, B]  # every one silent: in order, as before
     silent.succeeded()
-    assert not silent.silent
+    assert set(silent.silent) == {A, C}  # B answered; the others did not
+
+
+def test_an_endpoint_that_went_silent_stays_passed_over_after_a_success_elsewhere() -> None:
+    # The leader A was paused; the client attached at B, the new leader, which was deposed in turn and sent it
+    # on ("none is elected yet"), as did C: the client asks B and C again, not A, which is still paused.
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed()  # A: no answer
+    e.succeeded()  # attached at B
+    assert set(e.silent) == {A}
+    e.failed("none is elected yet; retry later", answered=True)
+    assert e.current == C
+    e.failed("none is elected yet; retry later", answered=True)
+    assert e.current == B
+    e.failed(f"the leader is {A}", answered=True)  # A resumed and was elected: named, tried again
+    assert e.current == A
+    e.succeeded()
+    assert not e.silent
+
+
+def test_when_every_other_endpoint_went_silent_the_one_silent_longest_is_tried_first() -> None:
+    # C went silent long ago (and has come back, unasked since); the client attached at B, then B was paused:
+    # A answers "none is elected yet", and the client asks C, not B, which has just gone silent.
+    e = Endpoints([A, B, C], first=0.1, cap=5.0)
+    e.failed()  # A: no answer
+    e.failed()  # B: no answer
+    assert e.current == C
+    e.failed("none is elected yet; retry later", answered=True)  # C answered: the others are silent
+    assert e.current == A  # A's silence is older than B's
+    e.failed(f"the leader is {B}", answered=True)
+    e.succeeded()  # attached at B
+    e.failed()  # C named nothing since; B went silent (paused)
+    assert set(e.silent) == {B} and e.current == C
+    e.failed()  # C: no answer either
+    e.failed("none is elected yet; retry later", answered=True)  # A
+    assert e.current == B  # B's silence is older than C's
 
 
 def test_a_refusing_endpoint_does_not_hide_the_silent_ones_for_good() -> None:
@@ -115,6 +150,20 @@ def test_a_refusing_endpoint_does_not_hide_the_silent_ones_for_good() -> None:
     assert e.current == B
     e.failed("too many clients; retry later")  # B refused: C next, silent or not
     assert e.current == C
-    e.failed()
-    e.failed("too many clients; retry later", answered=True)  # A answered: the others are still tried
-    assert e.current == B
+    e.failed()  # C: no answer again
+    assert e.current == B  # B answered (a refusal): before the silent ones
+    e.failed("too many clients; retry later", answered=True)
+    assert e.current == A  # the silent ones still come round, the longest silent first
+
+
+def test_a_connect_waits_short_first_and_longer_each_round_nothing_answered() -> None:
+    # a lost SYN costs the first try FIRST_CONNECT_TIMEOUT_MS, not 0.5 s; a path slower than that still connects
+    e = Endpoints([A, B], first=0.1, cap=5.0)
+    waits = [e.connect_timeout_ms]
+    for _ in range(6):
+        e.failed()
+        waits.append(e.connect_timeout_ms)
+    assert waits == [200, 200, 400, 400, CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS, CONNECT_TIMEOUT_MS]
+    assert FIRST_CONNECT_TIMEOUT_MS == 200 < CONNECT_TIMEOUT_MS == 500
+    e.failed("none is elected yet; retry later", answered=True)  # an answer: short again
+    assert e.connect_timeout_ms == FIRST_CONNECT_TIMEOUT_MS

@@ -57,3 +57,22 @@ def test_nothing_is_written_while_etcd_lists_what_memory_holds() -> None:
     insync.advance({"s": 5}, now=0.1)
     keeper.keep(insync, now=0.1)
     assert posted == []
+
+
+def test_a_take_over_is_not_held_back_by_a_failed_write_of_an_earlier_epoch() -> None:
+    # a led epoch 7 and was deposed while a write of its set was in flight; it wins epoch 9: the write of 7
+    # comes back fenced out, and the take-over of 9 goes at once, not RETRY_WRITE_S later
+    keeper, insync, posted = leader({"c"})
+    insync.ack("b", 7, "s", 0, 0, now=0.1)
+    keeper.keep(insync, now=0.1)  # b joins: a write of epoch 7 in flight
+    assert len(posted) == 1
+    keeper.take_over(9, now=0.15, promoted=dict)
+    assert len(posted) == 1  # one write in flight at a time
+    keeper.written(Written(7, frozenset({"b", "c"}), False), None, now=0.2)  # fenced out: a successor leads
+    keeper.take_over(9, now=0.21, promoted=dict)
+    assert len(posted) == 2  # the take-over, at once
+    keeper.written(CoordinatorError("etcd unreachable"), None, now=0.3)
+    keeper.take_over(9, now=0.31, promoted=dict)
+    assert len(posted) == 2  # the take-over of 9 itself failed: it waits RETRY_WRITE_S before trying again
+    keeper.take_over(9, now=0.3 + RETRY_WRITE_S, promoted=dict)
+    assert len(posted) == 3
