@@ -6,7 +6,7 @@ others. An extension of a type below 128 whose length byte is 0 never moves the 
 the extensions (the FEC information of a new sender's NORM_DATA/INFO in `NormSenderNode::GetFtiData`, the
 congestion control, FLUSH, ACK and NACK handlers) then spins for good in libnorm's protocol thread, holding
 the instance's lock: no API call returns again. One datagram does it, from any host, with any source id:
-one random datagram in about 220,000 (the chaos campaign's junk #4995 of seed 328782784 is one). Nothing
+one random datagram in about 220,000 (the chaos campaign's junk #4995 of --seed=328782784 is one). Nothing
 upstream checks it (the walk is unchanged in NORM's master).
 
 The filter (classic BPF, SO_ATTACH_FILTER, on each UDP socket libnorm opens for a session) walks the header

@@ -204,7 +204,7 @@ def forged(msg_type: int, fec_id: int, source_id: int) -> bytes:
 
 def test_a_malformed_header_extension_does_not_hang_receivers(make_lab) -> None:
     """One datagram with a zero-length header extension hung libnorm's protocol thread for good, holding its
-    lock (issue #34: junk #4995 of chaos seed 328782784 was one). The receiver's socket filter
+    lock (issue #34: junk #4995 of chaos --seed=328782784 was one). The receiver's socket filter
     (gateway.transport.norm_filter) drops it; the feed goes on."""
     lab, count, ready, go, done = make_lab(["pub", "sub", "rogue"]), 200, MP.Queue(), MP.Event(), MP.Event()
     sub = lab.start("sub", receive, endpoint(lab, "sub"), count, ready)
