@@ -219,9 +219,9 @@ def check_tails(cfg: GatewayConfig) -> None:
 def _run(args: argparse.Namespace) -> int:
     import zmq
 
+    from gateway.client.endpoints import FIRST_CONNECT_TIMEOUT_MS
     from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
     from gateway.sequencer.gateway import Gateway
-    from gateway.transport import connect_retry
     from gateway.wire import protocol as P
 
     cfg = configure(args)
@@ -229,13 +229,19 @@ def _run(args: argparse.Namespace) -> int:
         check_tails(cfg)
     replica = (*DEFAULT_FEATURES, P.FEATURE_UNCOMMITTED)  # a follower copies its leader's uncommitted records too
     curve = keyopts.client_curve(args)  # to the leader's sidecar, when the group's sidecars require CURVE
-    # A connect to the leader's sidecar with no answer is made again after FIRST_S (libzmq reconnects), not
-    # at the kernel's 1 s SYN retry: the follower's ATTACH there has 0.5 s, and commits wait for its copy.
-    retry_ms = round(connect_retry.FIRST_S * 1000)
+    # A connect to the leader's sidecar with no answer is made again after a client's first connect timeout
+    # (libzmq reconnects), not at the kernel's 1 s SYN retry: the follower's ATTACH there has 0.5 s, and
+    # commits wait for its copy.
     gateway = Gateway(
         cfg,
         replay=lambda endpoint, stream, timeout, ctx: ReplayClient(
-            endpoint, stream, timeout=timeout, ctx=ctx, features=replica, curve=curve, connect_timeout_ms=retry_ms
+            endpoint,
+            stream,
+            timeout=timeout,
+            ctx=ctx,
+            features=replica,
+            curve=curve,
+            connect_timeout_ms=FIRST_CONNECT_TIMEOUT_MS,
         ),
     )
     signal.signal(signal.SIGTERM, lambda *_: gateway.stop())
