@@ -3,7 +3,8 @@
 One receiver per feed ("A", "B", ...; `open_feeds`), subscribed to the whole stream so every sequence is
 seen. What arrives is checked (with a stream key, multicast that does not check out with it never reaches the
 reconciler: it is dropped and counted as `unauthenticated`), parsed, and handed on (`emit`) as `Live` (a
-batch) or `HeadSeen` (a heartbeat); the sidecar a heartbeat names goes to `on_sidecar`.
+batch) or `HeadSeen` (a heartbeat); the sidecar a heartbeat names goes to `on_sidecar`, with the heartbeat's epoch (a
+group's leader names its own: gateway.client.leader_sidecar).
 
 Threading. The feeds are read by the application's thread during each poll turn (`read`), and with `drain`
 (the default) by a second thread (`FeedDrain`) whenever the application has been away for 20 ms, into a
@@ -53,7 +54,7 @@ class FeedIntake:
         buffer_limit_bytes: int,
         stats: SubscriberStats,
         emit: Callable[[R.Event], None],
-        on_sidecar: Callable[[str], None],
+        on_sidecar: Callable[[str, int], None],
     ) -> None:
         self._stream_name = stream.encode()
         # With a key (two while one is rotated), only multicast that checks out with it is let in.
@@ -121,7 +122,7 @@ class FeedIntake:
             return
         if isinstance(item, Heartbeat):
             if item.replay:
-                self._on_sidecar(item.replay)
+                self._on_sidecar(item.replay, item.epoch)
             self._emit(R.HeadSeen(item.head, feed, item.epoch))
         else:
             self._emit(R.Live(item, feed))

@@ -16,7 +16,11 @@ Theory of operation
 CONNECTING
     A connection to the current sidecar is handshaking (or about to be made). Its answer: READY.
 READY
-    The sidecar answered; requests go out as the reconciler makes them.
+    The sidecar answered; requests go out as the reconciler makes them. A heartbeat of a newer epoch naming
+    another sidecar (``LEADER``, gateway.client.leader_sidecar) moves the link to that leader's sidecar: its
+    connections are closed, the reconciler is told ``ReplayLost`` then ``ReplayRestored`` at once (no backoff:
+    nothing failed) and the new connection handshakes: CONNECTING. In CONNECTING the same move leaves the state
+    as it is, and in RETRYING the next try goes to the leader's sidecar, at once.
 RETRYING
     The sidecar in use failed (no answer by the handshake deadline, a connection that ended, a refusal that
     retrying may cure): every connection is closed, the reconciler is told ``ReplayLost`` and the next sidecar
@@ -47,10 +51,11 @@ class LinkInput(Enum):
     LOST = "a connection failed, timed out or was refused for now"
     RETRY = "the backoff is over: a new connection is made"
     REFUSED = "a refusal that retrying cannot cure"
+    LEADER = "a newer epoch's leader names another sidecar: the link moves there"
 
 
 CONNECTING, READY, RETRYING, FAILED = LinkState
-ANSWERED, LOST, RETRY, REFUSED = LinkInput
+ANSWERED, LOST, RETRY, REFUSED, LEADER = LinkInput
 
 
 def step(state: LinkState, given: LinkInput) -> LinkState:
@@ -77,16 +82,26 @@ def _refused(given: LinkInput) -> bool:
     return given is REFUSED
 
 
+def _leader(given: LinkInput) -> bool:
+    return given is LEADER
+
+
 Go = machine.Go[LinkInput, LinkState]
 Row = machine.Row[LinkInput, LinkState]
 
 TRANSITIONS: dict[LinkState, Row] = {
     CONNECTING: Row(
-        on={ANSWERED: None, LOST: None, REFUSED: None},
+        on={ANSWERED: None, LOST: None, REFUSED: None, LEADER: None},
         go=(Go(_answered, READY), Go(_lost, RETRYING), Go(_refused, FAILED)),
     ),
-    READY: Row(on={LOST: None, REFUSED: None}, go=(Go(_lost, RETRYING), Go(_refused, FAILED))),
-    RETRYING: Row(on={LOST: None, RETRY: None, REFUSED: None}, go=(Go(_retry, CONNECTING), Go(_refused, FAILED))),
+    READY: Row(
+        on={LOST: None, REFUSED: None, LEADER: None},
+        go=(Go(_lost, RETRYING), Go(_refused, FAILED), Go(_leader, CONNECTING)),
+    ),
+    RETRYING: Row(
+        on={LOST: None, RETRY: None, REFUSED: None, LEADER: None},
+        go=(Go(_retry, CONNECTING), Go(_refused, FAILED)),
+    ),
     FAILED: Row(on={}),
 }
 

@@ -3,8 +3,10 @@
 The reconciler (gateway.reconcile) asks for ranges (`request`, `cancel`); the link carries each to a sidecar
 and hands every answer back as a reconciler event, attributed to its request (`emit`). It owns:
 
-- the sidecars (`Endpoints`): given, several serving one stream, learnt from heartbeats (`learn`) or named by a
-  directory (followed: a sidecar that is no longer announced is left for the one that is);
+- the sidecars (`Endpoints`): given, several serving one stream, learnt from heartbeats (`heard`) or named by a
+  directory (followed: a sidecar that is no longer announced is left for the one that is); a heartbeat of a
+  newer epoch moves the link to that leader's sidecar (`LeaderSidecar`: a failover's gap is filled where the
+  group's commits are, not at the deposed leader's);
 - two ZEPS connections so that every answer can be attributed to its request: the *catch-up* connection
   carries the one open-ended request (SUBSCRIBE: history, then the live tail; cancelling it is closing it) and
   the *fill* connection carries bounded gap fills (FETCH), which the sidecar answers in order, each closed by
@@ -43,7 +45,8 @@ from gateway import reconcile as R
 from gateway.client.datagram_fills import DatagramFills
 from gateway.client.directory import Directory
 from gateway.client.endpoints import Endpoints
-from gateway.client.link_state import ANSWERED, LOST, REFUSED, RETRY, LinkInput, LinkState, step
+from gateway.client.leader_sidecar import LeaderSidecar
+from gateway.client.link_state import ANSWERED, LEADER, LOST, REFUSED, RETRY, LinkInput, LinkState, step
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, start_after
 from gateway.client.replay_client import Event as Answer  # what a sidecar sends; R.Event is the reconciler's
 from gateway.client.subscriber_stats import SubscriberStats
@@ -97,6 +100,7 @@ class ReplayLink:
         self._needs_start = False  # a start probe is to be made or under way
         self._sidecars = Endpoints(replay or (), first=BACKOFF_S[0], cap=BACKOFF_S[1])
         self._sidecars_given = bool(self._sidecars.all)
+        self._leader = LeaderSidecar()
         self._timeout = timeout
         self._curve = curve
         self._ctx = ctx
@@ -207,12 +211,16 @@ class ReplayLink:
         next(steps)
         self._probe = (client, steps)
 
-    def learn(self, sidecar: str) -> None:
-        """A sidecar a heartbeat names: tried too, unless sidecars were given."""
+    def heard(self, sidecar: str, epoch: int) -> None:
+        """A heartbeat of `epoch` named `sidecar` (its sender's): tried too, unless sidecars were given; one of a
+        newer epoch than any heard names the new leader's sidecar, and the link moves there (`_to_leader`)."""
         known = self._sidecars.all
         if not self._sidecars_given and sidecar not in known and len(known) < MAX_LEARNT_SIDECARS:
             self._sidecars.add(sidecar)
             log.info("replay sidecar found from heartbeats: %s", sidecar)
+        leader = self._leader.heard(epoch, sidecar)
+        if leader is not None and leader != self.endpoint and leader in known and self.failed is None:
+            self._to_leader(leader, time.monotonic())
 
     # --- the poll turn ---------------------------------------------------------------------------------
 
@@ -434,6 +442,28 @@ class ReplayLink:
         self._move(LOST, ReplayError(reason))
         if was is not LinkState.RETRYING:
             self._emit(R.ReplayLost())
+
+    def _to_leader(self, sidecar: str, now: float) -> None:
+        """Move to the sidecar of a newer epoch's leader (link_state's LEADER): nothing failed, so no backoff."""
+        log.info("%s: replay: epoch %d leads from %s's node; moving from %s", self._stream, self._leader.epoch,
+                 sidecar, self.endpoint)  # fmt: skip
+        self._sidecars.move_to(sidecar)
+        was = self.state
+        self._move(LEADER, None)
+        if was is LinkState.RETRYING:
+            self._reconnect_at = now  # the leader's sidecar at once
+            return
+        # Requests out at the old sidecar are asked again at the leader's; without any, its fill connection is
+        # made now, so that its handshake is over when the gap comes.
+        self._close_connections()
+        self._unready_since = None
+        self._emit(R.ReplayLost())
+        self._emit(R.ReplayRestored())
+        if self._fill_conn is None and self._catchup is None:
+            try:
+                self._fill_conn = self._connect()
+            except ReplayError as exc:
+                self._lost(now, exc.reason)
 
     def _reconnect(self, now: float) -> None:
         if self._needs_start:

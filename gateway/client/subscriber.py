@@ -312,7 +312,7 @@ class Subscriber:
             buffer_limit_bytes=buffer_limit_bytes,
             stats=self.stats,
             emit=self._feed,
-            on_sidecar=self._link.learn,
+            on_sidecar=self._link.heard,
         )
         self.send_errors = self._link.send_errors  # sends the network refused (SubscriberMetrics counts them)
         self._poller = zmq.Poller()

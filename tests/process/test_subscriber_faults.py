@@ -464,11 +464,14 @@ def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
         link.close()
 
 
-def fill_seconds(s: Stream, first: Side, second: Side, servers: int) -> float:
+def fill_seconds(s: Stream, first: Side, second: Side, servers: int, *, new_epoch: bool = False) -> tuple[float, int]:
     """The reconciler and the replay link, glued as the Subscriber glues them, with live batches made from the
     journal (multicast needs a namespace lab): a fill answered by `first`, then `first` frozen (SIGSTOP) and a
-    gap; the seconds until the gap is filled (from `second`), with the reconciler told `servers` sidecars."""
+    gap; the seconds until the gap is filled (from `second`), with the reconciler told `servers` sidecars, and
+    the reconciler's NoProgress since the freeze. `new_epoch`: `first` led epoch 1, and a heartbeat of epoch 2
+    naming `second` comes between the freeze and the gap (a failover, as the multicast shows it)."""
     events: deque = deque()
+    no_progress: list[float] = []
     link = new_link([first.endpoint, second.endpoint], events, [], [])
     rec = R.Reconciler(R.Start.latest(), progress_timeout=FILL_PROGRESS_S)
     live = [B.Batch.parse(sealed) for sealed in s.batches]
@@ -483,6 +486,7 @@ def fill_seconds(s: Stream, first: Side, second: Side, servers: int) -> float:
                     case R.Cancel(request_id=rid):
                         link.cancel(rid)
                     case R.NoProgress():
+                        no_progress.append(time.monotonic())
                         link.no_progress(time.monotonic())
 
     def filled_to(seq: int) -> None:
@@ -495,15 +499,18 @@ def fill_seconds(s: Stream, first: Side, second: Side, servers: int) -> float:
 
     try:
         feed(R.ReplayServers(servers))
+        link.heard(first.endpoint, 1)
         feed(R.Live(live[0], "A"))
         feed(R.Live(live[2], "A"))  # a gap (batch 1): filled by `first`, whose link is then READY
         filled_to(live[2].last_seq)
         first.signal(signal.SIGSTOP)
         try:
             began = time.monotonic()
-            feed(R.Live(live[4], "A"))  # a gap (batch 3) asked of the frozen sidecar
+            if new_epoch:
+                link.heard(second.endpoint, 2)
+            feed(R.Live(live[4], "A"))  # a gap (batch 3), asked of the frozen sidecar unless the link moved
             filled_to(live[4].last_seq)
-            return time.monotonic() - began
+            return time.monotonic() - began, sum(at >= began for at in no_progress)
         finally:
             first.signal(signal.SIGCONT)
     finally:
@@ -520,11 +527,30 @@ def test_a_fill_at_a_frozen_sidecar_moves_to_the_next_within_the_first_answer_de
     s = Stream(root, "orders")
     s.write(6)
     with side(root) as first, side(root) as second:
-        waited = fill_seconds(s, first, second, servers=1)
-        moved = fill_seconds(s, first, second, servers=2)
+        waited, _ = fill_seconds(s, first, second, servers=1)
+        moved, _ = fill_seconds(s, first, second, servers=2)
     s.writer.close()
     load = os.getloadavg()[0]
     print(f"\ngap fill with the sidecar frozen: {waited:.2f} s told of one sidecar, {moved:.2f} s told of two "
           f"(progress_timeout {FILL_PROGRESS_S} s, first answer {R.FIRST_ANSWER_S} s; load {load:.2f})")  # fmt: skip
     assert waited >= FILL_PROGRESS_S
     assert moved < FILL_PROGRESS_S / 2  # about FIRST_ANSWER_S + the reconnect backoff (0.1 s); generous for load
+
+
+def test_a_fill_after_a_newer_epochs_heartbeat_goes_to_its_leaders_sidecar(tmp_path: Path) -> None:
+    """The leader's sidecar frozen (SIGSTOP, as its node) and a heartbeat of a newer epoch naming the other one:
+    the failover's gap is asked there first, with no failed attempt at the frozen one (before, the fill went to
+    the frozen sidecar and moved on only at the first-answer deadline, 0.3 s, plus a backoff)."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(6)
+    with side(root) as first, side(root) as second:
+        stayed, failed_there = fill_seconds(s, first, second, servers=2)
+        moved, failed_after_move = fill_seconds(s, first, second, servers=2, new_epoch=True)
+    s.writer.close()
+    print(
+        f"\ngap fill with the old leader's sidecar frozen: {stayed:.2f} s without a newer epoch heard "
+        f"({failed_there} failed attempts), {moved:.2f} s after one (load {os.getloadavg()[0]:.2f})"
+    )
+    assert failed_there >= 1  # the frozen sidecar was asked: the case the move is for
+    assert failed_after_move == 0, "the fill went to the deposed leader's sidecar"

@@ -36,12 +36,14 @@ def test_the_docs_hold_the_link_state_table() -> None:
     assert L.describe_transitions() in DOC.read_text(), "docs/client.md is stale: paste describe_transitions()"
 
 
-def intake_of(pull: Any, keys: list[StreamKey]) -> tuple[FeedIntake, list[R.Event], list[str], SubscriberStats]:
+def intake_of(
+    pull: Any, keys: list[StreamKey]
+) -> tuple[FeedIntake, list[R.Event], list[tuple[str, int]], SubscriberStats]:
     events: list[R.Event] = []
-    sidecars: list[str] = []
+    sidecars: list[tuple[str, int]] = []
     stats = SubscriberStats()
     intake = FeedIntake("s", {pull: "A"}, keys=keys, drain=False, buffer_limit_bytes=1 << 20, stats=stats,
-                        emit=events.append, on_sidecar=sidecars.append)  # fmt: skip
+                        emit=events.append, on_sidecar=lambda *named: sidecars.append(named))  # fmt: skip
     return intake, events, sidecars, stats
 
 
@@ -61,7 +63,7 @@ def test_the_intake_hands_on_batches_and_heartbeats_and_counts_what_it_drops(fee
     push.send_multipart([b"s", b"junk"])
     read_all(intake, pull, 4)
     assert [type(e).__name__ for e in events] == ["Live", "HeadSeen"]
-    assert events[1] == R.HeadSeen(9, "A", 2) and sidecars == ["tcp://10.0.0.1:5571"]
+    assert events[1] == R.HeadSeen(9, "A", 2) and sidecars == [("tcp://10.0.0.1:5571", 2)]
     assert stats.rejected_packets == 1 and stats.unauthenticated == 0
 
 
