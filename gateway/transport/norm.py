@@ -16,6 +16,11 @@ The byte stream is framed as libzmq's norm:// frames it (gateway.wire.framing), 
 libzmq peer, and each message starts at
 a NORM message boundary (`NormStreamFlush(eom=True)`), where a receiver that joins late or loses data
 resynchronises (`NormStreamSeekMsgStart`).
+
+Every libnorm call a session makes goes through its `CallWatch` (gateway.transport.norm_watchdog): a call that
+does not return within norm_watchdog.DEADLINE_S (libnorm's protocol thread spinning with its lock held) ends
+the process with one log line and status 1, rather than a silent hang. Threading contract: each NormSender
+and NormReceiver is used from one thread at a time (its owner's), which alone calls libnorm for its session.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
 from gateway.errors import NormError
 from gateway.transport import norm_filter
+from gateway.transport.norm_watchdog import WATCHDOG, CallWatch
 from gateway.transport.pollable import PolledByFd, again
 from gateway.wire.framing import FIRST_FRAME, MORE, NEXT_FRAME, encode_message, frame_header
 
@@ -152,17 +159,42 @@ class NormSettings:
     ttl: int = 16
 
 
+class _WatchedLib:
+    """libnorm's functions as a session calls them: each call begins and ends on the session's CallWatch."""
+
+    def __init__(self, library: ctypes.CDLL, watch: CallWatch) -> None:
+        self._lib, self._watch = library, watch
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        func, watch = getattr(self._lib, name), self._watch
+
+        def call(*args: Any) -> Any:
+            watch.begin(name)
+            try:
+                return func(*args)
+            finally:
+                watch.end()
+
+        setattr(self, name, call)  # found once per name
+        return call
+
+
 class _Session:
-    """One NORM instance (its own protocol thread) with one session on `group:port` via `interface`."""
+    """One NORM instance (its own protocol thread) with one session on `group:port` via `interface`; its
+    libnorm calls are watched (`gateway.transport.norm_watchdog`) from the instance's creation to its end."""
 
     def __init__(self, interface: str, group: str, port: int, settings: NormSettings) -> None:
-        self.lib = lib()
+        self.where = f"{interface};{group}:{port}"
+        self.watch = CallWatch(self.where)
+        WATCHDOG.add(self.watch)
+        self.lib = _WatchedLib(lib(), self.watch)
         self.instance = self.lib.NormCreateInstance(False)
         if not self.instance:
+            WATCHDOG.discard(self.watch)
             raise NormError("NormCreateInstance failed (out of threads or memory?)")
         self.session = self.lib.NormCreateSession(self.instance, group.encode(), port, NORM_NODE_ANY)
         if not self.session:
-            self.lib.NormDestroyInstance(self.instance)
+            self.close()
             raise NormError(f"NormCreateSession({group}:{port}) failed: is {group} a valid address?")
         self.lib.NormSetRxPortReuse(self.session, True, None, None, 0)
         self.lib.NormSetTTL(self.session, settings.ttl)
@@ -170,7 +202,6 @@ class _Session:
             self.close()
             raise NormError(f"NormSetMulticastInterface({interface!r}) failed: name an interface of this host")
         self.event = _Event()
-        self.where = f"{interface};{group}:{port}"
 
     def start(self, start: Callable[[], bool]) -> bool:
         """Start sending or receiving (`start` calls NormStartSender or NormStartReceiver) behind the socket
@@ -205,6 +236,7 @@ class _Session:
         if self.instance:
             self.lib.NormDestroyInstance(self.instance)
             self.instance = None
+        WATCHDOG.discard(self.watch)
 
 
 def _wall_offset() -> float:

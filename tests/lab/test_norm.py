@@ -219,6 +219,38 @@ def test_a_malformed_header_extension_does_not_hang_receivers(make_lab) -> None:
     assert got == {"first": 0, "received": count, "problem": None, "breaks": 0}
 
 
+# A subscriber's loop (every poll calls libnorm: NormGetNextEvent) with gateway.transport.norm_filter switched
+# off, so that libnorm meets the datagram that really hangs it, and a 1 s watchdog deadline.
+UNGUARDED_RECEIVER = """import logging, sys, zmq
+from gateway.mcast import Endpoint, Tuning, open_sub
+from gateway.transport import norm_filter, norm_watchdog
+logging.basicConfig(stream=sys.stderr)
+norm_filter.guarded = lambda start, ports, what: start()
+norm_watchdog.DEADLINE_S = 1.0
+sub = open_sub(zmq.Context.instance(), Endpoint.parse(sys.argv[1]), Tuning(), ["t.norm"])
+print("joined", flush=True)
+while True:
+    sub.poll(100)
+"""
+
+
+def test_a_libnorm_call_that_does_not_return_ends_the_process(make_lab) -> None:
+    """Should libnorm's protocol thread spin again with its lock held (as it did on the datagram the filter
+    now drops), every NORM call would wait for good: the watchdog (gateway.transport.norm_watchdog) logs the
+    stuck call and ends the process with status 1 instead, for a supervisor to restart and HA to fail over."""
+    lab = make_lab(["sub", "rogue"])
+    sub = lab.popen("sub", [sys.executable, "-c", UNGUARDED_RECEIVER, endpoint(lab, "sub")], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert sub.stdout is not None and sub.stdout.readline() == "joined\n"
+    started = time.monotonic()
+    assert inject(lab, "rogue", lab.group(1), PORT, payloads=[forged(1, 2, 0x0BAD0001)]) == 1
+    _, err = sub.communicate(timeout=WAIT_S)
+    assert sub.returncode == 1, err
+    assert time.monotonic() - started < 1.0 + 10.0  # the deadline, and slack for a loaded host
+    [line] = [line for line in err.splitlines() if "norm_call_stuck" in line]
+    assert f"norm_call_stuck call=NormGetNextEvent session={lab.host('sub').ip};{lab.group(1)}:{PORT}" in line
+
+
 def receive_with_stall(endpoint: str, count: int, ready: Any, stall_at: int, stall_s: float) -> dict[str, Any]:
     """Like `receive`, but stop reading for `stall_s` at message `stall_at`; record the gaps instead of failing."""
     with open_sub(zmq.Context.instance(), Endpoint.parse(endpoint), Tuning(), [STREAM.decode()]) as sub:
