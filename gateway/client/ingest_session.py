@@ -382,7 +382,7 @@ class IngestSession:
             self._epoch = listed.epoch
         several = self._endpoints.several
         timeout = self._endpoints.connect_timeout_ms if several else 0
-        heartbeat = self._heartbeat.ms(several)
+        heartbeat = self._heartbeat.ms(several, self.endpoint, self._now)
         self._out.append(Connect(self.endpoint, not self.attached_once, several, timeout, heartbeat))
         self._opening = Opening(self.stream, WANTED, attach_s=self._opening_s(), extend_s=HANDSHAKE_S)
         self._send(P.encode(self._opening.start(self._now)))
@@ -403,7 +403,7 @@ class IngestSession:
                 "publisher %016x: back at %s, which it had left: heartbeat timeout %d ms from now on",
                 self.producer_id,
                 self.endpoint,
-                self._heartbeat.ms(self._endpoints.several)[1],
+                self._heartbeat.ms(self._endpoints.several, self.endpoint, self._now)[1],
             )
         if self.attached_once:
             log.info(
