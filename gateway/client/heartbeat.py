@@ -18,7 +18,8 @@ Rules
 2. It shows: the publisher attaches again, within FUTILE_S, at the endpoint it left (the other nodes name it as
    the leader). Each such futile departure doubles the timeout, up to LONE_TIMEOUT_MS, so a starved process
    reconnects a few times, not for as long as it is starved.
-3. A departure that ends attached at another endpoint (a failover) sets the timeout back to TIMEOUT_MS.
+3. An attach at another endpoint than the last one (a failover, whether a departure or a server's refusal
+   moved the publisher) sets the timeout back to TIMEOUT_MS.
 4. A departure is a drop of an attached connection (`left`); a refusal or a deadline of the opening is none.
 5. libzmq takes the timeout when the connection is made, so a connection gets the one its attach would set
    (rules 2, 3): the first run with the timeout set at the attach left a new leader after 0.69 s twice, on
@@ -44,8 +45,9 @@ class Heartbeat:
     """The ZMTP heartbeat of the Publisher's next connection. Not thread-safe (the session's IO thread's)."""
 
     def __init__(self) -> None:
-        self.widened = 0  # futile departures in a row (rule 2)
+        self.widened = 0  # futile departures since the last failover (rule 2)
         self._left: _Left | None = None
+        self._at: str | None = None  # where it last attached
 
     def ms(self, several: bool, endpoint: str, now: float) -> tuple[int, int]:
         """(ping interval, timeout) in ms for a connection to `endpoint` made `now`: what its attach would set
@@ -61,12 +63,11 @@ class Heartbeat:
     def attached(self, endpoint: str, now: float) -> bool:
         """Attached at `endpoint`; True if that made the last departure futile (the timeout doubled)."""
         widened, self.widened, self._left = self.widened, self._if_attached(endpoint, now), None
+        self._at = endpoint
         return self.widened > widened
 
     def _if_attached(self, endpoint: str, now: float) -> int:
         left = self._left
-        if left is None:
-            return self.widened  # rule 4
-        if endpoint != left.endpoint:
-            return 0  # rule 3
-        return self.widened + 1 if now - left.at <= FUTILE_S else self.widened  # rule 2
+        if left is not None and endpoint == left.endpoint and now - left.at <= FUTILE_S:
+            return self.widened + 1  # rule 2
+        return self.widened if endpoint == self._at else 0  # rule 3

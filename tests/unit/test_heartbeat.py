@@ -44,3 +44,16 @@ def test_a_failover_sets_it_back_and_a_late_return_changes_nothing() -> None:
     assert not h.attached(B, 9.3)  # a new leader: leaving early paid off
     assert h.ms(True, A, 9.4) == (IVL_MS, TIMEOUT_MS)
     assert not h.attached(A, 9.4)  # an attach after no departure (a refusal, an opening's deadline) is none
+
+
+def test_a_failover_by_a_servers_word_sets_it_back_too() -> None:
+    # Widened at A; later A steps down and sends the publisher on (a refusal, no departure): the new leader B
+    # gets the base timeout, as a departure from A would have.
+    h = Heartbeat()
+    h.attached(A, 0.0)
+    h.left(A, 1.0)
+    h.attached(A, 1.2)
+    assert h.ms(True, A, 5.0)[1] == 2 * TIMEOUT_MS
+    assert h.ms(True, B, 5.0) == (IVL_MS, TIMEOUT_MS)
+    h.attached(B, 5.1)
+    assert h.ms(True, B, 9.0) == (IVL_MS, TIMEOUT_MS) and h.ms(True, A, 9.0) == (IVL_MS, TIMEOUT_MS)
