@@ -190,6 +190,8 @@ def campaign(
             group.step = i
             nemesis.apply(group, step)
             healed = time.monotonic()
+            for what in [w for _, _, w, s in group.marks if s == i]:  # to read the clients' logs against
+                say(f"step {i + 1}: {what}")
             if exited := group.exited():
                 group.restarts.append(f"after step {i + 1}: exited on their own {exited}")
                 raise BenchError(f"processes exited on their own after step {i + 1}: {exited}\n{_logs(group)}")

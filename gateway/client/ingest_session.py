@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from gateway import machine
 from gateway.client.endpoints import Endpoints
+from gateway.client.heartbeat import LONE_IVL_MS, LONE_TIMEOUT_MS, Heartbeat
 from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere, session_lost
 from gateway.errors import PublishError
 from gateway.wire import batch as B
@@ -149,6 +150,7 @@ class Connect:
     first: bool
     several: bool  # other endpoints to try: a connect that fails (nothing listens) counts as a drop
     connect_timeout_ms: int = 0  # with several: a connect unanswered this long counts as a drop (0: the kernel's)
+    heartbeat_ms: tuple[int, int] = (LONE_IVL_MS, LONE_TIMEOUT_MS)  # ZMTP ping interval, timeout (.heartbeat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +199,7 @@ class IngestSession:
         self._confirm_required = confirm
         self._attach_s = attach_s  # the first attach to a lone endpoint may wait this long
         self._endpoints = endpoints
+        self._heartbeat = Heartbeat()
         assert endpoints.current is not None
         # --- read by the application thread ---
         self.state = State.DOWN
@@ -279,6 +282,11 @@ class IngestSession:
         self._refuse(ev.reason)
 
     def _note_drop(self, ev: Dropped) -> None:
+        self._lose(ev.why)
+
+    def _note_departure(self, ev: Dropped) -> None:
+        """READY: an attached connection dropped (its heartbeat, most likely): see whether leaving was futile."""
+        self._heartbeat.left(self.endpoint, self._now)
         self._lose(ev.why)
 
     def _take_reply(self, ev: Received) -> None:
@@ -374,7 +382,8 @@ class IngestSession:
             self._epoch = listed.epoch
         several = self._endpoints.several
         timeout = self._endpoints.connect_timeout_ms if several else 0
-        self._out.append(Connect(self.endpoint, not self.attached_once, several, timeout))
+        heartbeat = self._heartbeat.ms(several, self.endpoint, self._now)
+        self._out.append(Connect(self.endpoint, not self.attached_once, several, timeout, heartbeat))
         self._opening = Opening(self.stream, WANTED, attach_s=self._opening_s(), extend_s=HANDSHAKE_S)
         self._send(P.encode(self._opening.start(self._now)))
 
@@ -389,6 +398,13 @@ class IngestSession:
         for kept in self.unconfirmed:
             self._send(kept.frame)
         self._endpoints.succeeded()
+        if self._heartbeat.attached(self.endpoint, self._now):
+            log.info(
+                "publisher %016x: back at %s, which it had left: heartbeat timeout %d ms from now on",
+                self.producer_id,
+                self.endpoint,
+                self._heartbeat.ms(self._endpoints.several, self.endpoint, self._now)[1],
+            )
         if self.attached_once:
             log.info(
                 "publisher %016x: attached again at %s, %d batches re-sent",
@@ -519,7 +535,7 @@ TRANSITIONS: dict[State, Row] = {
         on={
             Tick: None,
             Received: S._take_reply,
-            Dropped: S._note_drop,
+            Dropped: S._note_departure,
             Listed: S._follow_listing,
             Publish: S._send_batch,
             Close: S._request_close,

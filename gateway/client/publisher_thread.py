@@ -52,17 +52,6 @@ from gateway.wire import protocol as P
 
 log = logging.getLogger(__name__)
 
-# A gateway whose connection stays up but which answers nothing (paused, or its host cut off) is gone once it
-# misses ZMTP pings this long: else a publisher would wait for its confirms for as long as that lasts. libzmq's
-# IO thread answers the pings, so a gateway that is only busy (a long fsync, a full loop) still counts as up.
-# With several endpoints that is how fast a publisher moves to the next one (failover), so it is short. With
-# one endpoint there is nowhere to move: a short timeout only costs reconnects, and a starved publisher process
-# (libzmq runs its due timers before reading its sockets) times out answers already waiting in its socket; at
-# 1,000 publishers that was thousands of reconnects a minute (docs/benchmarks.md, fan-in).
-HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS = 100, 500  # several endpoints
-LONE_HEARTBEAT_IVL_MS, LONE_HEARTBEAT_TIMEOUT_MS = 1000, 5000  # one endpoint
-
-
 IDLE_S = 1.0  # the longest poll when nothing is due
 _ids = itertools.count()  # monitor addresses
 
@@ -251,8 +240,10 @@ class PublisherThread:
                         pass
                 case Release(nbytes=n):
                     self.acc.release(n)
-                case Connect(endpoint=endpoint, first=first, several=several, connect_timeout_ms=timeout):
-                    self._connect(endpoint, first, several, timeout)
+                case Connect(
+                    endpoint=endpoint, first=first, several=several, connect_timeout_ms=timeout, heartbeat_ms=heartbeat
+                ):
+                    self._connect(endpoint, first, several, timeout, heartbeat)
                 case Disconnect():
                     self._close_socket(linger=0)
 
@@ -264,10 +255,12 @@ class PublisherThread:
         ingests = (info.ingest, *(i for i in info.ingests if i != info.ingest))
         return Listed(ingests, info.epoch)
 
-    def _connect(self, endpoint: str, first: bool, several: bool, connect_timeout_ms: int) -> None:
+    def _connect(
+        self, endpoint: str, first: bool, several: bool, connect_timeout_ms: int, heartbeat: tuple[int, int]
+    ) -> None:
         self._close_socket(linger=0)
         try:
-            self._open(first, several, connect_timeout_ms)
+            self._open(first, several, connect_timeout_ms, heartbeat)
         except zmq.ZMQError as exc:  # EMFILE, say, in a storm of reconnects: a connection to retry, not a dead thread
             self._close_socket(linger=0)
             if not self._open_failed:  # once per episode
@@ -286,14 +279,16 @@ class PublisherThread:
             self._close_socket(linger=0)
             self._unusable = Rejected(f"cannot connect to {endpoint!r}: {exc.strerror}")
 
-    def _open(self, first: bool, several: bool, connect_timeout_ms: int) -> None:
-        """A DEALER for the next connection (and the monitor of its handshake or of its drops) as `_sock`."""
+    def _open(self, first: bool, several: bool, connect_timeout_ms: int, heartbeat: tuple[int, int]) -> None:
+        """A DEALER for the next connection (and the monitor of its handshake or of its drops) as `_sock`; ZMTP
+        pings every `heartbeat`[0] ms, and a gateway that answers nothing for `heartbeat`[1] ms after one is gone
+        (gateway.client.heartbeat)."""
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)  # bounded by buffer_bytes instead: a send never blocks or fails
         sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS if several else LONE_HEARTBEAT_IVL_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS if several else LONE_HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, heartbeat[0])
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, heartbeat[1])
         if several and connect_timeout_ms:
             sock.setsockopt(zmq.CONNECT_TIMEOUT, connect_timeout_ms)
         if self._curve is not None:

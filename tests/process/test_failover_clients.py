@@ -84,6 +84,35 @@ def test_the_publisher_passes_over_dead_and_refusing_endpoints(tmp_path: Path) -
     assert_exactly_once(tmp_path / "gw", [b"%d" % i for i in range(100)])
 
 
+def test_a_paused_gateway_among_two_is_left_when_a_group_would_suspect_it(tmp_path: Path) -> None:
+    """The Publisher leaves a paused gateway on its ZMTP heartbeat timeout (gateway.client.heartbeat): 300 ms,
+    a group's `--suspect-ms`, noticed 0.3-0.4 s after the pause. With the 500 ms it had, no departure came
+    before 0.49 s (docs/hardening.md). Load only delays a departure, so the fastest of three is asserted."""
+    gws = [GatewayProcess(tmp_path / "a"), GatewayProcess(tmp_path / "b")]
+    departures = []
+    try:
+        with Publisher([g.ingest for g in gws], STREAM, confirm=True, timeout=10) as pub:
+            for i in range(3):
+                pub.publish("k", b"%d" % i)
+                assert pub.flush() is not None and pub.state == "ready"
+                paused = next(g for g in gws if g.ingest == pub.endpoint)
+                paused.proc.send_signal(signal.SIGSTOP)
+                began = time.monotonic()
+                try:
+                    while pub.endpoint == paused.ingest and time.monotonic() - began < 5.0:
+                        time.sleep(0.002)
+                    departures.append(time.monotonic() - began)
+                finally:
+                    paused.proc.send_signal(signal.SIGCONT)
+            pub.publish("k", b"last")
+            assert pub.flush() is not None and pub.confirmed == 4
+    finally:
+        for g in gws:
+            g.proc.send_signal(signal.SIGCONT)
+            g.stop()
+    assert min(departures) < 0.48, f"left a paused gateway after {departures} s"
+
+
 def test_a_gateway_killed_and_restarted_at_the_other_address_gets_every_record_once(tmp_path: Path) -> None:
     gw = GatewayProcess(tmp_path, "--fsync-ms", "20")  # confirms wait for the group commit: re-sends are many
     first, second = gw.ingest, dead()  # it moves between the two

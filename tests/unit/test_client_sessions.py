@@ -12,6 +12,7 @@ from gateway.client import ingest_session as S
 from gateway.client import opening as O
 from gateway.client.accumulator import Accumulator
 from gateway.client.endpoints import FIRST_CONNECT_TIMEOUT_MS, Endpoints
+from gateway.client.heartbeat import IVL_MS, LONE_IVL_MS, LONE_TIMEOUT_MS, TIMEOUT_MS
 from gateway.errors import BadRecord, BadRecordType, ConfigError, ZepsError
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -205,7 +206,7 @@ def test_session_follows_the_directory_and_a_batch_outside_ready_is_a_bug() -> N
     s.handle(S.Listed(("tcp://c:1", "tcp://a:1"), 2), 1.0)  # a new leader, in a newer epoch
     assert s.state is S.State.DOWN
     actions = s.handle(S.Tick(), 9.0)
-    assert S.Connect("tcp://c:1", first=False, several=True, connect_timeout_ms=FIRST_CONNECT_TIMEOUT_MS) in actions
+    assert S.Connect("tcp://c:1", False, True, FIRST_CONNECT_TIMEOUT_MS, (IVL_MS, TIMEOUT_MS)) in actions
     with pytest.raises(RuntimeError, match="a bug"):
         publish(s, 1)
     actions = s.handle(S.Close(detach=True), 9.0)
@@ -289,3 +290,29 @@ def test_wrong_types_are_type_errors_wrong_values_value_errors() -> None:
 def test_an_endpoint_without_a_transport_is_refused_with_the_command_lines_words() -> None:
     with pytest.raises(ConfigError, match=r"'127.0.0.1:5570' has no transport: write tcp://127.0.0.1:5570"):
         Endpoints("127.0.0.1:5570", first=0.05, cap=2.0)
+
+
+def test_session_connects_with_a_heartbeat_that_widens_after_a_futile_departure() -> None:
+    s = session("tcp://a:1", "tcp://b:1")
+    connect = s.handle(S.Tick(), 0.0)[0]
+    assert isinstance(connect, S.Connect) and connect.heartbeat_ms == (IVL_MS, TIMEOUT_MS)
+    s.handle(S.Received(P.AttachOk()), 0.0)
+    s.handle(S.Received(P.ExtendOk(GRANTED)), 0.0)
+    s.handle(S.Dropped("the connection dropped"), 1.0)  # READY: its heartbeat timed out
+    actions = s.handle(S.Tick(), 1.0 + (s.wait(1.0) or 0.0))
+    assert s.endpoint == "tcp://b:1" and actions[0] == S.Connect(
+        "tcp://b:1", False, True, FIRST_CONNECT_TIMEOUT_MS, (IVL_MS, TIMEOUT_MS)
+    )
+    s.handle(S.Received(P.Invalid(f"not the leader; the leader is tcp://a:1: {P.RETRY_LATER}")), 1.1)
+    actions = s.handle(S.Tick(), 1.1 + (s.wait(1.1) or 0.0))
+    assert s.endpoint == "tcp://a:1" and isinstance(actions[0], S.Connect)
+    assert actions[0].heartbeat_ms == (IVL_MS, 2 * TIMEOUT_MS)  # back where it was, at once: a false suspicion
+    s.handle(S.Received(P.AttachOk()), 1.3)
+    s.handle(S.Received(P.ExtendOk(GRANTED)), 1.3)
+    s.handle(S.Dropped("the connection dropped"), 2.0)
+    actions = s.handle(S.Tick(), 2.0 + (s.wait(2.0) or 0.0))
+    assert s.endpoint == "tcp://b:1" and actions[0] == S.Connect(
+        "tcp://b:1", False, True, FIRST_CONNECT_TIMEOUT_MS, (IVL_MS, TIMEOUT_MS)
+    )
+    lone = session("tcp://a:1").handle(S.Tick(), 0.0)[0]
+    assert isinstance(lone, S.Connect) and lone.heartbeat_ms == (LONE_IVL_MS, LONE_TIMEOUT_MS)
