@@ -39,6 +39,7 @@ from gateway.errors import NotGranted, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire.reasons import retries_later
 
 log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
@@ -231,7 +232,7 @@ class ReplayClient:
 
     def _refused(self, reason: str, what: str) -> None:
         text = f"replay server at {self.endpoint} refused {what} (stream {self.stream!r}): {reason}"
-        if reason.endswith(P.RETRY_LATER):
+        if retries_later(reason):
             raise ReplayError(text)
         raise ReplayRefused(text)
 
