@@ -52,6 +52,7 @@ from gateway.wire import announce as A
 from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
+from gateway.wire.reasons import retry_later
 from gateway.wire.streamkey import StreamKey
 
 log = logging.getLogger(__name__)
@@ -409,7 +410,7 @@ class ReplayServer:
         if old is not None:
             old.close()  # a second ATTACH starts over
         elif len(self.sessions) >= self.config.max_clients:
-            self._invalid(identity, f"too many clients (max {self.config.max_clients}); retry later", "attach")
+            self._invalid(identity, retry_later(f"too many clients (max {self.config.max_clients})"), "attach")
             return
         snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
         session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
@@ -422,7 +423,7 @@ class ReplayServer:
         """The stream's reader, looked up at every ATTACH so that streams created after start are found."""
         if self._root_missing:
             if not self.config.journal.is_dir():
-                reason = f"no journal at {self.config.journal} yet (the gateway creates it): {P.RETRY_LATER}"
+                reason = retry_later(f"no journal at {self.config.journal} yet (the gateway creates it)")
                 self._invalid(identity, reason, "attach")
                 return None
             self._root_missing = False
@@ -436,7 +437,7 @@ class ReplayServer:
         shown = ", ".join(have[:8]) + (", ..." if len(have) > 8 else "") if have else "none yet"
         reason = f"unknown stream {stream!r}; streams here: {shown} (a stream appears when the gateway opens it)"
         if not have:  # a gateway starting beside us has not opened its streams yet: start-up order must not matter
-            reason += f": {P.RETRY_LATER}"
+            reason = retry_later(reason)
         self._invalid(identity, reason, "attach")
         return None
 

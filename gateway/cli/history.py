@@ -95,9 +95,8 @@ def _print_history(args: argparse.Namespace) -> int:
 def head(args: argparse.Namespace, timeout: float) -> int:
     """The last sequence of the stream, asked of the sidecar at --replay (for --from -N); of several
     (`zeps subscribe --replay A --replay B`), the first that answers."""
-    from gateway.client.replay_client import ReplayClient, probe
+    from gateway.client.replay_client import ReplayClient, ask_head
     from gateway.errors import ReplayError
-    from gateway.wire.batch import MAX_SEQ
 
     endpoints = [args.replay] if isinstance(args.replay, str) else args.replay
     curve = keyopts.client_curve(args)
@@ -105,7 +104,7 @@ def head(args: argparse.Namespace, timeout: float) -> int:
         last = i == len(endpoints)
         try:  # a one-shot question: nothing listening is an answer, not a reason to wait out the timeout
             with ReplayClient(endpoint, args.stream, timeout=timeout, curve=curve, fail_unreachable=True) as client:
-                return probe(client, MAX_SEQ)[0].last
+                return ask_head(client)
         except ReplayError:
             if last:
                 raise

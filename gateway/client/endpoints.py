@@ -47,6 +47,7 @@ CONNECT_TIMEOUT_MS = 500
 # lost (1-5% loss) cost a publisher 0.5 s at a healthy new leader before it moved on. Each round in which
 # nothing answered doubles it, up to CONNECT_TIMEOUT_MS, so a longer path still connects.
 FIRST_CONNECT_TIMEOUT_MS = round(connect_retry.FIRST_S * 1000)
+CONNECT_WAITS = connect_retry.ConnectWaits(FIRST_CONNECT_TIMEOUT_MS / 1000, CONNECT_TIMEOUT_MS / 1000)
 
 
 class Endpoints:
@@ -81,7 +82,7 @@ class Endpoints:
         """How long the next TCP connect may go unanswered (with other endpoints to try): FIRST_CONNECT_TIMEOUT_MS,
         doubled for each whole round of failures since an endpoint last answered, up to CONNECT_TIMEOUT_MS."""
         rounds = self._tried // len(self.all) if self.all else 0
-        return min(CONNECT_TIMEOUT_MS, FIRST_CONNECT_TIMEOUT_MS << min(rounds, 8))
+        return round(CONNECT_WAITS.after(rounds) * 1000)
 
     @property
     def all_refused(self) -> bool:

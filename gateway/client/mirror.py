@@ -39,7 +39,7 @@ import zmq
 
 from gateway.client.mirror_paths import PathTally
 from gateway.client.mirror_target import MirrorTarget
-from gateway.client.replay_client import ReplayClient, probe
+from gateway.client.replay_client import ReplayClient, ask_head, probe
 from gateway.client.source_heads import SourceHeads
 from gateway.client.source_paths import SourcePaths
 from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
@@ -149,7 +149,7 @@ class Mirror:
         try:
             with ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=within, curve=c.source_curve,
                               ctx=self.ctx, fail_unreachable=True) as client:  # fmt: skip
-                st.source_head = max(st.source_head, probe(client, B.MAX_SEQ)[0].last)
+                st.source_head = max(st.source_head, ask_head(client))
         except ReplayError:
             pass
         self._report(time.monotonic())

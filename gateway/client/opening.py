@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from gateway import machine
 from gateway.wire import protocol as P
+from gateway.wire.reasons import names_not_leading, retries_later, session_lost
 
 
 class Step(enum.Enum):
@@ -55,19 +56,11 @@ class Reply:
     command: P.Command
 
 
-SESSION_LOST = "before ATTACH"  # in the server's INVALID for a command of a session it no longer has
-
-
-def session_lost(reason: str) -> bool:
-    """An INVALID saying the server holds no session for us (a node that stepped down ended every session, say):
-    the client must attach again, nothing was refused."""
-    return SESSION_LOST in reason
-
-
 def sends_elsewhere(reason: str) -> bool:
-    """An INVALID that sends a client to another node rather than refusing it: "retry later", or a follower's
-    "not the leader" (which may name the leader's endpoint)."""
-    return reason.endswith(P.RETRY_LATER) or "leader" in reason
+    """An INVALID that sends a client to another node (or back later) rather than refusing it: "retry later" (a
+    follower's refusal, which may name the leader's endpoint, says it too), or a promotion asked of a node that no
+    longer leads (gateway.wire.reasons)."""
+    return retries_later(reason) or names_not_leading(reason)
 
 
 def attach_failed(stream: str, endpoint: str, why: str) -> str:

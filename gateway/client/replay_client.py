@@ -20,7 +20,7 @@ protocol version, CURVE keys, a corrupt journal at the server, a missing extensi
 
 history() is `zeps history`: the records of a sequence or time range, ending at the journal's head;
 snapshot() is `zeps snapshot`: the last record of every key (docs/snapshots.md). Both wait, for the
-command line; the probes they use (`probing`, `start_after`) are generators fed with events, so a poll
+command line; the probes they use (`probing`, `heading`, `start_after`) are generators fed with events, so a poll
 loop drives the same steps without waiting.
 """
 
@@ -39,6 +39,7 @@ from gateway.errors import NotGranted, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys, Handshake
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire.reasons import retries_later
 
 log = logging.getLogger(__name__)
 _Answer = TypeVar("_Answer", bound=P.Command)  # the command a request waits for
@@ -154,6 +155,11 @@ class ReplayClient:
         self._open_credit()
         return rid
 
+    def fetch_head(self, pattern: str = "") -> int:
+        """Ask for the head (needs 'range'): a FETCH beyond any sequence, answered by FETCH-END alone, whose `last`
+        is the head; returns its request id. Every caller asks a sidecar's head this way (`heading`, `ask_head`)."""
+        return self.fetch(B.MAX_SEQ, B.MAX_SEQ, pattern)
+
     def snapshot(self, prefixes: tuple[str, ...] = ()) -> None:
         """The last record of every key under `prefixes` (all keys: none) as of one sequence N, as batches
         covering up to N, then SNAPSHOT-END(N) (needs 'snapshot'); follow with subscribe(latest=N)."""
@@ -226,7 +232,7 @@ class ReplayClient:
 
     def _refused(self, reason: str, what: str) -> None:
         text = f"replay server at {self.endpoint} refused {what} (stream {self.stream!r}): {reason}"
-        if reason.endswith(P.RETRY_LATER):
+        if retries_later(reason):
             raise ReplayError(text)
         raise ReplayRefused(text)
 
@@ -375,7 +381,7 @@ def history(
             yield from _records_until(client, lambda event: isinstance(event, P.FetchEnd))
             return
         client.require(P.FEATURE_TIME)
-        head = probe(client, B.MAX_SEQ)[0].last
+        head = ask_head(client)
         stop = min(last, head)
         if stop < 1 or (probe(client, head)[1] or 0) < since_ns:
             return
@@ -435,9 +441,18 @@ def _records_until(
 
 def probing(client: ReplayClient, seq: int) -> Generator[None, Event, tuple[P.FetchEnd, int | None]]:
     """FETCH seq..seq, fed with the client's events: its FETCH-END (whose last is the head when seq is beyond
-    it, so MAX_SEQ asks for the head alone) and the journal time of the batch holding seq (None if
-    there is none)."""
-    rid = client.fetch(seq, seq)
+    it) and the journal time of the batch holding seq (None if there is none)."""
+    return (yield from _answer(client.fetch(seq, seq)))
+
+
+def heading(client: ReplayClient) -> Generator[None, Event, int]:
+    """The sidecar's head (`ReplayClient.fetch_head`), fed with the client's events."""
+    return (yield from _answer(client.fetch_head()))[0].last
+
+
+def _answer(rid: int) -> Generator[None, Event, tuple[P.FetchEnd, int | None]]:
+    """The FETCH-END of request `rid`, fed with the client's events, and the journal time of the last batch
+    before it (None if there is none)."""
     ts = None
     while True:
         event = yield
@@ -451,7 +466,7 @@ def start_after(client: ReplayClient, since_ns: int | None) -> Generator[None, E
     """The first sequence to deliver, fed with the client's events: the head + 1 when since_ns is None (a
     subscriber without multicast at "latest"), else the first journaled at or after since_ns (the head + 1
     when there is none yet)."""
-    head = (yield from probing(client, B.MAX_SEQ))[0].last
+    head = yield from heading(client)
     if since_ns is None or head < 1 or ((yield from probing(client, head))[1] or 0) < since_ns:
         return head + 1
     client.subscribe_time("", since_ns)
@@ -479,3 +494,8 @@ def drive(steps: Generator[None, Event, T], client: ReplayClient) -> T:
 def probe(client: ReplayClient, seq: int) -> tuple[P.FetchEnd, int | None]:
     """`probing`, waiting for each answer."""
     return drive(probing(client, seq), client)
+
+
+def ask_head(client: ReplayClient) -> int:
+    """`heading`, waiting for the answer: the head of the sidecar `client` is attached to."""
+    return drive(heading(client), client)

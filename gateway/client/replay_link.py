@@ -349,16 +349,20 @@ class ReplayLink:
             except ReplayError as exc:
                 self._lost(now, exc.reason)
         elif self._fill_conn.ready and FEATURE_RANGE in self._fill_conn.features:
-            self._fetch(HEAD_PROBE, B.MAX_SEQ, B.MAX_SEQ)
+            self._ask(HEAD_PROBE, lambda conn: conn.fetch_head(self._pattern))
 
     # --- connections -----------------------------------------------------------------------------------
 
     def _fetch(self, request_id: int, lo: int, hi: int) -> None:
         """FETCH lo..hi over TCP for the reconciler's request `request_id`."""
+        self._ask(request_id, lambda conn: conn.fetch(lo, hi, self._pattern))
+
+    def _ask(self, request_id: int, send: Callable[[ReplayClient], int]) -> None:
+        """`send` a request on the fill connection (made if there is none); its answer is `request_id`'s."""
         try:
             if self._fill_conn is None:
                 self._fill_conn = self._connect()
-            self._fill_conn.fetch(lo, hi, self._pattern)
+            send(self._fill_conn)
             self._fill_ids.append(request_id)
         except ReplayError as exc:
             self._lost(time.monotonic(), exc.reason)

@@ -21,7 +21,6 @@ import zmq
 from gateway.client.replay_client import ReplayClient
 from gateway.errors import ReplayError
 from gateway.transport.curve import CurveClientKeys
-from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
 
@@ -64,7 +63,7 @@ class SourceHeads:
                     if isinstance(event, P.FetchEnd):
                         self.heads[endpoint] = event.last
                 if ask:
-                    client.fetch(B.MAX_SEQ, B.MAX_SEQ)
+                    client.fetch_head()
             except ReplayError:  # refused, gone, unreachable: asked afresh next time
                 self._drop(endpoint)
 

@@ -91,7 +91,7 @@ class SourcePaths:
         for i in idle[:1] or open_[:1]:
             client = self.clients[i]
             assert client is not None
-            self._probe = (i, client.fetch(B.MAX_SEQ, B.MAX_SEQ))
+            self._probe = (i, client.fetch_head())
 
     def poll(self, now: float, reading: bool = True) -> None:
         """Take what has arrived (while `reading`), tell the core, carry out its actions (the module docstring).

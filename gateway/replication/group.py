@@ -53,6 +53,7 @@ from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
+from gateway.wire.reasons import not_leading, retry_later
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +221,13 @@ class GroupNode:
                 where = f"the leader is {info.node} at {info.reachable(info.ingest)} (epoch {holder.create_revision})"
             except CoordinatorError:
                 where = f"the leader of epoch {holder.create_revision} is not of this version"
-        return f"gateway node {self.node} is a follower ({where}): publish to the leader; retry later"
+        return retry_later(f"gateway node {self.node} is a follower ({where}): publish to the leader")
 
     def promote(self, stream: str, promotion: Promotion, done: Callable[[str | None], None]) -> None:
         """Make `stream`'s `promotion` the group's, in etcd fenced by our epoch (a job of the elector's
         thread); `done(None)` once written, `done(why)` if not (called from `tick`)."""
         if self.insync is None:
-            done(f"gateway node {self.node} no longer leads the group: promote at its leader")
+            done(not_leading(self.node))
             return
         self._promoting[stream] = done
         job = partial(promote, self.keys.promoted, stream, promotion, self.keys.leader, self.insync.epoch)
@@ -248,7 +249,7 @@ class GroupNode:
         if isinstance(outcome, CoordinatorError):
             done(str(outcome))
         else:
-            done(None if outcome else f"gateway node {self.node} no longer leads the group: promote at its leader")
+            done(None if outcome else not_leading(self.node))
 
     def _own_promotions(self) -> dict[str, Promotion]:
         """The promotion marks of this node's journal (a node about to lead adds them to the group's)."""
@@ -401,4 +402,4 @@ class GroupNode:
         self.host.unwatch(self.elector)
         self.peers.close()
         self.elector.close(resign=True)
-        self.host.step_down(f"gateway node {self.node} is shutting down: publish to another node; retry later")
+        self.host.step_down(retry_later(f"gateway node {self.node} is shutting down: publish to another node"))

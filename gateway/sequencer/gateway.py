@@ -71,6 +71,7 @@ from gateway.wire import announce as A
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 from gateway.wire.heartbeat import Heartbeat
+from gateway.wire.reasons import retry_later
 from gateway.wire.streamkey import AUTH, message
 
 log = logging.getLogger(__name__)
@@ -405,9 +406,9 @@ class Gateway:
         (below --min-insync) cannot wait for that to end by itself, so it reads its publishers on, to refuse them."""
         if not self._refusing():
             return None
-        return (
+        return retry_later(
             f"gateway node {self.config.node} has fewer in-sync followers than --min-insync "
-            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy; {P.RETRY_LATER}"
+            f"{self.config.min_insync} and holds {self.config.max_out_queue} batches they must copy"
         )
 
     def _execute(self, actions: list[I.Action]) -> None:

@@ -66,6 +66,7 @@ from gateway.sequencer.producers import ProducerTable
 from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
+from gateway.wire.reasons import retry_later
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +297,7 @@ class Ingest:
             return
         if producer is not None and (gap := self.lanes[session.stream].producers.missing(*producer)) is not None:
             what = f"producer {producer[0]:016x}: its records {gap} to {producer[1] - 1} were refused, not journaled"
-            self._refuse(f"{what}: re-send from {gap}; {P.RETRY_LATER}", "out-of-order")
+            self._refuse(retry_later(f"{what}: re-send from {gap}"), "out-of-order")
             return
         confirm = P.FEATURE_CONFIRM in features
         self._out.append(Sequence(self._identity, session.stream, batch, confirm))

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from gateway import machine
 from gateway.wire import announce as A
-from gateway.wire.protocol import RETRY_LATER
+from gateway.wire.reasons import retry_later
 
 
 class Role(enum.Enum):
@@ -202,7 +202,7 @@ class MirrorRules:
 
     def _promoting(self, event: Hello | MirrorBatch | PublisherBatch | Promote) -> None:
         self.verdict = Refuse(
-            f"stream {self.stream} is being promoted at sequence {self.persisting} at this site: {RETRY_LATER}"
+            retry_later(f"stream {self.stream} is being promoted at sequence {self.persisting} at this site")
         )
 
     def _promoted_already(self, event: Promote | Promoted) -> None:

@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from gateway.client.replay_client import ReplayClient, probe
+from gateway.client.replay_client import ReplayClient, ask_head, probe
 from gateway.errors import JournalTrimmed, ReplayError
 from gateway.journal import JournalReader
 from gateway.journal.layout import list_segments
@@ -46,7 +46,7 @@ from gateway.spark.arrow import record_batches, spark_schema
 from gateway.spark.options import LAST
 from gateway.spark.sink import stream_writer, writer
 from gateway.wire import protocol as P
-from gateway.wire.batch import MAX_SEQ, Batch
+from gateway.wire.batch import Batch
 
 log = logging.getLogger(__name__)
 
@@ -214,14 +214,14 @@ class ReplayStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _head(self) -> int:
         with self._client() as client:
-            return probe(client, MAX_SEQ)[0].last
+            return ask_head(client)
 
     def initialOffset(self) -> dict:
         if self.starting.isdigit():
             return {"seq": max(0, int(self.starting) - 1)}
         with self._client() as client:
             if self.starting == "latest":
-                return {"seq": probe(client, MAX_SEQ)[0].last}
+                return {"seq": ask_head(client)}
             # FETCH from 0 means "from the first retained"; its FETCH-END names that sequence.
             return {"seq": probe(client, 0)[0].first - 1}
 

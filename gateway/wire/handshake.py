@@ -34,6 +34,7 @@ from typing import NamedTuple, TypeVar
 
 from gateway import machine
 from gateway.wire import protocol as P
+from gateway.wire.reasons import before_attach
 
 
 class Phase(Enum):
@@ -63,11 +64,7 @@ def detached(cmd: P.Command) -> Answer:
     """The answer to a command other than ATTACH from a client without a session (rule 1)."""
     if isinstance(cmd, P.Ping):
         return Answer(P.PingOk(), True)
-    reason = (
-        f"{cmd.NAME} before ATTACH: send ATTACH with a stream name first (a session ends when the server "
-        "restarts or closes the connection, e.g. for a frame over its size limit)"
-    )
-    return Answer(P.Invalid(reason), False)
+    return Answer(P.Invalid(before_attach(cmd.NAME)), False)
 
 
 class Handshake:

@@ -255,6 +255,8 @@ def test_env_vars_fill_options_and_explicit_options_win(servers) -> None:
     _, side = servers
     env = {"ZEPS_REPLAY": side.endpoint, "ZEPS_STREAM": STREAM}
     assert len(zeps("history", env=env).stdout.splitlines()) == 50
+    last5 = zeps("history", "--from", "-5", env=env)  # the sidecar's head asked first
+    assert [json.loads(line)["seq"] for line in last5.stdout.splitlines()] == [46, 47, 48, 49, 50], last5.stderr
     wrong = env | {"ZEPS_REPLAY": DEAD}
     assert len(zeps("history", "--replay", side.endpoint, env=wrong).stdout.splitlines()) == 50  # option wins
     one_line_error(zeps("history", env={"ZEPS_REPLAY": "localhost:1", "ZEPS_STREAM": STREAM}), 2, "ZEPS_REPLAY")

@@ -16,6 +16,7 @@ from gateway.client.heartbeat import IVL_MS, LONE_IVL_MS, LONE_TIMEOUT_MS, TIMEO
 from gateway.errors import BadRecord, BadRecordType, ConfigError, ZepsError
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire.reasons import retry_later
 
 DOC = Path(__file__).parents[2] / "docs" / "client-sessions.md"
 GRANTED = (P.FEATURE_BATCH, P.FEATURE_CONFIRM, P.FEATURE_PRODUCER)
@@ -142,7 +143,8 @@ def test_session_refusals_first_attach_is_final_later_retried_elsewhere_is_no_re
     assert "ATTACH to stream 'orders' at tcp://127.0.0.1:5570: unknown stream" in alone.error.reason
     pair = session("tcp://a:1", "tcp://b:1")
     pair.handle(S.Tick(), 0.0)
-    pair.handle(S.Received(P.Invalid("not the leader; the leader is tcp://b:1")), 0.1)
+    follower = retry_later("gateway node n1 is a follower (the leader is n2 at tcp://b:1 (epoch 3)): publish to it")
+    pair.handle(S.Received(P.Invalid(follower)), 0.1)
     assert pair.state is S.State.DOWN and pair.endpoint == "tcp://b:1"  # sent there, not refused
     pair.handle(S.Tick(), 5.0)
     pair.handle(S.Rejected("the server refused our CURVE key"), 5.1)

@@ -54,7 +54,7 @@ def test_promotion_waits_for_the_mark_then_fences_the_mirror() -> None:
 def test_while_the_mark_is_persisted_nothing_writes_the_stream_and_everyone_retries() -> None:
     rules = MR.MirrorRules("s", MR.Role.MIRROR)
     rules.on(MR.Promote(7))
-    wait = MR.Refuse("stream s is being promoted at sequence 7 at this site: retry later")
+    wait = MR.Refuse("stream s is being promoted at sequence 7 at this site; retry later")
     for event in (MR.MirrorBatch(8, 7), MR.Hello(7), MR.PublisherBatch(), MR.Promote(7)):
         assert rules.on(event) == wait
         assert rules.role is MR.Role.PROMOTING
