@@ -1,18 +1,21 @@
 """The gateway's turn for lone-record batches (the fan-in shape), per stage: call counts and timings.
 
-Usage: python scripts/gateway_turn.py [BATCHES] [count|time] [GAP_MS]. Root: it makes a network namespace of
-its own (a veth pair for the udp:// output; removed at the end) and runs there a real `Gateway` (its
-`run()` loop on the main thread, default settings, group commit on its Syncer) with a udp:// multicast output,
-and a feeding process that attaches as a Publisher does (batch, confirm, producer) and sends BATCHES
-PUBLISH-BATCHes of one 100-byte record, GAP_MS apart (default 1), reading its PUBLISH-OKs. The first 200
-batches warm up. `count` (the default): Python and C calls per batch of the loop's thread, counted by cProfile
-(exact whatever the load), and the functions called most. `time`: the loop's stages timed by wrappers on the
-instance (time.perf_counter_ns; each wrapper adds about 0.3 µs), p50/p99 per call in µs. Compare trees
-alternately with PYTHONPATH=<checkout>; timings on a shared machine are noisy.
+Usage: python scripts/gateway_turn.py [BATCHES] [count|top|time] [GAP_MS]. Root: it makes a network namespace
+of its own (a veth pair for the udp:// output; removed at the end) and runs there a real `Gateway` (its `run()`
+loop on the main thread, default settings, group commit on its Syncer) with a udp:// multicast output, and a
+feeding process that attaches as a Publisher does (batch, confirm, producer) and sends BATCHES PUBLISH-BATCHes
+of one 100-byte record, each GAP_MS (default 1) after the one before was multicast, reading its PUBLISH-OKs. The
+first 200 batches warm up. `count` (the default): the Python and C calls of each pass of the loop (a profile
+hook on its thread: exact whatever the load), by how many batches the pass journaled (1: the lone batch's
+turn, read to multicast; 0: timer passes, which send the PUBLISH-OKs once a group commit is synced). `top`:
+the functions called most per batch (cProfile; DUMP=FILE keeps its stats). `time`: the loop's stages timed
+by wrappers on the instance (time.perf_counter_ns; each wrapper adds about 0.3 µs), p50/p99 per call in µs.
+Compare trees alternately with PYTHONPATH=<checkout>; timings on a shared machine are noisy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import os
 import pstats
@@ -24,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 NS_ADDR, GROUP = "10.77.0.1", "239.77.0.1:5077"
@@ -37,9 +41,14 @@ def in_namespace(argv: list[str]) -> int:
     ip = ["ip", "-n", ns]
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
-        for cmd in (["link", "set", "lo", "up"], ["link", "add", "d0", "type", "veth", "peer", "name", "d1"], ["link", "set", "d1", "up"],
-                    ["addr", "add", f"{NS_ADDR}/24", "dev", "d0"], ["link", "set", "d0", "up", "multicast", "on"],
-                    ["route", "add", "224.0.0.0/4", "dev", "d0"]):  # fmt: skip
+        for cmd in (
+            ["link", "set", "lo", "up"],
+            ["link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+            ["link", "set", "d1", "up"],
+            ["addr", "add", f"{NS_ADDR}/24", "dev", "d0"],
+            ["link", "set", "d0", "up", "multicast", "on"],
+            ["route", "add", "224.0.0.0/4", "dev", "d0"],
+        ):
             subprocess.run(ip + cmd, check=True)
         return subprocess.run(["ip", "netns", "exec", ns, sys.executable, __file__, "inside", *argv]).returncode
     finally:
@@ -47,11 +56,17 @@ def in_namespace(argv: list[str]) -> int:
 
 
 def feed(endpoint: str, batches: int, gap_s: float) -> None:
-    """The publisher: attach, then one lone-record PUBLISH-BATCH every `gap_s`, reading confirms as they come."""
+    """The publisher: attach, then one lone-record PUBLISH-BATCH every `gap_s`, each once the one before it was
+    multicast (so that every batch is read alone, whatever the load), reading confirms as they come."""
     import zmq
 
+    from gateway.transport.udp import join
     from gateway.wire import batch as B
     from gateway.wire import protocol as P
+
+    group, port = GROUP.split(":")
+    mcast = join(NS_ADDR, group, int(port), 1 << 20)
+    mcast.settimeout(1.0)
 
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
@@ -64,7 +79,9 @@ def feed(endpoint: str, batches: int, gap_s: float) -> None:
     for i in range(batches):
         batch = B.encode(0, [(time.time_ns(), b"key", BODY)], producer=(0x5EED, i))
         dealer.send(P.encode(P.PublishBatch(batch)))
-        at += gap_s
+        with contextlib.suppress(TimeoutError):
+            mcast.recv(65536)
+        at = time.monotonic() + gap_s  # a full gap after it: the gateway has finished its pass
         while (wait := at - time.monotonic()) > 0:
             if dealer.poll(wait * 1000):
                 dealer.recv()
@@ -110,19 +127,32 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
         lane = gw.lanes["bench"]
         spans: dict[str, list[int]] = {}
         profiler = cProfile.Profile()
-        state = {"on": False, "passes": 0}
+        state = {"on": False, "passes": 0, "seq": 0}
         total = WARM + batches
+        calls = {"call": 0, "c_call": 0}
+        passes: list[tuple[int, int, int]] = []  # per pass of the loop: batches journaled, Python calls, C calls
+
+        def hook(frame: FrameType, event: str, arg: Any) -> None:
+            if event in calls:
+                calls[event] += 1
 
         def until() -> bool:
             state["passes"] += state["on"]
+            if state["on"] and mode == "count":
+                seq = lane.writer.last_seq
+                passes.append((seq - state["seq"], calls["call"], calls["c_call"]))
+                state["seq"], calls["call"], calls["c_call"] = seq, 0, 0
             if not state["on"] and lane.writer.last_seq >= WARM:
-                state["on"] = True
+                state["on"], state["seq"] = True, lane.writer.last_seq
                 for values in spans.values():
                     values.clear()
                 if mode == "count":
+                    sys.setprofile(hook)
+                elif mode == "top":
                     profiler.enable()
             if lane.writer.last_seq >= total:
                 profiler.disable()
+                sys.setprofile(None)
                 return True
             return False
 
@@ -148,22 +178,30 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
             gw.run(until)
         finally:
             feeder.wait(30)
-    passes = state["passes"]
-    if mode == "count":
+    n_passes = state["passes"]
+    if mode == "count":  # the hook's own calls (until's) are in every pass alike
+        print(f"load {os.getloadavg()[0]:.1f}; passes of the loop by batches journaled in them: Python calls, C calls "
+              "(median, min, max)")  # fmt: skip
+        for n in sorted({p[0] for p in passes}):
+            of = [p for p in passes if p[0] == n]
+            py, c = [p[1] for p in of], [p[2] for p in of]
+            print(f"  {n} batch(es): {len(of):5d} passes  Python {statistics.median(py):6.1f} ({min(py)}-{max(py)})  "
+                  f"C {statistics.median(c):6.1f} ({min(c)}-{max(c)})")  # fmt: skip
+    elif mode == "top":
         stats = pstats.Stats(profiler)
         if dump := os.environ.get("DUMP"):  # for pstats' callers and callees
             stats.dump_stats(dump)
         entries = stats.stats  # type: ignore[attr-defined]
         py = sum(nc for (file, _, _), (_, nc, *_) in entries.items() if file != "~")
         c = sum(nc for (file, _, _), (_, nc, *_) in entries.items() if file == "~")
-        print(f"loop thread per batch ({batches} lone-record batches, {passes / batches:.2f} passes per batch): "
+        print(f"loop thread per batch ({batches} lone-record batches, {n_passes / batches:.2f} passes per batch): "
               f"{py / batches:.1f} Python calls, {c / batches:.1f} C calls")  # fmt: skip
         top = sorted(entries.items(), key=lambda kv: -kv[1][1])[: int(os.environ.get("TOP", "40"))]
-        for (file, line, fn), (_, nc, tt, ct, _) in top:
+        for (file, line, fn), (_, nc, *_) in top:
             where = fn if file == "~" else f"{Path(file).name}:{line} {fn}"
             print(f"  {nc / batches:6.2f}  {where}")
     else:
-        print(f"{batches} lone-record batches, {passes / batches:.2f} loop passes per batch, "
+        print(f"{batches} lone-record batches, {n_passes / batches:.2f} loop passes per batch, "
               f"load {os.getloadavg()[0]:.1f}; per call, µs:")  # fmt: skip
         for label, values in spans.items():
             if values:
