@@ -1,6 +1,6 @@
 """The gateway's turn for lone-record batches (the fan-in shape), per stage: call counts and timings.
 
-Usage: python scripts/gateway_turn.py [BATCHES] [count|top|time] [GAP_MS]. Root: it makes a network namespace
+Usage: python scripts/gateway_turn.py [BATCHES] [count|top|time|cpu] [GAP_MS]. Root: it makes a network namespace
 of its own (a veth pair for the udp:// output; removed at the end) and runs there a real `Gateway` (its `run()`
 loop on the main thread, default settings, group commit on its Syncer) with a udp:// multicast output, and a
 feeding process that attaches as a Publisher does (batch, confirm, producer) and sends BATCHES PUBLISH-BATCHes
@@ -10,6 +10,7 @@ hook on its thread: exact whatever the load), by how many batches the pass journ
 turn, read to multicast; 0: timer passes, which send the PUBLISH-OKs once a group commit is synced). `top`:
 the functions called most per batch (cProfile; DUMP=FILE keeps its stats). `time`: the loop's stages timed
 by wrappers on the instance (time.perf_counter_ns; each wrapper adds about 0.3 µs), p50/p99 per call in µs.
+`cpu`: the loop thread's CPU time per batch (time.thread_time_ns, nothing wrapped: the least noisy timing).
 Compare trees alternately with PYTHONPATH=<checkout>; timings on a shared machine are noisy.
 """
 
@@ -96,8 +97,10 @@ def feed(endpoint: str, batches: int, gap_s: float) -> None:
 
 
 def timed(owner: Any, name: str, into: dict[str, list[int]], label: str | None = None) -> None:
-    """Wrap `owner.name` to note how long each call took (ns), under `label`."""
-    original: Callable[..., Any] = getattr(owner, name)
+    """Wrap `owner.name` to note how long each call took (ns), under `label` (a tree without it: nothing)."""
+    original: Callable[..., Any] | None = getattr(owner, name, None)
+    if original is None:
+        return
     spans = into.setdefault(label or name, [])
     clock = time.perf_counter_ns
 
@@ -150,7 +153,9 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
                     sys.setprofile(hook)
                 elif mode == "top":
                     profiler.enable()
+                state["cpu"] = time.thread_time_ns()
             if lane.writer.last_seq >= total:
+                state["cpu"] = time.thread_time_ns() - state["cpu"]
                 profiler.disable()
                 sys.setprofile(None)
                 return True
@@ -169,10 +174,22 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
                 (gw, "_send_confirms", "_send_confirms"),
                 (gw.metrics, "post", "metrics.post"),
                 (gw.syncer, "drain", "syncer.drain"),
-                (gw._poller, "poll", "poll (the wait)"),
             ):
                 timed(owner, name, spans, label)
             timed(P, "decode", spans, "P.decode")
+            polled = gw._poller.poll
+            turns = spans.setdefault("pass: poll woke .. poll again, 1 batch", [])
+            mark = {"woke": 0, "seq": 0}
+
+            def poll(timeout: int) -> Any:  # the loop's work between two waits, in passes that journaled one batch
+                now, seq = time.perf_counter_ns(), lane.writer.last_seq
+                if mark["woke"] and seq - mark["seq"] == 1:
+                    turns.append(now - mark["woke"])
+                out = polled(timeout)
+                mark["woke"], mark["seq"] = time.perf_counter_ns(), lane.writer.last_seq
+                return out
+
+            gw._poller.poll = poll  # type: ignore[method-assign]
         feeder = subprocess.Popen([sys.executable, __file__, "feed", endpoint, str(total), str(gap_s)])
         try:
             gw.run(until)
@@ -187,6 +204,9 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
             py, c = [p[1] for p in of], [p[2] for p in of]
             print(f"  {n} batch(es): {len(of):5d} passes  Python {statistics.median(py):6.1f} ({min(py)}-{max(py)})  "
                   f"C {statistics.median(c):6.1f} ({min(c)}-{max(c)})")  # fmt: skip
+    elif mode == "cpu":
+        print(f"load {os.getloadavg()[0]:.1f}; the loop thread's CPU per batch {state['cpu'] / batches / 1e3:.1f} µs "
+              f"({n_passes / batches:.2f} passes per batch)")  # fmt: skip
     elif mode == "top":
         stats = pstats.Stats(profiler)
         if dump := os.environ.get("DUMP"):  # for pstats' callers and callees
