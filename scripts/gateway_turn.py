@@ -20,6 +20,7 @@ import contextlib
 import cProfile
 import os
 import pstats
+import resource
 import socket
 import statistics
 import subprocess
@@ -130,7 +131,7 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
         lane = gw.lanes["bench"]
         spans: dict[str, list[int]] = {}
         profiler = cProfile.Profile()
-        state = {"on": False, "passes": 0, "seq": 0}
+        state: dict[str, Any] = {"on": False, "passes": 0, "seq": 0}
         total = WARM + batches
         calls = {"call": 0, "c_call": 0}
         passes: list[tuple[int, int, int]] = []  # per pass of the loop: batches journaled, Python calls, C calls
@@ -154,8 +155,12 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
                 elif mode == "top":
                     profiler.enable()
                 state["cpu"] = time.thread_time_ns()
+                used = resource.getrusage(resource.RUSAGE_THREAD)
+                state["user"], state["sys"] = used.ru_utime, used.ru_stime
             if lane.writer.last_seq >= total:
                 state["cpu"] = time.thread_time_ns() - state["cpu"]
+                used = resource.getrusage(resource.RUSAGE_THREAD)
+                state["user"], state["sys"] = used.ru_utime - state["user"], used.ru_stime - state["sys"]
                 profiler.disable()
                 sys.setprofile(None)
                 return True
@@ -206,7 +211,8 @@ def serve(batches: int, mode: str, gap_s: float) -> None:
                   f"C {statistics.median(c):6.1f} ({min(c)}-{max(c)})")  # fmt: skip
     elif mode == "cpu":
         print(f"load {os.getloadavg()[0]:.1f}; the loop thread's CPU per batch {state['cpu'] / batches / 1e3:.1f} µs "
-              f"({n_passes / batches:.2f} passes per batch)")  # fmt: skip
+              f"(user {state['user'] / batches * 1e6:.1f}, system {state['sys'] / batches * 1e6:.1f}; "
+              f"{n_passes / batches:.2f} passes per batch)")  # fmt: skip
     elif mode == "top":
         stats = pstats.Stats(profiler)
         if dump := os.environ.get("DUMP"):  # for pstats' callers and callees
