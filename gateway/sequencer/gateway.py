@@ -21,7 +21,7 @@ never the records behind it. The loop polls the syncer's pipe and confirms once 
 The ingest's rules are a sans-IO core (gateway.sequencer.ingest): `_drain_router` decodes each command, hands it
 to `Ingest.handle` and executes the actions that come back (`_execute`), never calling the core while it does.
 
-Size: about 760 lines, kept whole on purpose. What is left is the loop and what it executes: the ingest's
+Size: about 800 lines, kept whole on purpose. What is left is the loop and what it executes: the ingest's
 actions, write-ahead with the disk-full gate, confirms, and the timers (multicast pumps, heartbeats, group
 commits, announcements). Each is a few methods over the same lanes, outputs, metrics and replication strategy,
 all on the loop's one thread; the rules went to their own modules (ingest, replication, output, lane), and a
