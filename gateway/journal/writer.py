@@ -265,26 +265,27 @@ class JournalWriter:
         return data
 
     def _put(self, data: bytes, count: int, ts: int) -> None:
-        if self._size and self._size + len(data) > self._segment_bytes:
+        size = len(data)
+        if self._size and self._size + size > self._segment_bytes:
             self._roll()
         offset, first = self._size, self._next_seq
         self._write(data)
         # The batch is in the journal: account for it before anything else can fail, so that no
         # sequence is ever issued twice.
-        self._size += len(data)
+        self._size += size
         self._next_seq += count
         self._last_ts = max(self._last_ts, ts)
         if self._index_owed is None and offset - self._index_off >= self._index_interval:
             self._index_owed = (first, ts, offset)
         self._write_owed_index()
-        self._pending(len(data))
+        self._pending(size)
 
     def _write(self, data: bytes) -> None:
         """Write all of `data`, or nothing: a failed write (ENOSPC...) is cut back so no torn batch stays."""
-        view, done = memoryview(data), 0
+        done, size = 0, len(data)
         try:
-            while done < len(data):
-                written = os.write(self._fd, view[done:])
+            while done < size:  # one write but on a short one: the first with no view of `data` to make
+                written = os.write(self._fd, memoryview(data)[done:] if done else data)
                 if written <= 0:
                     raise OSError(f"write to {self._active_path} made no progress")
                 done += written

@@ -21,7 +21,7 @@ never the records behind it. The loop polls the syncer's pipe and confirms once 
 The ingest's rules are a sans-IO core (gateway.sequencer.ingest): `_drain_router` decodes each command, hands it
 to `Ingest.handle` and executes the actions that come back (`_execute`), never calling the core while it does.
 
-Size: about 760 lines, kept whole on purpose. What is left is the loop and what it executes: the ingest's
+Size: about 800 lines, kept whole on purpose. What is left is the loop and what it executes: the ingest's
 actions, write-ahead with the disk-full gate, confirms, and the timers (multicast pumps, heartbeats, group
 commits, announcements). Each is a few methods over the same lanes, outputs, metrics and replication strategy,
 all on the loop's one thread; the rules went to their own modules (ingest, replication, output, lane), and a
@@ -249,24 +249,25 @@ class Gateway:
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Serve until `until()` is true or `stop()` is called; then flush, drain and close."""
-        poller = self._poller
-        poller.register(self.syncer.fileno(), zmq.POLLIN)  # a group commit finished: confirm what it covers
+        poller, synced = self._poller, self.syncer.fileno()
+        poller.register(synced, zmq.POLLIN)  # a group commit finished: confirm what it covers
+        watched: dict[zmq.Socket, int] = {}  # the ingest sockets' events as registered: changed only when they do
         try:
             while not (self._stopping or until()):
                 wait = self._on_timers(time.monotonic())
                 waiting = self._publishers_wait()
-                poller.register(self.router, 0 if waiting else zmq.POLLIN)
+                self._watch_ingest(watched, self.router, 0 if waiting else zmq.POLLIN)
                 if self.xsub is not None:  # plain PUB publishers cannot be refused: they wait for any backlog
-                    poller.register(self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
-                self.metrics.post()  # what this pass counted, before the loop waits
+                    self._watch_ingest(watched, self.xsub, 0 if waiting or self._uncommitted_full() else zmq.POLLIN)
                 events = dict(poller.poll(math.ceil(wait * 1000)))
-                if self.syncer.fileno() in events:
+                if synced in events:
                     self.syncer.drain()
-                if self.router in events:
-                    self._drain_router()
+                dry = self.router in events and self._drain_router()
                 if self.xsub is not None and self.xsub in events:
                     self._drain_xsub()
-                if not ingest_ready(self.router, self.xsub):  # smart batching: nothing more is queued, no linger wait
+                # Smart batching: nothing more is queued, no linger wait (a drain that found the ROUTER empty
+                # said so already: asked again, ZMQ_EVENTS would only say it twice).
+                if not ingest_ready(None if dry else self.router, self.xsub):
                     for lane in self.lanes.values():
                         self._flush(lane)
         finally:
@@ -274,6 +275,13 @@ class Gateway:
 
     def stop(self) -> None:
         self._stopping = True
+
+    def _watch_ingest(self, watched: dict[zmq.Socket, int], sock: zmq.Socket, events: int) -> None:
+        """Poll `sock` for `events` (0: not read while publishers wait), registering it only when they change: pyzmq's
+        `register` is Python, and they change only when backpressure starts or ends."""
+        if watched.get(sock) != events:
+            self._poller.register(sock, events)
+            watched[sock] = events
 
     def _on_timers(self, now: float) -> float:
         """Flush lingering batches, pump multicast, heartbeat, sync the journal; return the next deadline."""
@@ -348,6 +356,8 @@ class Gateway:
         multicast takes it (the rest waits, so that one pass of the loop queues a bounded amount, and
         publishers wait once it is full)."""
         for lane in self.lanes.values():
+            if not lane.uncommitted:  # a single gateway's always: it multicasts a batch once journaled
+                continue
             committed = self.replication.committed(lane)
             while lane.uncommitted and lane.uncommitted[0].last <= committed and not self._outs_full():
                 self._fan_out(lane, lane.uncommitted.popleft())
@@ -370,17 +380,19 @@ class Gateway:
 
     # --- ZEPS ingest ----------------------------------------------------------------------------------
 
-    def _drain_router(self, limit: int = 4096) -> None:
-        """Take up to `limit` commands, for DRAIN_S at most, until the publishers are to wait (`run`)."""
-        until = time.monotonic() + DRAIN_S
+    def _drain_router(self, limit: int = 4096) -> bool:
+        """Take up to `limit` commands, for DRAIN_S at most, until the publishers are to wait (`run`); whether it
+        ended because the ROUTER held nothing more."""
+        now = time.monotonic()  # a session's last_seen: within DRAIN_S is close enough for --client-timeout
+        until = now + DRAIN_S
         for n in range(1, limit + 1):
-            if n % DRAIN_CHECK == 0 and (time.monotonic() > until or self._publishers_wait()):
-                return
+            if n % DRAIN_CHECK == 0 and ((now := time.monotonic()) > until or self._publishers_wait()):
+                return False
             if n == 2 and not ingest_ready(self.router):  # at a low rate a drain holds one command: ZMQ_EVENTS
-                return  # says so for less than the zmq.Again that reading nothing raises (issue #32)
+                return True  # says so for less than the zmq.Again that reading nothing raises (issue #32)
             frames = take(self.router)
             if frames is None:
-                return
+                return True
             if len(frames) != 2:
                 self._reject(frames[0], "expected one command per message", reply=len(frames) > 1)
                 continue
@@ -393,7 +405,8 @@ class Gateway:
             except P.ProtocolError as exc:
                 self._reject(identity, exc.reason)
                 continue
-            self._execute(self.ingest.handle(identity, cmd, time.monotonic()))
+            self._execute(self.ingest.handle(identity, cmd, now))
+        return False
 
     # --- the ingest's actions (gateway.sequencer.ingest decides, the loop executes) -------------------------
 
@@ -463,10 +476,9 @@ class Gateway:
         if dups:  # partial overlap: journal the records after the producer's last, confirm them all
             batch = B.Batch.parse(batch.part(dups, batch.count - 1), check_crc=False)
         lane.owe(identity, batch.count, confirm)
-        sealed = self._journal(lane, batch, dups)
-        if sealed is not None and producer is not None:  # its records up to the batch's last are journaled now
-            writer = lane.writer
-            lane.producers.note(producer[0], producer[1] + dups + batch.count - 1, writer.last_seq, writer.last_ts_ns)
+        journaled = self._journal(lane, batch, dups)
+        if journaled is not None and producer is not None:  # its records up to the batch's last are journaled now
+            lane.producers.note(producer[0], producer[1] + dups + batch.count - 1, journaled.last, journaled.ts_ns)
 
     def _flush(self, lane: Lane) -> None:
         if not lane.pending:
@@ -477,8 +489,8 @@ class Gateway:
         lane.pending_bytes = 0
         self._journal(lane, B.Batch.parse(raw, check_crc=False))
 
-    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0, *, verbatim: bool = False) -> bytes | None:
-        """Write-ahead: the journal first, then the multicast queues. The sealed batch, or None if refused.
+    def _journal(self, lane: Lane, batch: B.Batch, dups: int = 0, *, verbatim: bool = False) -> Journaled | None:
+        """Write-ahead: the journal first, then the multicast queues. The batch as journaled, or None if refused.
 
         `dups`: records re-sent before `batch` (a producer's, journaled already) to confirm along with it.
         `verbatim`: a mirror's batch, journaled with the source's sequences and times (`_append`)."""
@@ -487,18 +499,19 @@ class Gateway:
         sealed = self._append(lane, batch, verbatim)
         if sealed is None:
             return None
-        self._owe_confirms(lane, batch.count, dups)
+        writer = lane.writer
+        journaled = Journaled(batch, sealed, writer.last_seq, writer.last_ts_ns)
+        self._owe_confirms(lane, batch.count, dups, journaled.last)
         series = self.metrics.streams[lane.stream]
         series.journaled.add(batch.count)
         series.journaled_bytes.add(len(sealed))
         series.batch_records.observe(batch.count)
-        journaled = Journaled(batch, sealed, lane.writer.last_seq, lane.writer.last_ts_ns)
         self.replication.journaled(lane.stream, sealed)
         if lane.uncommitted or self.replication.committed(lane) < journaled.last:
             lane.uncommitted.append(journaled)  # a node's waits for its followers (`_release`)
         else:
             self._fan_out(lane, journaled)  # committed once journaled (a single gateway's): out at once
-        return sealed
+        return journaled
 
     def _writable(self, lane: Lane, count: int) -> bool:
         """The disk-full gate: while the journal's disk is full, refuse without trying until `retry_at`."""
@@ -530,10 +543,9 @@ class Gateway:
             self.metrics.streams[lane.stream].journal_full.set(0)
         return sealed
 
-    def _owe_confirms(self, lane: Lane, count: int, dups: int) -> None:
-        """The journaled batch's publishers are owed PUBLISH-OK once it is synced; a producer batch (alone in
-        `unsequenced`) is confirmed with its `dups` re-sent records, ending at its last sequence."""
-        last = lane.writer.last_seq
+    def _owe_confirms(self, lane: Lane, count: int, dups: int, last: int) -> None:
+        """The journaled batch (its `last` sequence) is owed to its publishers as PUBLISH-OK once it is synced; a
+        producer batch (alone in `unsequenced`) is confirmed with its `dups` re-sent records, ending at `last`."""
         first = last - count + 1
         for owed in lane.unsequenced:
             if owed.confirm:
@@ -791,5 +803,4 @@ class Gateway:
             self.announcer.close()
         if self.registrar is not None:
             self.registrar.close()
-        self.metrics.post()
         self.metrics.close()

@@ -196,15 +196,12 @@ class Ingest:
         if session is not None:
             session.last_seen = now
         self._identity, self._session, self._now, self._out = identity, session, now, []
-        machine.settle(self, TRANSITIONS, self._phase(), cmd, KINDS.of(cmd))
+        machine.settle(self, TRANSITIONS, _phase_of(session), cmd, KINDS.of(cmd))
         return self._out
 
     def _phase(self) -> Phase:
-        """The identity's phase, from its session: none, a publisher's, or one granted 'mirror'."""
-        session = self.sessions.get(self._identity)
-        if session is None:
-            return Phase.DETACHED
-        return Phase.MIRRORING if P.FEATURE_MIRROR in session.handshake.features else Phase.ATTACHED
+        """The identity's phase now (a handler may have made or ended its session)."""
+        return _phase_of(self.sessions.get(self._identity))
 
     def end_all(self, reason: str) -> list[Action]:
         """The node stopped leading: every session ends, told `reason`."""
@@ -258,7 +255,7 @@ class Ingest:
         """3a, 3c, 3d, 3e, then the record's size."""
         if self._refused_by_leadership() or not self._negotiated(cmd) or self._refused_uncommitted():
             return
-        if self._refused_as_mirror():
+        if self._refused_as_mirror(self._attached):
             return
         key, body = cmd.key.encode(), bytes(cmd.body)
         if len(body) > (limit := self.config.max_message_bytes):
@@ -272,9 +269,9 @@ class Ingest:
         """3a, 3c, 3d, 3e, then the batch (3f), which must have been granted."""
         if self._refused_by_leadership() or not self._negotiated(cmd) or self._refused_uncommitted():
             return
-        if self._refused_as_mirror():
-            return
         session = self._attached
+        if self._refused_as_mirror(session):
+            return
         features = session.handshake.features
         if P.FEATURE_BATCH not in features:
             self._not_allowed(cmd)
@@ -360,8 +357,8 @@ class Ingest:
             self._refuse(refusal, "not-leader")
         return refusal is not None
 
-    def _refused_as_mirror(self) -> bool:
-        refusal = self.gate.mirror_refusal(self._attached.stream)
+    def _refused_as_mirror(self, session: _Session) -> bool:
+        refusal = self.gate.mirror_refusal(session.stream)
         if refusal is not None:
             self._refuse(refusal, "mirror")
         return refusal is not None
@@ -393,6 +390,13 @@ class Ingest:
         if idle:
             log.info("%d sessions silent for over %g s ended to make room", len(idle), self.config.client_timeout)
         return bool(idle)
+
+
+def _phase_of(session: _Session | None) -> Phase:
+    """A session's phase: none, a publisher's, or one granted 'mirror'."""
+    if session is None:
+        return Phase.DETACHED
+    return Phase.MIRRORING if P.FEATURE_MIRROR in session.handshake.features else Phase.ATTACHED
 
 
 # --- the transition table -------------------------------------------------------------------------------

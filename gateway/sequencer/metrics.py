@@ -1,18 +1,22 @@
 """The gateway's Prometheus metrics (`zeps_gateway_*`; conventions in gateway.transport.metrics).
 
-Every stream, multicast endpoint and rejection kind is exported at 0 from the start. Counters on the ingest
-path are `Tally`s, moved once per pass of the gateway's loop (`GatewayMetrics.post`), not per batch: a child's
-inc() takes a lock and costs about as much as handling a record, and with many small publishers (issue #32) a
-batch is one record. What is state rather than an event (a stream's head and producers, a multicast queue's depth)
-is read when scraped.
+Every stream, multicast endpoint and rejection kind is exported at 0 from the start. The series the loop moves
+per batch (records published and journaled, bytes, multicast messages, records per batch) are `Tally`s and a
+`SizeTally`: plain integers the loop's thread adds to, read when scraped (`LoopSeries`), with no lock and no call
+into prometheus_client per batch. A child's inc() takes a lock and costs about as much as handling a record, a
+Histogram's observe() two, and with many small publishers (issue #32) a batch is one record; posting them once per
+pass of the loop still cost as much for a lone-record batch, whose pass is its own (docs/benchmarks.md). What is
+state rather than an event (a stream's head and producers, a multicast queue's depth) is read when scraped too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 from gateway.transport.metrics import Metrics, precreate
 from gateway.transport.send_errors import SendErrors
@@ -53,22 +57,76 @@ SEND_OPS = ("multicast", "heartbeat", "announce", "peer-link", "etcd")
 
 
 class Tally:
-    """A counter child that the loop's thread adds to with a plain integer addition; `post` moves the child by
-    what was added since (a scrape sees it one pass of the loop late at most)."""
+    """A counter's child that the loop's thread adds to with a plain integer addition, read when scraped. Only the
+    loop writes it; a scrape's thread reads one int (whole, under the GIL)."""
 
-    __slots__ = ("child", "n")
+    __slots__ = ("n",)
 
-    def __init__(self, child: Counter) -> None:
-        self.child = child
+    def __init__(self) -> None:
         self.n = 0
 
     def add(self, n: int) -> None:
         self.n += n
 
-    def post(self) -> None:
-        if self.n:
-            self.child.inc(self.n)
-            self.n = 0
+
+class SizeTally:
+    """A histogram's child of small integers (records per batch), counted per value by the loop's thread and put
+    into buckets when scraped. Only the loop writes it; a scrape copies the counts in one C call."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+
+    def observe(self, value: int) -> None:
+        counts = self.counts
+        counts[value] = counts.get(value, 0) + 1
+
+
+class LoopSeries:
+    """The collector of the Tallies and SizeTallies (a registry calls `describe` and `collect`): each family's
+    children by label values, created at 0 with their labels."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, tuple[str, list[str], dict[tuple[str, ...], Tally]]] = {}
+        self._sizes: dict[str, tuple[str, list[str], tuple[int, ...], dict[tuple[str, ...], SizeTally]]] = {}
+
+    def counter(self, name: str, documentation: str, labelnames: list[str]) -> str:
+        """A counter family `name` (exported as NAME_total); its children come from `tally`."""
+        self._counters[name] = (documentation, labelnames, {})
+        return name
+
+    def histogram(self, name: str, documentation: str, labelnames: list[str], buckets: tuple[int, ...]) -> str:
+        """A histogram family `name` of integers, with these upper bounds (and +Inf); children from `sizes`."""
+        self._sizes[name] = (documentation, labelnames, buckets, {})
+        return name
+
+    def tally(self, name: str, *labels: str) -> Tally:
+        return self._counters[name][2].setdefault(labels, Tally())
+
+    def sizes(self, name: str, *labels: str) -> SizeTally:
+        return self._sizes[name][3].setdefault(labels, SizeTally())
+
+    def describe(self) -> Iterator[Metric]:
+        for name, (doc, labelnames, _) in self._counters.items():
+            yield CounterMetricFamily(name, doc, labels=labelnames)
+        for name, (doc, labelnames, _, _) in self._sizes.items():
+            yield HistogramMetricFamily(name, doc, labels=labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        for name, (doc, labelnames, children) in self._counters.items():
+            family = CounterMetricFamily(name, doc, labels=labelnames)
+            for labels, tally in list(children.items()):
+                family.add_metric(labels, tally.n)
+            yield family
+        for name, (doc, labelnames, bounds, kids) in self._sizes.items():
+            histogram = HistogramMetricFamily(name, doc, labels=labelnames)
+            for labels, sizes in list(kids.items()):
+                counts = list(sizes.counts.items())
+                buckets = [(floatToGoString(b), sum(k for v, k in counts if v <= b)) for b in bounds]
+                buckets.append(("+Inf", sum(k for _, k in counts)))
+                histogram.add_metric(labels, buckets, sum(v * k for v, k in counts))
+            yield histogram
 
 
 class HasHead(Protocol):
@@ -85,10 +143,10 @@ class StreamSeries:
     """One stream's children, looked up once: `labels()` takes a lock and a dict lookup on every call."""
 
     def __init__(self, m: GatewayMetrics, stream: str) -> None:
-        self.published = m.tally(m.published.labels(stream))
-        self.journaled = m.tally(m.journaled.labels(stream))
-        self.journaled_bytes = m.tally(m.journaled_bytes.labels(stream))
-        self.batch_records = m.batch_records.labels(stream)
+        self.published = m.loop.tally(m.published, stream)
+        self.journaled = m.loop.tally(m.journaled, stream)
+        self.journaled_bytes = m.loop.tally(m.journaled_bytes, stream)
+        self.batch_records = m.loop.sizes(m.batch_records, stream)
         self.fsync_seconds = m.fsync_seconds.labels(stream)
         self.journal_full = m.journal_full.labels(stream)
         self.publishers = m.publishers.labels(stream)
@@ -103,8 +161,8 @@ class OutputSeries:
     """One multicast endpoint's children, per stream."""
 
     def __init__(self, m: GatewayMetrics, endpoint: str, streams: list[str]) -> None:
-        self.messages = {s: m.tally(m.multicast_messages.labels(endpoint, s)) for s in streams}
-        self.bytes = {s: m.tally(m.multicast_bytes.labels(endpoint, s)) for s in streams}
+        self.messages = {s: m.loop.tally(m.multicast_messages, endpoint, s) for s in streams}
+        self.bytes = {s: m.loop.tally(m.multicast_bytes, endpoint, s) for s in streams}
         self.heartbeats = {s: m.heartbeats.labels(endpoint, s) for s in streams}
         self.queued = m.multicast_queue.labels(endpoint)  # the owner reads its queue depth into it
         self.endpoint = endpoint
@@ -116,11 +174,13 @@ class GatewayMetrics(Metrics):
         super().__init__()
         r = self.registry
         s, es = ["stream"], ["endpoint", "stream"]
-        self.published = Counter(
-            "zeps_gateway_published_records", "Records accepted from publishers, per stream", s, registry=r
+        self.loop = LoopSeries()  # the loop's per-batch series: plain integers, read when scraped
+        r.register(self.loop)
+        self.published = self.loop.counter(
+            "zeps_gateway_published_records", "Records accepted from publishers, per stream", s
         )
-        self.journaled = Counter(
-            "zeps_gateway_journaled_records", "Records written to the journal, per stream", s, registry=r
+        self.journaled = self.loop.counter(
+            "zeps_gateway_journaled_records", "Records written to the journal, per stream", s
         )
         self.duplicates = Counter(
             "zeps_gateway_duplicate_records",
@@ -131,8 +191,8 @@ class GatewayMetrics(Metrics):
         self.producers = Gauge(
             "zeps_gateway_producers", "Producers whose highest record number is kept, per stream", s, registry=r
         )
-        self.journaled_bytes = Counter(
-            "zeps_gateway_journaled_bytes", "Bytes of record batches written to the journal, per stream", s, registry=r
+        self.journaled_bytes = self.loop.counter(
+            "zeps_gateway_journaled_bytes", "Bytes of record batches written to the journal, per stream", s
         )
         self.head = Gauge(
             "zeps_gateway_head_sequence", "The last sequence journaled, per stream (0: none yet)", s, registry=r
@@ -143,12 +203,8 @@ class GatewayMetrics(Metrics):
             s,
             registry=r,
         )
-        self.batch_records = Histogram(
-            "zeps_gateway_batch_records",
-            "Records per journaled batch, per stream",
-            s,
-            buckets=(1, 4, 16, 64, 256, 1024, 4096),
-            registry=r,
+        self.batch_records = self.loop.histogram(
+            "zeps_gateway_batch_records", "Records per journaled batch, per stream", s, (1, 4, 16, 64, 256, 1024, 4096)
         )
         self.fsync_seconds = Histogram(
             "zeps_gateway_fsync_seconds",
@@ -175,17 +231,13 @@ class GatewayMetrics(Metrics):
             ["stream", "reason"],
             registry=r,
         )
-        self.multicast_messages = Counter(
+        self.multicast_messages = self.loop.counter(
             "zeps_gateway_multicast_messages",
             "Batch messages queued for multicast, per endpoint and stream (a datagram transport may cut a batch)",
             es,
-            registry=r,
         )
-        self.multicast_bytes = Counter(
-            "zeps_gateway_multicast_bytes",
-            "Bytes of record batches queued for multicast, per endpoint and stream",
-            es,
-            registry=r,
+        self.multicast_bytes = self.loop.counter(
+            "zeps_gateway_multicast_bytes", "Bytes of record batches queued for multicast, per endpoint and stream", es
         )
         self.multicast_head = Gauge(
             "zeps_gateway_multicast_head_sequence", "The last sequence sent, per endpoint and stream", es, registry=r
@@ -210,21 +262,10 @@ class GatewayMetrics(Metrics):
             registry=r,
         )
         self.send_errors = SendErrors("gateway", SEND_OPS, r)
-        self._tallies: list[Tally] = []
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.replies_dropped, *((k,) for k in DROPPED_REASONS))
         self.streams = {name: StreamSeries(self, name) for name in streams}
         self.outputs: dict[str, OutputSeries] = {}
-
-    def tally(self, child: Counter) -> Tally:
-        """`child` as a Tally, posted by `post`."""
-        self._tallies.append(tally := Tally(child))
-        return tally
-
-    def post(self) -> None:
-        """Move every Tally's counter by what the loop added since the last post: once per pass of the loop."""
-        for tally in self._tallies:
-            tally.post()
 
     def follow_head(self, stream: str, writer: HasHead) -> None:
         """Read the stream's head from its journal writer when scraped."""

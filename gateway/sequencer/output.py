@@ -64,6 +64,8 @@ class McastOutput:
     def pump(self) -> float | None:
         """Send what the transport takes, for PUMP_S at most; return seconds until it should be tried again (0:
         at once, more is queued), None when idle."""
+        if not self.queue and self._stuck_since is None and not isinstance(self.sock, NormSender):
+            return None  # idle, as on most passes of the loop: nothing to send, track or push
         until, sent = self._clock() + self.PUMP_S, 0
         while self.queue:
             frames, last = self.queue[0]

@@ -584,6 +584,7 @@ _ONE_CHUNK: Final = frozenset(c.spec.cls for c in _BY_ID.values() if [w for _, w
 _SEQ_LEN = struct.Struct(">QB")
 _DELIVER_HEAD = struct.Struct(">2sBQB")
 _PUBLISH_HEAD = struct.Struct(">2sBB")
+_PUBLISH_OK = struct.Struct(">2sBQI")
 _FAST_ERRORS = (struct.error, IndexError, UnicodeError, AttributeError, TypeError, ValueError)
 
 
@@ -627,6 +628,10 @@ def _encode_publish(cmd: Publish) -> bytes:
     return b"".join((head, key, _U32.pack(_nbytes(body)), body))
 
 
+def _encode_publish_ok(cmd: PublishOk) -> bytes:
+    return _PUBLISH_OK.pack(SIGNATURE, 20, cmd.sequence, cmd.count)
+
+
 _FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {
     7: _decode_deliver,
     6: _decode_publish,
@@ -635,6 +640,7 @@ _FAST_DECODE: Final[dict[int, Callable[[memoryview], Command]]] = {
 _FAST_ENCODE: Final[dict[type[Command], Callable[..., bytes]]] = {
     Deliver: _encode_deliver,
     Publish: _encode_publish,
+    PublishOk: _encode_publish_ok,  # the gateway's confirm: per batch, one per record from many small publishers
 }
 
 # --- public codec ------------------------------------------------------------------------------------------

@@ -50,9 +50,7 @@ def test_top_computes_rates_and_lists_moved_error_counters() -> None:
     m.streams["a"].journaled_bytes.add(50_000)
     m.outputs[ENDPOINT].messages["a"].add(5)
     m.rejected.labels("invalid").inc()
-    assert samples(m)["zeps_gateway_journaled_records_total"] == before["zeps_gateway_journaled_records_total"]
-    m.post()  # the gateway's loop posts its tallies once per pass
-    s = _Scrape(samples(m), before, 2.0)
+    s = _Scrape(samples(m), before, 2.0)  # the loop's tallies are read when scraped
     view = _gateway(s)
     a = view["streams"]["a"]
     assert (a["head"], a["records_per_s"], a["bytes_per_s"]) == (500, 250.0, 25_000.0)
@@ -63,3 +61,20 @@ def test_top_computes_rates_and_lists_moved_error_counters() -> None:
     # Without a previous scrape, or across a restart (a counter went down), there is no rate.
     assert _Scrape(samples(m), None, 0.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
     assert _Scrape(before, samples(m), 1.0).rate("zeps_gateway_journaled_records_total", stream="a") is None
+
+
+def test_the_loops_tallies_read_when_scraped_as_counters_and_a_histogram() -> None:
+    m = GatewayMetrics(["a"])
+    series = m.streams["a"]
+    before = samples(m)
+    assert ({"stream": "a"}, 0.0) in before["zeps_gateway_published_records_total"]
+    assert ({"stream": "a", "le": "+Inf"}, 0.0) in before["zeps_gateway_batch_records_bucket"]
+    series.published.add(3)
+    for count in (1, 1, 5, 5000):
+        series.batch_records.observe(count)
+    got = samples(m)
+    assert ({"stream": "a"}, 3.0) in got["zeps_gateway_published_records_total"]
+    buckets = {labels["le"]: value for labels, value in got["zeps_gateway_batch_records_bucket"]}
+    assert buckets == {"1.0": 2, "4.0": 2, "16.0": 3, "64.0": 3, "256.0": 3, "1024.0": 3, "4096.0": 3, "+Inf": 4}
+    assert got["zeps_gateway_batch_records_sum"] == [({"stream": "a"}, 5007.0)]
+    assert got["zeps_gateway_batch_records_count"] == [({"stream": "a"}, 4.0)]
