@@ -18,7 +18,9 @@ The servers are the nodes of a replicated gateway (whichever leads takes ingest)
   again when a server names it, or when every other endpoint has failed without an answer too, and then the
   one that failed longest ago first (the one that failed last is the likeliest still down). A success at
   another endpoint does not clear it (it says nothing of that one: a publisher attached to the new leader,
-  sent on when that leader was deposed in turn, went back to the old one, still paused, and waited 0.6 s);
+  sent on when that leader was deposed in turn, went back to the old one, still paused, and waited 0.6 s).
+  `unanswered(endpoint)` counts its failures without an answer in a row, for a caller whose wait at such an
+  endpoint should be short (a follower that has not yet noticed its leader's pause names it);
 - a refusal (the server answered "no": unknown stream, keys refused, not the leader) is remembered per
   endpoint until a success; `all_refused` says every endpoint has refused since, which is when a refusal
   becomes final for a caller that has never succeeded. A connection that fails without an answer (nothing
@@ -66,6 +68,7 @@ class Endpoints:
         # endpoints that failed without an answer since they last answered -> when (a count of such failures)
         self.silent: dict[str, int] = {}
         self._silences = 0
+        self._unanswered: dict[str, int] = {}  # endpoint -> its failures without an answer in a row
         self._tried = 0  # failures in this round
         self._delay = 0.0
 
@@ -83,6 +86,10 @@ class Endpoints:
         doubled for each whole round of failures since an endpoint last answered, up to CONNECT_TIMEOUT_MS."""
         rounds = self._tried // len(self.all) if self.all else 0
         return round(CONNECT_WAITS.after(rounds) * 1000)
+
+    def unanswered(self, endpoint: str) -> int:
+        """How many times in a row `endpoint` failed without an answer (0: it answered since, or never failed)."""
+        return self._unanswered.get(endpoint, 0)
 
     @property
     def all_refused(self) -> bool:
@@ -106,9 +113,11 @@ class Endpoints:
             self._tried = 0
         if answered or hint:  # it answered (a refusal is an answer)
             self.silent.pop(current, None)
+            self._unanswered.pop(current, None)
         else:
             self._silences += 1
             self.silent[current] = self._silences
+            self._unanswered[current] = self._unanswered.get(current, 0) + 1
         if self._tried % len(self.all) == 0:  # a new round
             self._delay = self.backoff.next()
         self._tried += 1
@@ -133,6 +142,7 @@ class Endpoints:
         self.backoff.reset()
         self.refusals.clear()
         self.silent.pop(self.all[self.at], None)
+        self._unanswered.pop(self.all[self.at], None)
         self._tried = 0
 
     def add(self, endpoint: str) -> None:

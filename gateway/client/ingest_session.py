@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from gateway import machine
 from gateway.client.endpoints import Endpoints
-from gateway.client.heartbeat import LONE_IVL_MS, LONE_TIMEOUT_MS, Heartbeat
+from gateway.client.heartbeat import LONE_IVL_MS, LONE_TIMEOUT_MS, TIMEOUT_MS, Heartbeat
 from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere, session_lost
 from gateway.errors import PublishError
 from gateway.wire import batch as B
@@ -63,6 +63,13 @@ log = logging.getLogger(__name__)
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying again
+# ... at an endpoint that failed without an answer and has not answered since, the first wait is the group's
+# suspicion (the heartbeat's), doubled for each such failure in a row up to HANDSHAKE_S. The publisher leaves a
+# paused leader as the followers suspect it, so a follower that has not noticed yet names the paused node as
+# the leader; its kernel takes the connection while the process answers nothing, and a 2 s wait there held
+# three SIGSTOPs of the leader at 2.3-2.4 s of silence (epgm://, --seed=5202, quiet). The doubling keeps a
+# slow but healthy leader (a false suspicion at load) reachable.
+SILENT_HANDSHAKE_S = TIMEOUT_MS / 1000
 # A gateway that answers pings but confirms nothing this long while batches wait for it (a reply it dropped, a
 # leader holding confirms for a follower that may never come back) gets a new session: the batches are re-sent,
 # and it drops and confirms those it has. Far above a group commit or a failover, so it costs a healthy gateway
@@ -492,8 +499,11 @@ class IngestSession:
 
     def _opening_s(self) -> float:
         """The first attach to a lone endpoint may wait the whole timeout; with others to try, each gets
-        HANDSHAKE_S."""
-        return self._attach_s if not self.attached_once and not self._endpoints.several else HANDSHAKE_S
+        HANDSHAKE_S, and one that failed without an answer in its last tries SILENT_HANDSHAKE_S doubled per try."""
+        if not self._endpoints.several:
+            return HANDSHAKE_S if self.attached_once else self._attach_s
+        misses = self._endpoints.unanswered(self.endpoint)
+        return min(HANDSHAKE_S, SILENT_HANDSHAKE_S * 2 ** min(misses - 1, 8)) if misses else HANDSHAKE_S
 
     def _send(self, frame: bytes | bytearray) -> None:
         self._out.append(Send(frame))

@@ -318,3 +318,30 @@ def test_session_connects_with_a_heartbeat_that_widens_after_a_futile_departure(
     )
     lone = session("tcp://a:1").handle(S.Tick(), 0.0)[0]
     assert isinstance(lone, S.Connect) and lone.heartbeat_ms == (LONE_IVL_MS, LONE_TIMEOUT_MS)
+
+
+def test_session_waits_briefly_at_a_node_it_left_for_silence_when_a_follower_names_it() -> None:
+    """A follower that has not noticed its leader's pause yet names it: the publisher goes back to the node it
+    left for silence, but waits there for the group's suspicion, not HANDSHAKE_S, doubled per try in a row."""
+    s = session("tcp://a:1", "tcp://b:1", "tcp://c:1")
+    ready(s)
+    s.handle(S.Dropped("the connection dropped"), 1.0)  # READY: a is paused, its heartbeat timed out
+    now = 1.0 + (s.wait(1.0) or 0.0)
+    s.handle(S.Tick(), now)
+    assert s.endpoint == "tcp://b:1" and s.wait(now) == pytest.approx(S.HANDSHAKE_S)  # b never failed: the usual wait
+    s.handle(S.Received(P.Invalid(retry_later("n2 is a follower (the leader is n1 at tcp://a:1 (epoch 3))"))), now)
+    now += s.wait(now) or 0.0
+    s.handle(S.Tick(), now)
+    assert s.endpoint == "tcp://a:1" and s.wait(now) == pytest.approx(S.SILENT_HANDSHAKE_S)
+    now += S.SILENT_HANDSHAKE_S
+    s.handle(S.Tick(), now)  # no ATTACH-OK from a: on to the next, b
+    assert s.state is S.State.DOWN and s.endpoint == "tcp://b:1"
+    now += s.wait(now) or 0.0
+    s.handle(S.Tick(), now)
+    s.handle(S.Received(P.Invalid(retry_later("n2 is a follower (the leader is n1 at tcp://a:1 (epoch 3))"))), now)
+    now += s.wait(now) or 0.0
+    s.handle(S.Tick(), now)
+    assert s.endpoint == "tcp://a:1" and s.wait(now) == pytest.approx(2 * S.SILENT_HANDSHAKE_S)  # a slow leader
+    s.handle(S.Received(P.AttachOk()), now + 0.5)  # ... answers within the doubled wait, and is kept
+    s.handle(S.Received(P.ExtendOk(GRANTED)), now + 0.5)
+    assert s.state is S.State.READY and s._endpoints.unanswered("tcp://a:1") == 0

@@ -167,3 +167,17 @@ def test_a_connect_waits_short_first_and_longer_each_round_nothing_answered() ->
     assert FIRST_CONNECT_TIMEOUT_MS == 200 < CONNECT_TIMEOUT_MS == 500
     e.failed("none is elected yet; retry later", answered=True)  # an answer: short again
     assert e.connect_timeout_ms == FIRST_CONNECT_TIMEOUT_MS
+
+
+def test_unanswered_counts_failures_without_an_answer_in_a_row_until_it_answers() -> None:
+    e = Endpoints(["tcp://a:1", "tcp://b:1"], first=0.05, cap=1.0)
+    assert e.unanswered("tcp://a:1") == 0
+    e.failed()  # a: silent
+    assert e.current == "tcp://b:1" and e.unanswered("tcp://a:1") == 1
+    e.failed("the leader is tcp://a:1", answered=True)  # b answers, naming a
+    assert e.current == "tcp://a:1" and e.unanswered("tcp://b:1") == 0
+    e.failed()  # a silent again
+    assert e.unanswered("tcp://a:1") == 2
+    e.failed("the leader is tcp://a:1", answered=True)
+    e.succeeded()  # a answered at last
+    assert e.unanswered("tcp://a:1") == 0
