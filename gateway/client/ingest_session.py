@@ -55,6 +55,7 @@ from gateway.client.endpoints import Endpoints
 from gateway.client.heartbeat import LONE_IVL_MS, LONE_TIMEOUT_MS, TIMEOUT_MS, Heartbeat
 from gateway.client.opening import Opening, Reply, Step, attach_failed, sends_elsewhere, session_lost
 from gateway.errors import PublishError
+from gateway.transport.connect_retry import ConnectWaits
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
 
@@ -70,6 +71,7 @@ HANDSHAKE_S = 2.0  # longest wait for an ATTACH-OK or EXTEND-OK before trying ag
 # three SIGSTOPs of the leader at 2.3-2.4 s of silence (epgm://, --seed=5202, quiet). The doubling keeps a
 # slow but healthy leader (a false suspicion at load) reachable.
 SILENT_HANDSHAKE_S = TIMEOUT_MS / 1000
+SILENT_HANDSHAKE_WAITS = ConnectWaits(SILENT_HANDSHAKE_S, HANDSHAKE_S)
 # A gateway that answers pings but confirms nothing this long while batches wait for it (a reply it dropped, a
 # leader holding confirms for a follower that may never come back) gets a new session: the batches are re-sent,
 # and it drops and confirms those it has. Far above a group commit or a failover, so it costs a healthy gateway
@@ -503,7 +505,7 @@ class IngestSession:
         if not self._endpoints.several:
             return HANDSHAKE_S if self.attached_once else self._attach_s
         misses = self._endpoints.unanswered(self.endpoint)
-        return min(HANDSHAKE_S, SILENT_HANDSHAKE_S * 2 ** min(misses - 1, 8)) if misses else HANDSHAKE_S
+        return SILENT_HANDSHAKE_WAITS.after(misses - 1) if misses else HANDSHAKE_S
 
     def _send(self, frame: bytes | bytearray) -> None:
         self._out.append(Send(frame))
