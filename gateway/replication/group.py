@@ -14,7 +14,8 @@ part per job, each built from explicit inputs (Aeron Archive's one session per j
 - the replica copier (gateway.replication.copier): while following, the one cut that makes our journal a prefix of
   the leader's, then the copy;
 - the in-sync keeper (gateway.replication.insync_keeper): the in-sync set and the node's status in etcd;
-- the elector (gateway.replication.elector): the lease, on a thread of its own.
+- the elector (gateway.replication.elector): the lease, on a thread of its own; it campaigns only while this node's
+  sidecar answers (gateway.replication.sidecar_check) and the node was in sync.
 
 Every node publishes to its sidecar how far each stream is committed (gateway.journal.committed), and its
 sidecar serves no further: the leader from its in-sync set, a follower from the leader's REPLICA-COMMITs.
@@ -50,7 +51,9 @@ from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
 from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
 from gateway.replication.promotions import LEARN_EVERY_S, Learnt, learn, promote, record_source
 from gateway.replication.replicas import InSync
+from gateway.replication.sidecar_check import SidecarCheck
 from gateway.replication.strategy import ReplicaLane
+from gateway.transport.etcd import Etcd
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
 from gateway.wire.reasons import not_leading, retry_later
@@ -140,8 +143,9 @@ class GroupNode:
         self._value = self.info.encode()  # the leader key's value while we hold it
         self.keys = keys
         self.keeper = InSyncKeeper(cfg.node, keys, self._post)
+        self.sidecar_answers = SidecarCheck(cfg.sidecar)
         try:
-            self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self.keeper.eligible,
+            self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self._eligible,
                                    errors=host.send_errors)  # fmt: skip
         except BaseException:
             self.peers.listener.close()
@@ -154,6 +158,11 @@ class GroupNode:
         self._promoting: dict[str, Callable[[str | None], None]] = {}  # stream -> told how its promotion ended
         self._learn_at = 0.0  # a follower reads the group's promotions and sources again then
         self._sources: dict[str, tuple[int, str]] = {}  # stream -> (epoch, source) recorded (or being recorded)
+
+    def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
+        """(elector thread) Whether this node may campaign: its sidecar answers (gateway.replication.sidecar_check),
+        and it was in sync (InSyncKeeper.eligible)."""
+        return self.keeper.eligible(etcd) if self.sidecar_answers() else None
 
     def _post(self, name: str, job: Callable[..., object]) -> None:
         self.elector.post(name, job)

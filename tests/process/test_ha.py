@@ -77,12 +77,21 @@ class Node:
         ]
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> Node:
+    def start(self, *, sidecar: bool = True) -> Node:
+        """The gateway, and (`sidecar`) the sidecar beside it (else `start_sidecar` later)."""
         self.journal.mkdir(parents=True, exist_ok=True)
-        out = open(self.log, "ab")  # noqa: SIM115 (the children keep it)
-        self.procs = [subprocess.Popen(argv, stdout=out, stderr=out) for argv in (self.gateway_argv, self.replay_argv)]
+        self.procs = [self._spawn(self.gateway_argv)]
         STARTED.append(self)
+        if sidecar:
+            self.start_sidecar()
         return self
+
+    def start_sidecar(self) -> None:
+        self.procs.append(self._spawn(self.replay_argv))
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        out = open(self.log, "ab")  # noqa: SIM115 (the child keeps it)
+        return subprocess.Popen(argv, stdout=out, stderr=out)
 
     def wait_ready(self, timeout_s: float = 30.0) -> Node:
         """Until the gateway answers PING (a follower does too) and its journal exists."""
@@ -318,6 +327,23 @@ def test_a_paused_leader_never_confirms_after_its_successor_took_over(
         pub.close()
         for node in nodes:
             node.kill9()
+
+
+def test_a_node_stands_for_leader_only_once_its_sidecar_answers(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A gateway up before its sidecar (started in either order) does not lead a journal nobody serves: it says
+    why, once, and campaigns as soon as the sidecar listens."""
+    node = Node(tmp_path, "n0", etcd.url).start(sidecar=False)
+    deadline = time.monotonic() + 30
+    while "not standing for leader" not in node.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, node.log.read_text()
+        assert node.procs[0].poll() is None, node.log.read_text()
+        time.sleep(0.05)
+    time.sleep(1.0)  # several elections' worth (the key is polled every 50 ms)
+    assert Etcd(etcd.url).holder(LEADER_KEY) is None, "a node led with no sidecar serving its journal"
+    assert f"sidecar at {node.replay} does not answer" in node.log.read_text()
+    node.start_sidecar()
+    assert leader(etcd, [node], timeout_s=30)[0] is node
+    assert f"sidecar at {node.replay} answers: standing for leader again" in node.log.read_text()
 
 
 @pytest.mark.parametrize("min_insync", [1, 0])
