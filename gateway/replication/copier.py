@@ -7,6 +7,10 @@ from its last one back, finds where they part (`last_agreed`: galloping, then ha
 pushes once level (gateway.replication.follower says when each), verbatim, acknowledging what it wrote at once and
 what is durable once its group commit (on the journal's own timer, run by the syncer thread) covers it.
 
+Every connection to the leader's sidecar (a question's, a tail's) races a second one while its opening has
+no answer after 0.2 s (gateway.replication.sidecar_race): a lost segment of a fresh connection costs TCP's
+retransmission timeout, and a failed opening a restart of the copy with a new cut.
+
 Threading contract: used by the gateway's loop only; nothing waits. The cut asks the leader's sidecar one
 question at a time and goes on at the next turn of the loop that finds the answer (`cut`): a follower that
 waited for those answers (up to a second each, a few per change of leader) answered no publisher meanwhile,
@@ -29,7 +33,6 @@ from gateway.journal import JournalReader
 from gateway.journal.committed import CommittedMark
 from gateway.journal.tools import cut_after
 from gateway.replication.follower import Follower, Question
-from gateway.replication.peer_server import Unwatch, Watch
 from gateway.replication.strategy import ReplicaLane
 from gateway.wire import batch as B
 
@@ -41,7 +44,8 @@ RETRY_FOLLOW_S = 0.2  # a leader whose sidecar did not answer is tried again thi
 @dataclass
 class _Cut:
     """The streams still to cut back to the leader's journal, the search under way and its open question. The
-    connections questions are asked on are the follower's (`Follower.stop_asking`), each in the loop's poller."""
+    connections questions are asked on are the follower's (`Follower.stop_asking`), each in the loop's poller
+    while open (gateway.replication.sidecar_race)."""
 
     streams: deque[str]
     search: Agreement | None = None
@@ -58,14 +62,11 @@ class ReplicaCopier:
         marks: Mapping[str, CommittedMark],
         reopen: Callable[[str], None],
         copied: Mapping[str, Mapping[str, Counter]],
-        watch: Watch,
-        unwatch: Unwatch,
     ) -> None:
         """`journal`: the lanes' journal root; `reopen(stream)`: open a lane's writer again after a cut;
-        `copied[stream][source]`: counts batches copied from 'push' or 'sidecar'; `watch`/`unwatch`: the loop's
-        poller, for the sidecar tails."""
+        `copied[stream][source]`: counts batches copied from 'push' or 'sidecar'."""
         self._journal, self._lanes, self._marks, self._reopen = journal, lanes, marks, reopen
-        self._copied, self._watch, self._unwatch = copied, watch, unwatch
+        self._copied = copied
         self._retry_at = 0.0
         self._refused_by = 0  # the epoch whose leader's sidecar refused us for good, once said
         self._cut: _Cut | None = None  # a cut under way
@@ -113,7 +114,7 @@ class ReplicaCopier:
     def tail(self, f: Follower, stream: str) -> None:
         """Copy `stream` from the leader's sidecar, after our head."""
         writer = self._lanes[stream].writer
-        self._watch(f.tail(stream, writer.last_seq, writer.durable_seq).sock, 1)
+        f.tail(stream, writer.last_seq, writer.durable_seq)
 
     def cut(self, f: Follower, now: float) -> bool:
         """Go on cutting each stream back to the leader's journal (a cut starts at the first call): True once every
@@ -129,7 +130,6 @@ class ReplicaCopier:
                 while (own := cut.search.asking) is not None:
                     if cut.question is None:
                         cut.question = f.ask(stream, own, now)
-                        self._watch(cut.question.client.sock, 1)  # again for a connection watched: a no-op
                     has = f.answer(cut.question, now)
                     if has is None:
                         return False
@@ -145,10 +145,8 @@ class ReplicaCopier:
         return True
 
     def _end_cut(self, f: Follower) -> None:
-        """Close the question connections (out of the poller first: each carried a question, so it was watched);
-        no cut is under way after this."""
+        """Close the question connections; no cut is under way after this."""
         for client in f.stop_asking():
-            self._unwatch(client.sock)
             client.close()
         self._cut = None
 
@@ -176,11 +174,10 @@ class ReplicaCopier:
     def _untail(self, f: Follower, stream: str) -> None:
         client = f.untail(stream)
         if client is not None:
-            self._unwatch(client.sock)
             client.close()
 
     def stop(self, f: Follower) -> None:
-        """Copy nothing more from `f`, and end a cut under way (its connections closed and out of the poller)."""
+        """Copy nothing more from `f`, and end a cut under way (its connections closed)."""
         for stream in f.copies:
             self._untail(f, stream)
         f.drop_copies()

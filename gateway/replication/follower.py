@@ -50,15 +50,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 from urllib.parse import urlsplit
 
 import zmq
 
 from gateway.errors import CoordinatorError, ReplayError
+from gateway.replication.sidecar_race import RacedReplay, ReplaySource
 from gateway.replication.silence import Silence
 from gateway.transport.connect_retry import ConnectRetry
 from gateway.transport.link import Link, LinkSet
+from gateway.transport.pollable import Unwatch, Watch
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
 from gateway.wire import batch as B
@@ -90,22 +91,6 @@ def ack_valid(key: bytes, ack: P.ReplicaAck) -> bool:
     return hmac.compare_digest(mac, bytes(ack.mac))
 
 
-class ReplaySource(Protocol):
-    """What a follower needs of gateway.client.replay_client.ReplayClient."""
-
-    sock: zmq.Socket
-
-    def subscribe(self, pattern: str = "", latest: int = 0) -> None: ...
-
-    def fetch(self, first: int, last: int = ..., pattern: str = "") -> int: ...
-
-    def recv(
-        self, timeout: float | None = None
-    ) -> B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd | None: ...
-
-    def close(self) -> None: ...
-
-
 # (endpoint, stream, timeout_s, ctx) -> a connected client
 ReplayFactory = Callable[[str, str, float, zmq.Context], ReplaySource]
 
@@ -117,7 +102,7 @@ class Question:
 
     stream: str
     own: B.Batch
-    client: ReplaySource
+    client: RacedReplay
     request_id: int
     deadline: float
     got: bytearray = field(default_factory=bytearray)
@@ -163,7 +148,7 @@ class LeaderInfo:
 class _Copy:
     """One stream being copied: from the leader's sidecar (`client`) while behind, from its pushes once level."""
 
-    client: ReplaySource | None
+    client: RacedReplay | None
     pushed: deque[B.Batch] = field(default_factory=deque)  # read by tick, taken by the next copy
     leader_head: int = 0  # the leader's journal head, as its last REPLICA-COMMIT said
 
@@ -180,14 +165,15 @@ class Follower:
         epoch: int,
         suspect_s: float,
         *,
-        watch: Callable[[Link, int], None],
-        unwatch: Callable[[Link], None],
+        watch: Watch,
+        unwatch: Unwatch,
         max_frame: int,
         timeout_s: float = 0.5,
         errors: SendErrors | None = None,
         tls: PeerTls | None = None,
     ) -> None:
-        """`watch`/`unwatch`: the loop's poller, for the peer link; `max_frame`: the largest push we take;
+        """`watch`/`unwatch`: the loop's poller, for the peer link and the connections to the leader's sidecar
+        (gateway.replication.sidecar_race); `max_frame`: the largest push we take;
         `errors`: where the peer link's refused sends and connects are reported; `tls`: the group's TLS on it."""
         self._errors = errors
         self.node, self.leader, self.epoch = node, leader, epoch
@@ -196,10 +182,11 @@ class Follower:
         self.suspect_s, self.timeout_s = suspect_s, timeout_s
         self._ctx = ctx
         self.copies: dict[str, _Copy] = {}  # the streams being copied (their journals rejoined to the leader's first)
-        self._asking: dict[str, ReplaySource] = {}  # per stream, the connection a cut asks the leader's sidecar on
+        self._asking: dict[str, RacedReplay] = {}  # per stream, the connection a cut asks the leader's sidecar on
         self.acked: dict[str, tuple[int, int]] = {}  # per stream: (written, durable) as last acknowledged
         self.committed: dict[str, int] = {}  # per stream copied, the leader's commit point
         self._links = LinkSet(watch, unwatch)
+        self._watch, self._unwatch = watch, unwatch
         self._max_frame = max_frame
         self._tls = tls  # the group's TLS on the peer link, if it has one
         self._untrusted_logged = False
@@ -224,7 +211,7 @@ class Follower:
         A connection is kept (for `stop_asking`) once it carried a question: one whose first FETCH failed is closed."""
         client = kept = self._asking.get(stream)
         if client is None:
-            client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+            client = self._sidecar(stream, now)
         try:
             request_id = client.fetch(own.first_seq, own.last_seq)
         except BaseException:
@@ -251,25 +238,29 @@ class Follower:
             raise ReplayError(f"the leader's sidecar at {self.leader.replay} did not answer a FETCH in time")
         return None
 
-    def stop_asking(self) -> list[ReplaySource]:
-        """The connections questions were asked on, for the caller to stop polling and close."""
+    def stop_asking(self) -> list[RacedReplay]:
+        """The connections questions were asked on, for the caller to close."""
         clients = list(self._asking.values())
         self._asking.clear()
         return clients
 
-    def tail(self, stream: str, head: int, durable: int) -> ReplaySource:
-        """Copy `stream` from the leader's sidecar after `head` (our journal's, durable through `durable`); the
-        client's socket is the caller's to poll until `untail`."""
-        client = self._replay(self.leader.replay, stream, self.timeout_s, self._ctx)
+    def tail(self, stream: str, head: int, durable: int) -> None:
+        """Copy `stream` from the leader's sidecar after `head` (our journal's, durable through `durable`), until
+        `untail`."""
+        client = self._sidecar(stream, time.monotonic())
         client.subscribe("", head)
         copy = self.copies.setdefault(stream, _Copy(None))
         copy.client = client
         self.acked[stream] = (head, durable)
-        return client
 
-    def untail(self, stream: str) -> ReplaySource | None:
+    def _sidecar(self, stream: str, now: float) -> RacedReplay:
+        """A connection to the leader's sidecar for `stream`, its opening raced (gateway.replication.sidecar_race)."""
+        return RacedReplay(lambda: self._replay(self.leader.replay, stream, self.timeout_s, self._ctx), now,
+                           self.timeout_s, self._watch, self._unwatch)  # fmt: skip
+
+    def untail(self, stream: str) -> RacedReplay | None:
         """Stop copying `stream` from the sidecar (level with the leader: its pushes carry on); the client, for
-        the caller to stop polling and close."""
+        the caller to close."""
         copy = self.copies[stream]
         client, copy.client = copy.client, None
         return client

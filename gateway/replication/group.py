@@ -48,12 +48,13 @@ from gateway.replication.copier import ReplicaCopier
 from gateway.replication.elector import Elector
 from gateway.replication.follower import Follower, LeaderInfo, ReplayFactory
 from gateway.replication.insync_keeper import GroupKeys, InSyncKeeper, Written
-from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer, Unwatch, Watch
+from gateway.replication.peer_server import PEER_FRAME_MAX, PeerServer
 from gateway.replication.promotions import LEARN_EVERY_S, Learnt, learn, promote, record_source
 from gateway.replication.replicas import InSync
 from gateway.replication.sidecar_check import SidecarCheck
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.etcd import Etcd
+from gateway.transport.pollable import Unwatch, Watch
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
 from gateway.wire.reasons import not_leading, retry_later
@@ -150,8 +151,7 @@ class GroupNode:
         except BaseException:
             self.peers.listener.close()
             raise
-        self.copier = ReplicaCopier(cfg.journal, host.lanes, host.marks, host.reopen, host.copied, host.watch,
-                                    host.unwatch)  # fmt: skip
+        self.copier = ReplicaCopier(cfg.journal, host.lanes, host.marks, host.reopen, host.copied)
         self.insync: InSync | None = None
         self.follower: Follower | None = None
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said

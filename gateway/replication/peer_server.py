@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import zmq
 from prometheus_client import Counter
@@ -32,7 +32,7 @@ from gateway.replication.follower import ack_valid
 from gateway.replication.replicas import InSync
 from gateway.replication.strategy import ReplicaLane
 from gateway.transport.link import Link, LinkSet, Listener
-from gateway.transport.pollable import PolledByFd
+from gateway.transport.pollable import Unwatch, Watch
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.tls import PeerTls
 from gateway.wire import protocol as P
@@ -45,9 +45,6 @@ PEER_FRAME_MAX = 4096  # the largest frame a follower sends (PING, REPLICA-ACK)
 MAX_LINKS = 64  # connections to the peer link; past it the oldest that never carried a good ack is closed
 COMMIT_EVERY_S = 0.05  # the leader repeats its commit points to its followers this often (one may be dropped)
 COMMIT_LINGER_S = 0.005  # ... and tells a moved one at most this often (pushes carry it meanwhile)
-
-Watch = Callable[[zmq.Socket | PolledByFd, int], None]
-Unwatch = Callable[[zmq.Socket | PolledByFd], None]
 
 
 class PeerServer:

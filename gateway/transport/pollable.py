@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import zmq
 
 
@@ -28,3 +30,7 @@ class PolledByFd:
 
     def __hash__(self) -> int:
         return hash(self.fileno())
+
+
+Watch = Callable[[zmq.Socket | PolledByFd, int], None]  # the gateway loop's poller: wake on these events of it
+Unwatch = Callable[[zmq.Socket | PolledByFd], None]  # ... no more (before it closes)

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 import zmq
+from support.servers import SilentFirst, start_sidecar
 
+from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient
 from gateway.journal import Durability, JournalReader, JournalWriter
 from gateway.replication.copier import ReplicaCopier
 from gateway.replication.follower import Follower, LeaderInfo
@@ -42,8 +44,11 @@ def leader_batches(count: int, size: int = 2) -> list[B.Batch]:
 
 
 class Sidecar:
-    """The leader's sidecar as a follower's tail sees it: every batch after the subscribed sequence, in order,
-    up to `available` of them; `opened` records each subscription's start."""
+    """The leader's sidecar as a follower's tail sees it (a client whose opening is done at once): every batch
+    after the subscribed sequence, in order, up to `available` of them; `opened` records each subscription's
+    start."""
+
+    ready = True
 
     def __init__(self, ctx: zmq.Context, journal: list[B.Batch]) -> None:
         self.ctx, self.journal = ctx, journal
@@ -53,11 +58,11 @@ class Sidecar:
         self._next = 0
 
     def __call__(self, endpoint: str, stream: str, timeout_s: float, ctx: zmq.Context) -> Sidecar:
+        assert self.sock is None, "two tails open at once"
+        self.sock = self.ctx.socket(zmq.PAIR)
         return self
 
     def subscribe(self, pattern: str = "", latest: int = 0) -> None:
-        assert self.sock is None, "two tails open at once"
-        self.sock = self.ctx.socket(zmq.PAIR)
         self.opened.append(latest)
         self._next = next(i for i, b in enumerate([*self.journal, None]) if b is None or b.first_seq > latest)
 
@@ -127,15 +132,13 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
     f = Follower(ctx, sidecar, "F", info, EPOCH, suspect_s=60.0, watch=polled.__setitem__, unwatch=polled.pop,
                  max_frame=1 << 20)  # fmt: skip
     writer = JournalWriter.open(tmp_path, STREAM, durability=Durability("never"))
-    watched: set[object] = set()
     lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
     metrics = GatewayMetrics([STREAM])
 
     def never_cut(stream: str) -> None:
         raise AssertionError("a copy never cuts")
 
-    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, never_cut, {STREAM: metrics.streams[STREAM].copied},
-                           lambda sock, events: watched.add(sock), watched.remove)  # fmt: skip
+    copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, never_cut, {STREAM: metrics.streams[STREAM].copied})
 
     def loop_pass() -> None:
         """One pass of a follower's loop; then the leader reads what it was told."""
@@ -162,7 +165,7 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         leader.push(b[4])  # continues what the sidecar brought: level now, the sidecar's tail ends
         loop_pass()
         assert (writer.last_seq, f.tailing(STREAM)) == (b[4].last_seq, False)
-        assert sidecar.sock is None and not watched  # closed, and out of the loop's poller
+        assert sidecar.sock is None and set(polled) == {f.link}  # closed, and out of the loop's poller
 
         sidecar.available = 10
         leader.push(b[5])
@@ -202,6 +205,58 @@ def test_a_follower_takes_pushes_once_level_and_the_sidecar_fills_what_pushes_lo
         f.close()
         leader.close()
         writer.close()
+
+
+def test_a_tail_whose_first_connection_to_the_sidecar_goes_silent_copies_over_a_raced_second_one(
+    tmp_path: Path, ctx: zmq.Context
+) -> None:
+    """A lost segment of a fresh connection (its ZMTP greeting, the ATTACH, READY) waits for TCP's retransmission,
+    0.2 s and more: the copier's connection to the leader's real sidecar opens a second one after 0.2 s
+    (gateway.replication.sidecar_race) and copies over it, instead of failing at the first one's 0.5 s deadline
+    and starting over (0.2 s later, with a new cut)."""
+    b = leader_batches(6)
+    journal = JournalWriter.open(tmp_path / "leader", STREAM, durability=Durability("never"))
+    for batch in b:
+        journal.append_replica(batch)
+    journal.close()
+    leader = Leader()
+    writer = JournalWriter.open(tmp_path / "follower", STREAM, durability=Durability("never"))
+    lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
+    polled: dict[object, int] = {}
+
+    def replay(endpoint: str, stream: str, timeout_s: float, ctx: zmq.Context) -> ReplayClient:
+        """As `zeps gateway` makes a follower's: the leader's uncommitted records too."""
+        return ReplayClient(endpoint, stream, timeout=timeout_s, ctx=ctx,
+                            features=(*DEFAULT_FEATURES, P.FEATURE_UNCOMMITTED))  # fmt: skip
+
+    def never_cut(stream: str) -> None:
+        raise AssertionError("a copy never cuts")
+
+    with start_sidecar(tmp_path / "leader") as sidecar:
+        proxy = SilentFirst(sidecar.endpoint)
+        info = LeaderInfo("L", "tcp://127.0.0.1:1", proxy.endpoint, leader.listener.endpoint, secrets.token_hex(32))
+        f = Follower(ctx, replay, "F", info, EPOCH, suspect_s=60.0, watch=polled.__setitem__, unwatch=polled.pop,
+                     max_frame=1 << 20)  # fmt: skip
+        copier = ReplicaCopier(tmp_path / "follower", {STREAM: lane}, {}, never_cut,
+                               {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied})  # fmt: skip
+        try:
+            copier.tail(f, STREAM)
+            deadline = time.monotonic() + 5.0
+            while writer.last_seq < b[-1].last_seq and time.monotonic() < deadline:
+                f.tick(time.monotonic())
+                copier.copy(f, STREAM)  # raised ReplayError at the first connection's deadline, before the race
+                time.sleep(0.005)
+            assert writer.last_seq == b[-1].last_seq
+            assert proxy.accepted == 2  # the silent one, and the one raced after it
+        finally:
+            f.close()
+            proxy.close()
+            leader.close()
+            writer.close()
+    assert not polled  # every connection out of the poller before it closed
+    with JournalReader(tmp_path / "follower", STREAM).cursor(1) as cursor:
+        got = b"".join(bytes(batch) for batch in iter(cursor.next_batch, None))
+    assert got == b"".join(bytes(x) for x in b)
 
 
 def follower_of(leader: Leader, ctx: zmq.Context, polled: dict[object, int]) -> Follower:

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -203,6 +204,59 @@ def side(root: Path, *extra: str, port: int | None = None) -> Iterator[Side]:
         yield s
     finally:
         s.stop()
+
+
+class SilentFirst:
+    """A TCP forwarder on loopback to `target` (tcp://HOST:PORT) whose first connection is taken and never
+    answered nor passed on: a lost segment of a fresh connection that is never retransmitted. `accepted`
+    counts the connections it took."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self._target = (host, int(port))
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.05)  # the accept loop looks at `_stop` this often
+        self.endpoint = f"tcp://127.0.0.1:{self._server.getsockname()[1]}"
+        self.accepted = 0
+        self._socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(None)
+            self.accepted += 1
+            self._socks.append(conn)
+            if self.accepted == 1:
+                continue  # held open, silent
+            upstream = socket.create_connection(self._target, timeout=5)
+            upstream.settimeout(None)
+            self._socks.append(upstream)
+            for source, sink in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_forward, args=(source, sink), daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._server.close()
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def _forward(source: socket.socket, sink: socket.socket) -> None:
+    """Bytes from `source` to `sink` until either end closes."""
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
 
 
 class Stream:

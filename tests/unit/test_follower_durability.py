@@ -68,8 +68,7 @@ def test_a_follower_acks_writes_at_once_and_durability_only_once_true(tmp_path: 
         link = Link(leader_batches(4), writer)
         lane = Lane(STREAM, writer, ProducerTable(10**12, 100))
         copied = {STREAM: GatewayMetrics([STREAM]).streams[STREAM].copied}
-        polled: dict[object, int] = {}
-        copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, reopen, copied, polled.__setitem__, polled.pop)
+        copier = ReplicaCopier(tmp_path, {STREAM: lane}, {}, reopen, copied)
         copier.copy(link, STREAM)  # type: ignore[arg-type]
         assert link.acks[0][0] == 12  # all the drain wrote, acknowledged before any sync of it has to end
         deadline = time.monotonic() + 5.0
