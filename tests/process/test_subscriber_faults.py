@@ -464,12 +464,16 @@ def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
         link.close()
 
 
-def fill_seconds(s: Stream, first: Side, second: Side, servers: int, *, new_epoch: bool = False) -> tuple[float, int]:
+def fill_seconds(
+    s: Stream, first: Side, second: Side, servers: int, *, new_epoch: bool = False, handshaking: bool = False
+) -> tuple[float, int]:
     """The reconciler and the replay link, glued as the Subscriber glues them, with live batches made from the
     journal (multicast needs a namespace lab): a fill answered by `first`, then `first` frozen (SIGSTOP) and a
     gap; the seconds until the gap is filled (from `second`), with the reconciler told `servers` sidecars, and
     the reconciler's NoProgress since the freeze. `new_epoch`: `first` led epoch 1, and a heartbeat of epoch 2
-    naming `second` comes between the freeze and the gap (a failover, as the multicast shows it)."""
+    naming `second` comes between the freeze and the gap (a failover, as the multicast shows it). `handshaking`:
+    `first` is frozen before the link ever connected, and the gap is its first fill: the link is still
+    handshaking with `first` (CONNECTING) when the heartbeat comes."""
     events: deque = deque()
     no_progress: list[float] = []
     link = new_link([first.endpoint, second.endpoint], events, [], [])
@@ -501,15 +505,22 @@ def fill_seconds(s: Stream, first: Side, second: Side, servers: int, *, new_epoc
         feed(R.ReplayServers(servers))
         link.heard(first.endpoint, 1)
         feed(R.Live(live[0], "A"))
-        feed(R.Live(live[2], "A"))  # a gap (batch 1): filled by `first`, whose link is then READY
-        filled_to(live[2].last_seq)
+        if not handshaking:
+            feed(R.Live(live[2], "A"))  # a gap (batch 1): filled by `first`, whose link is then READY
+            filled_to(live[2].last_seq)
         first.signal(signal.SIGSTOP)
         try:
+            if handshaking:
+                feed(R.Live(live[2], "A"))  # the gap (batch 1) asked of the frozen sidecar: its handshake hangs
+                run_link(link, lambda: False, seconds=0.1)
+                assert (link.state, link.endpoint) == (LinkState.CONNECTING, first.endpoint)
             began = time.monotonic()
             if new_epoch:
                 link.heard(second.endpoint, 2)
-            feed(R.Live(live[4], "A"))  # a gap (batch 3), asked of the frozen sidecar unless the link moved
-            filled_to(live[4].last_seq)
+            gap = live[2] if handshaking else live[4]
+            if not handshaking:
+                feed(R.Live(gap, "A"))  # a gap (batch 3), asked of the frozen sidecar unless the link moved
+            filled_to(gap.last_seq)
             return time.monotonic() - began, sum(at >= began for at in no_progress)
         finally:
             first.signal(signal.SIGCONT)
@@ -554,3 +565,24 @@ def test_a_fill_after_a_newer_epochs_heartbeat_goes_to_its_leaders_sidecar(tmp_p
     )
     assert failed_there >= 1  # the frozen sidecar was asked: the case the move is for
     assert failed_after_move == 0, "the fill went to the deposed leader's sidecar"
+
+
+def test_a_newer_epochs_heartbeat_during_a_handshake_moves_the_link_to_its_leaders_sidecar(tmp_path: Path) -> None:
+    """The link still handshaking with the old leader's sidecar (frozen, as its node: the kernel takes the
+    connection, nothing answers) when a heartbeat of a newer epoch names the other one: the handshake is
+    dropped and the fill asked at the leader's sidecar at once (ReplayLink._to_leader from CONNECTING: the
+    reconciler told ReplayLost, then ReplayRestored), with no failed attempt (a NoProgress at the first-answer
+    deadline, then a backoff)."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(6)
+    with side(root) as first, side(root) as second:
+        stayed, failed_there = fill_seconds(s, first, second, servers=2, handshaking=True)
+        moved, failed_after_move = fill_seconds(s, first, second, servers=2, new_epoch=True, handshaking=True)
+    s.writer.close()
+    print(
+        f"\nfirst fill with the old leader's sidecar frozen in the handshake: {stayed:.2f} s without a newer epoch "
+        f"heard ({failed_there} failed attempts), {moved:.2f} s after one (load {os.getloadavg()[0]:.2f})"
+    )
+    assert failed_there >= 1  # the frozen sidecar was waited for: the case the move is for
+    assert failed_after_move == 0, "the fill waited for the deposed leader's sidecar"
