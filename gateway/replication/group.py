@@ -144,7 +144,8 @@ class GroupNode:
         self._value = self.info.encode()  # the leader key's value while we hold it
         self.keys = keys
         self.keeper = InSyncKeeper(cfg.node, keys, self._post)
-        self.sidecar_answers = SidecarCheck(cfg.sidecar)
+        own = cfg.sidecar  # asked before each campaign, as our followers will ask it
+        self.sidecar_answers = SidecarCheck(own, lambda timeout_s: replay(own, cfg.streams[0], timeout_s, host.ctx))
         try:
             self.elector = Elector(cfg.etcd, keys.leader, self._value, poll_s=0.05, eligible=self._eligible,
                                    errors=host.send_errors)  # fmt: skip
@@ -161,8 +162,9 @@ class GroupNode:
 
     def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
         """(elector thread) Whether this node may campaign: its sidecar answers (gateway.replication.sidecar_check),
-        and it was in sync (InSyncKeeper.eligible)."""
-        return self.keeper.eligible(etcd) if self.sidecar_answers() else None
+        and it was in sync (InSyncKeeper.eligible, asked first: a node that may not lead asks its sidecar nothing)."""
+        unchanged = self.keeper.eligible(etcd)
+        return unchanged if unchanged is not None and self.sidecar_answers() else None
 
     def _post(self, name: str, job: Callable[..., object]) -> None:
         self.elector.post(name, job)
