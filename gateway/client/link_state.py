@@ -14,7 +14,9 @@ Theory of operation
 ===================
 
 CONNECTING
-    A connection to the current sidecar is handshaking (or about to be made). Its answer: READY.
+    A connection to the current sidecar is handshaking (or about to be made). Its answer: READY. A request
+    that went unanswered there past the reconciler's first-answer deadline is ``LOST`` as in READY (with
+    several sidecars): silence is silence whether or not the handshake is over.
 READY
     The sidecar answered; requests go out as the reconciler makes them. A heartbeat of a newer epoch naming
     another sidecar (``LEADER``, gateway.client.leader_sidecar) moves the link to that leader's sidecar: its

@@ -194,10 +194,13 @@ class ReplayLink:
         holds as committed: one whose node was deposed, paused, cut off or is behind answers every request,
         with nothing newer, and would be asked again and again while the others hold the range. The newest
         leader's sidecar that answered short stays (`SHORT`: it has not committed that far yet;
-        gateway.client.leader_sidecar, rule 3)."""
-        if not self._sidecars.several or self.state is not LinkState.READY:
+        gateway.client.leader_sidecar, rule 3). A sidecar still handshaking (CONNECTING) is left too: its
+        silence past the first-answer deadline is the same silence whether or not its handshake is over (a
+        paused node's kernel takes the connection; a lost SYN waits a second), and the handshake's own deadline
+        (`replay_timeout`, 5 s by default) held the fill that long."""
+        if not self._sidecars.several or self.state not in (LinkState.READY, LinkState.CONNECTING):
             return
-        if short and self._leader.holds_more(self.endpoint):
+        if short and self.state is LinkState.READY and self._leader.holds_more(self.endpoint):
             log.info("%s: replay: %s (epoch %d's leader) answered a fill short; asking it again", self._stream,
                      self.endpoint, self._leader.epoch)  # fmt: skip
             self._move(SHORT, None)

@@ -382,9 +382,14 @@ def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: py
 
 
 def new_link(
-    endpoint: str | list[str], events: list | deque, states: list, starts: list, head_every: float | None = None
+    endpoint: str | list[str],
+    events: list | deque,
+    states: list,
+    starts: list,
+    head_every: float | None = None,
+    timeout: float = 1.0,
 ) -> ReplayLink:
-    return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
+    return ReplayLink("orders", endpoint, topics=(), timeout=timeout, curve=None, ctx=zmq.Context.instance(),
                       directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
                       next_seq=lambda: 1, on_start=starts.append,
                       on_state=lambda state, error: states.append(state), head_every=head_every)  # fmt: skip
@@ -602,3 +607,34 @@ def test_a_fill_the_new_leaders_sidecar_answers_short_is_asked_there_again(tmp_p
             link.close()
     for s in (live, leader, follower):
         s.writer.close()
+
+
+def test_a_fill_at_a_sidecar_still_handshaking_moves_on_at_the_first_answer_deadline(tmp_path: Path) -> None:
+    """The leader's sidecar frozen before the link ever reached it (its kernel takes the connection, nothing
+    answers the handshake): the fill moves to the next sidecar at the reconciler's first-answer deadline, not
+    at the handshake's (the Subscriber's replay_timeout, 5 s), which NoProgress did not cut while CONNECTING."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(4)
+    batches = [B.Batch.parse(sealed) for sealed in s.batches]
+    events: deque = deque()
+    no_progress: list[float] = []
+    with side(root) as first, side(root) as second:
+        link = new_link([second.endpoint, first.endpoint], events, [], [], timeout=5.0)
+        _, feed, filled_to = glued(link, events, no_progress)
+        first.signal(signal.SIGSTOP)
+        try:
+            feed(R.ReplayServers(2))
+            link.heard(first.endpoint, 3)  # the leader's sidecar, frozen: the link connects there
+            feed(R.Live(batches[0], "A"))
+            began = time.monotonic()
+            feed(R.Live(batches[2], "A"))  # a gap (batch 1), asked while the handshake hangs
+            filled_to(batches[2].last_seq)
+            took = time.monotonic() - began
+        finally:
+            first.signal(signal.SIGCONT)
+            link.close()
+    s.writer.close()
+    print(f"\ngap fill with the sidecar frozen mid-handshake: {took:.2f} s (load {os.getloadavg()[0]:.2f})")
+    assert no_progress and link.endpoint == second.endpoint
+    assert took < 2.5, "the fill waited for the handshake deadline (5 s)"
