@@ -106,7 +106,8 @@ and the attempt count. A request that is owed data (bounded: always; open-ended:
 its coverage or unknown) and makes no progress by its deadline is cancelled and re-issued, for the
 remainder only, under a new id, after ``retry_backoff`` doubling up to its maximum. When the attempts
 exceed ``max_retries`` the reconciler emits ``Stalled`` once and keeps retrying at the maximum backoff. A
-``ReplayEnd`` that leaves part of the range uncovered counts as a failed attempt. AWAIT_LIVE counts silent
+``ReplayEnd`` that leaves part of the range uncovered counts as a failed attempt (``NoProgress(short=True)``:
+the server answered, with less; a new leader's sidecar before its first commit does so). AWAIT_LIVE counts silent
 periods of ``progress_timeout`` the same way (``Stalled(0, None, attempts)``, once).
 
 The first answer. ``ReplayServers(count)`` says how many replay servers the IO layer can ask (a replicated
@@ -707,7 +708,7 @@ class Reconciler:
         if fetch.hi is not None and max(fetch.covered_to, (n or 1) - 1) >= fetch.hi:
             self._requests.retire(fetch, self._out, cancel=False)
         else:
-            self._requests.fail(fetch, self._now, n, self._out, cancel=False)
+            self._requests.fail(fetch, self._now, n, self._out, cancel=False, short=True)
 
     def _report_trimmed(self, ev: ReplayTrimmed) -> None:
         fetch = self._requests.answer_to(ev.request_id, self._now)

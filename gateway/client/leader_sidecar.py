@@ -10,7 +10,11 @@ Rules
    replay link goes (`heard` returns it), whatever sidecar the link is at. A heartbeat of the same epoch
    or an older one (a deposed leader that was paused and resumes) changes nothing; nor does epoch 0 (a
    single gateway, whose one sidecar is the only one).
-3. Sans-IO: no sockets, no clocks. The replay link (gateway.client.replay_link) feeds every heartbeat's
+3. A request the newest epoch's leader's sidecar answered short (the reconciler's ``NoProgress(short=True)``)
+   is asked there again, after the reconciler's backoff (`holds_more`): that sidecar serves what its node
+   has committed, and a new leader commits what the group holds within moments of leading. Any other
+   sidecar that answers short is deposed, paused or behind, and the link moves on; so does it after silence.
+4. Sans-IO: no sockets, no clocks. The replay link (gateway.client.replay_link) feeds every heartbeat's
    epoch and sidecar and moves its connections when told to.
 
 Theory of operation
@@ -26,6 +30,11 @@ for its publisher to re-attach and a follower to acknowledge), so the link is at
 is seen; the leader's sidecar holds everything the group has committed, which is what fills that gap.
 A leader re-elected in a newer epoch is named again, so the link goes back to it if a failed request had
 moved the link elsewhere meanwhile.
+
+Until the new leader's first commit of its epoch, its committed mark lags what it holds (it commits what
+the deposed leader had multicast once an in-sync follower acknowledges), and its sidecar answers a fill of
+that range short. Moving on then (rule 3 says not to) took the link to a follower's sidecar, which holds
+no more, at a backoff and a new handshake each, and away from the one sidecar about to hold the range.
 """
 
 from __future__ import annotations
@@ -44,3 +53,8 @@ class LeaderSidecar:
             return None
         self.epoch, self.sidecar = epoch, sidecar
         return sidecar
+
+    def holds_more(self, sidecar: str | None) -> bool:
+        """Whether `sidecar`, having answered a request short, will hold more soon (rule 3): it is the newest
+        epoch's leader's."""
+        return sidecar is not None and sidecar == self.sidecar

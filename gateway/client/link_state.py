@@ -14,13 +14,18 @@ Theory of operation
 ===================
 
 CONNECTING
-    A connection to the current sidecar is handshaking (or about to be made). Its answer: READY.
+    A connection to the current sidecar is handshaking (or about to be made). Its answer: READY. A request
+    that went unanswered there past the reconciler's first-answer deadline is ``LOST`` as in READY (with
+    several sidecars): silence is silence whether or not the handshake is over.
 READY
     The sidecar answered; requests go out as the reconciler makes them. A heartbeat of a newer epoch naming
     another sidecar (``LEADER``, gateway.client.leader_sidecar) moves the link to that leader's sidecar: its
     connections are closed, the reconciler is told ``ReplayLost`` then ``ReplayRestored`` at once (no backoff:
     nothing failed) and the new connection handshakes: CONNECTING. In CONNECTING the same move leaves the state
-    as it is, and in RETRYING the next try goes to the leader's sidecar, at once.
+    as it is, and in RETRYING the next try goes to the leader's sidecar, at once. A request that the leader's
+    sidecar answered short (``SHORT``: it has not committed that far yet, gateway.client.leader_sidecar) leaves
+    the link READY where it is: the reconciler asks again there after its backoff. A short answer from any
+    other sidecar, or no progress by a deadline (silence), is ``LOST``.
 RETRYING
     The sidecar in use failed (no answer by the handshake deadline, a connection that ended, a refusal that
     retrying may cure): every connection is closed, the reconciler is told ``ReplayLost`` and the next sidecar
@@ -52,10 +57,11 @@ class LinkInput(Enum):
     RETRY = "the backoff is over: a new connection is made"
     REFUSED = "a refusal that retrying cannot cure"
     LEADER = "a newer epoch's leader names another sidecar: the link moves there"
+    SHORT = "the leader's sidecar answered a request short: it is asked again there"
 
 
 CONNECTING, READY, RETRYING, FAILED = LinkState
-ANSWERED, LOST, RETRY, REFUSED, LEADER = LinkInput
+ANSWERED, LOST, RETRY, REFUSED, LEADER, SHORT = LinkInput
 
 
 def step(state: LinkState, given: LinkInput) -> LinkState:
@@ -95,7 +101,7 @@ TRANSITIONS: dict[LinkState, Row] = {
         go=(Go(_answered, READY), Go(_lost, RETRYING), Go(_refused, FAILED)),
     ),
     READY: Row(
-        on={LOST: None, REFUSED: None, LEADER: None},
+        on={LOST: None, REFUSED: None, LEADER: None, SHORT: None},
         go=(Go(_lost, RETRYING), Go(_refused, FAILED), Go(_leader, CONNECTING)),
     ),
     RETRYING: Row(

@@ -46,7 +46,7 @@ from gateway.client.datagram_fills import DatagramFills
 from gateway.client.directory import Directory
 from gateway.client.endpoints import Endpoints
 from gateway.client.leader_sidecar import LeaderSidecar
-from gateway.client.link_state import ANSWERED, LEADER, LOST, REFUSED, RETRY, LinkInput, LinkState, step
+from gateway.client.link_state import ANSWERED, LEADER, LOST, REFUSED, RETRY, SHORT, LinkInput, LinkState, step
 from gateway.client.replay_client import DEFAULT_FEATURES, ReplayClient, start_after
 from gateway.client.replay_client import Event as Answer  # what a sidecar sends; R.Event is the reconciler's
 from gateway.client.subscriber_stats import SubscriberStats
@@ -188,13 +188,24 @@ class ReplayLink:
             self._catchup, self._catchup_id = None, None
         # A FETCH cannot be recalled; its answer is bounded and the reconciler ignores what it no longer needs.
 
-    def no_progress(self, now: float) -> None:
-        """A request failed an attempt at the sidecar in use (the reconciler's NoProgress): with several, the
-        next one. A group's sidecar serves only what its node holds as committed: one whose node was deposed,
-        paused, cut off or is behind answers every request, with nothing newer, and would be asked again and
-        again while the others hold the range."""
-        if self._sidecars.several and self.state is LinkState.READY:
-            self._lost(now, f"{self.endpoint} made no progress on a request (its node may be behind the group)")
+    def no_progress(self, now: float, *, short: bool = False) -> None:
+        """A request failed an attempt at the sidecar in use (the reconciler's NoProgress; `short`: it was
+        answered with less than asked): with several, the next one. A group's sidecar serves only what its node
+        holds as committed: one whose node was deposed, paused, cut off or is behind answers every request,
+        with nothing newer, and would be asked again and again while the others hold the range. The newest
+        leader's sidecar that answered short stays (`SHORT`: it has not committed that far yet;
+        gateway.client.leader_sidecar, rule 3). A sidecar still handshaking (CONNECTING) is left too: its
+        silence past the first-answer deadline is the same silence whether or not its handshake is over (a
+        paused node's kernel takes the connection; a lost SYN waits a second), and the handshake's own deadline
+        (`replay_timeout`, 5 s by default) held the fill that long."""
+        if not self._sidecars.several or self.state not in (LinkState.READY, LinkState.CONNECTING):
+            return
+        if short and self.state is LinkState.READY and self._leader.holds_more(self.endpoint):
+            log.info("%s: replay: %s (epoch %d's leader) answered a fill short; asking it again", self._stream,
+                     self.endpoint, self._leader.epoch)  # fmt: skip
+            self._move(SHORT, None)
+            return
+        self._lost(now, f"{self.endpoint} made no progress on a request (its node may be behind the group)")
 
     def probe(self, since_ns: int | None) -> None:
         """Ask the sidecar where to start: the first sequence journaled at or after `since_ns`, or (None) the

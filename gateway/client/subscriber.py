@@ -626,8 +626,8 @@ class Subscriber:
                     self.stats.losses += hi - lo + 1
                     log.warning("records %d..%d of %s are lost: %s", lo, hi, self.stream, reason)
                     self._pending.append(DataLoss(lo, hi, reason))
-                case R.NoProgress():
-                    self._link.no_progress(self._now)
+                case R.NoProgress(short=short):
+                    self._link.no_progress(self._now, short=short)
                 case R.Stalled(lo=lo, hi=hi, attempts=attempts):
                     log.warning("replay of %s..%s made no progress after %d attempts; still trying", lo, hi, attempts)
                 case R.LagExceeded(lag=lag):

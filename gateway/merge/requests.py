@@ -273,14 +273,15 @@ class RequestScheduler:
         fetch.due = now + self.policy.timeout
         fetch.attempts.reset()
 
-    def fail(self, fetch: Fetch, now: float, n: int, out: list[Action], *, cancel: bool) -> None:
-        """A timeout or a short answer: drop this request, re-issue the remainder after the backoff."""
+    def fail(self, fetch: Fetch, now: float, n: int, out: list[Action], *, cancel: bool, short: bool = False) -> None:
+        """A timeout or (`short`) an answer that ended short of the range: drop this request, re-issue the
+        remainder after the backoff."""
         assert fetch.request is not None
         rid = fetch.request.request_id
         del self._by_id[rid]
         if cancel:
             out.append(Cancel(rid))
-        out.append(NoProgress(rid))
+        out.append(NoProgress(rid, short))
         fetch.request = None
         if fetch.attempts.fail(self.policy):
             out.append(Stalled(max(fetch.covered_to + 1, n or 1), fetch.hi, fetch.attempts.count))

@@ -216,9 +216,14 @@ class Stalled:
 class NoProgress:
     """Request ``request_id`` failed an attempt (no progress by its deadline, or an answer that left its range
     uncovered): the server that had it could not serve it. With several servers (a group's sidecars: one
-    whose node is deposed, paused or behind answers, but holds nothing newer), the IO layer asks the next."""
+    whose node is deposed, paused or behind answers, but holds nothing newer), the IO layer asks the next.
+
+    ``short``: the server answered the request, with less than asked (a ``ReplayEnd`` short of its range), as
+    a new leader's sidecar does before its first commit; False: silence (no progress by a deadline). The IO
+    layer stays at a group's leader's sidecar that answered short (gateway.client.link_state)."""
 
     request_id: int
+    short: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,6 +158,7 @@ class GroupNode:
         self._unreadable = 0  # the epoch whose leader key this version could not read, once said
         self._promoting: dict[str, Callable[[str | None], None]] = {}  # stream -> told how its promotion ended
         self._learn_at = 0.0  # a follower reads the group's promotions and sources again then
+        self._led_at: float | None = None  # when this node began to lead, until its first commit there (logged)
         self._sources: dict[str, tuple[int, str]] = {}  # stream -> (epoch, source) recorded (or being recorded)
 
     def _eligible(self, etcd: Etcd) -> tuple[str, int] | None:
@@ -348,6 +349,7 @@ class GroupNode:
         self.insync = insync
         self.keeper.leads(insync)
         self.peers.forget()
+        self._led_at = now
         log.info("ha: %s leads epoch %d from heads %s, in sync: %s", self.node, epoch, heads, sorted(insync.members))
 
     def _demote(self) -> None:
@@ -362,6 +364,10 @@ class GroupNode:
             if seq > mark.value:
                 mark.advance(seq)
                 self.peers.commits_moved()
+                if self._led_at is not None:  # a failover's hop: from leading to the first commit (docs/hardening.md)
+                    log.info("ha: %s's first commit of epoch %d: %s to %d, %.3f s after it led", self.node,
+                             insync.epoch, stream, seq, now - self._led_at)  # fmt: skip
+                    self._led_at = None
         self.peers.tell_commits(insync, now)
 
     # --- following ---------------------------------------------------------------------------------------

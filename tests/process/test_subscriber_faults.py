@@ -382,9 +382,14 @@ def test_waiting_for_an_unreachable_sidecar_is_said_at_once_and_again(caplog: py
 
 
 def new_link(
-    endpoint: str | list[str], events: list | deque, states: list, starts: list, head_every: float | None = None
+    endpoint: str | list[str],
+    events: list | deque,
+    states: list,
+    starts: list,
+    head_every: float | None = None,
+    timeout: float = 1.0,
 ) -> ReplayLink:
-    return ReplayLink("orders", endpoint, topics=(), timeout=1.0, curve=None, ctx=zmq.Context.instance(),
+    return ReplayLink("orders", endpoint, topics=(), timeout=timeout, curve=None, ctx=zmq.Context.instance(),
                       directory=None, fill_udp=0, keys=(), stats=SubscriberStats(), emit=events.append,
                       next_seq=lambda: 1, on_start=starts.append,
                       on_state=lambda state, error: states.append(state), head_every=head_every)  # fmt: skip
@@ -464,21 +469,13 @@ def test_the_replay_link_alone_retries_a_dead_sidecar() -> None:
         link.close()
 
 
-def fill_seconds(
-    s: Stream, first: Side, second: Side, servers: int, *, new_epoch: bool = False, handshaking: bool = False
-) -> tuple[float, int]:
-    """The reconciler and the replay link, glued as the Subscriber glues them, with live batches made from the
-    journal (multicast needs a namespace lab): a fill answered by `first`, then `first` frozen (SIGSTOP) and a
-    gap; the seconds until the gap is filled (from `second`), with the reconciler told `servers` sidecars, and
-    the reconciler's NoProgress since the freeze. `new_epoch`: `first` led epoch 1, and a heartbeat of epoch 2
-    naming `second` comes between the freeze and the gap (a failover, as the multicast shows it). `handshaking`:
-    `first` is frozen before the link ever connected, and the gap is its first fill: the link is still
-    handshaking with `first` (CONNECTING) when the heartbeat comes."""
-    events: deque = deque()
-    no_progress: list[float] = []
-    link = new_link([first.endpoint, second.endpoint], events, [], [])
+def glued(
+    link: ReplayLink, events: deque, no_progress: list[float]
+) -> tuple[R.Reconciler, Callable[[R.Event], None], Callable[[int], None]]:
+    """A reconciler glued to `link` as the Subscriber glues them (its events queued in `events`, the times of its
+    NoProgress in `no_progress`): it, `feed(event)`, and `filled_to(seq)`, which turns the link with a live
+    heartbeat a turn until N passes `seq`."""
     rec = R.Reconciler(R.Start.latest(), progress_timeout=FILL_PROGRESS_S)
-    live = [B.Batch.parse(sealed) for sealed in s.batches]
 
     def feed(event: R.Event) -> None:
         events.append(event)
@@ -489,9 +486,9 @@ def fill_seconds(
                         link.request(action)
                     case R.Cancel(request_id=rid):
                         link.cancel(rid)
-                    case R.NoProgress():
+                    case R.NoProgress(short=short):
                         no_progress.append(time.monotonic())
-                        link.no_progress(time.monotonic())
+                        link.no_progress(time.monotonic(), short=short)
 
     def filled_to(seq: int) -> None:
         def done() -> bool:
@@ -501,6 +498,24 @@ def fill_seconds(
         run_link(link, done, seconds=15)
         assert (rec.next_seq or 0) > seq, rec.stats
 
+    return rec, feed, filled_to
+
+
+def fill_seconds(
+    s: Stream, first: Side, second: Side, servers: int, *, new_epoch: bool = False, handshaking: bool = False
+) -> tuple[float, int]:
+    """The reconciler and the replay link (`glued`), with live batches made from the journal (multicast needs a
+    namespace lab): a fill answered by `first`, then `first` frozen (SIGSTOP) and a gap; the seconds until the
+    gap is filled (from `second`), with the reconciler told `servers` sidecars, and the reconciler's NoProgress
+    since the freeze. `new_epoch`: `first` led epoch 1, and a heartbeat of epoch 2 naming `second` comes between
+    the freeze and the gap (a failover, as the multicast shows it). `handshaking`: `first` is frozen before the link
+    ever connected, and the gap is its first fill: the link is still handshaking with `first` (CONNECTING) when the
+    heartbeat comes."""
+    events: deque = deque()
+    no_progress: list[float] = []
+    link = new_link([first.endpoint, second.endpoint], events, [], [])
+    _, feed, filled_to = glued(link, events, no_progress)
+    live = [B.Batch.parse(sealed) for sealed in s.batches]
     try:
         feed(R.ReplayServers(servers))
         link.heard(first.endpoint, 1)
@@ -510,11 +525,11 @@ def fill_seconds(
             filled_to(live[2].last_seq)
         first.signal(signal.SIGSTOP)
         try:
+            began = time.monotonic()
             if handshaking:
                 feed(R.Live(live[2], "A"))  # the gap (batch 1) asked of the frozen sidecar: its handshake hangs
                 run_link(link, lambda: False, seconds=0.1)
                 assert (link.state, link.endpoint) == (LinkState.CONNECTING, first.endpoint)
-            began = time.monotonic()
             if new_epoch:
                 link.heard(second.endpoint, 2)
             gap = live[2] if handshaking else live[4]
@@ -586,3 +601,72 @@ def test_a_newer_epochs_heartbeat_during_a_handshake_moves_the_link_to_its_leade
     )
     assert failed_there >= 1  # the frozen sidecar was waited for: the case the move is for
     assert failed_after_move == 0, "the fill waited for the deposed leader's sidecar"
+
+
+def test_a_fill_the_new_leaders_sidecar_answers_short_is_asked_there_again(tmp_path: Path) -> None:
+    """The newest epoch's leader's sidecar holds less than the gap (before its first commit: the deposed leader
+    multicast more than the new one has committed) and answers short; a follower's sidecar holds no more. The
+    link stays at the leader's (no ReplayLost, no move) and the fill is asked there again, which answers in full
+    once it has committed the rest; before, the short answer moved the link to the follower's sidecar, which
+    answered short too, at a backoff and a handshake each."""
+    live = Stream(tmp_path / "multicast", "orders")
+    live.write(6)
+    leader, follower = Stream(tmp_path / "leader", "orders"), Stream(tmp_path / "follower", "orders")
+    leader.write(4)  # batches 0..3: the gap below (batches 3 and 4) is half there
+    follower.write(3)
+    events: deque = deque()
+    no_progress: list[float] = []
+    states: list[str] = []
+    with side(tmp_path / "leader") as at_leader, side(tmp_path / "follower") as at_follower:
+        link = new_link([at_follower.endpoint, at_leader.endpoint], events, states, [])
+        rec, feed, filled_to = glued(link, events, no_progress)
+        batches = [B.Batch.parse(sealed) for sealed in live.batches]
+        try:
+            feed(R.ReplayServers(2))
+            link.heard(at_leader.endpoint, 5)  # the new leader's heartbeat: the link moves to its sidecar
+            feed(R.Live(batches[0], "A"))
+            feed(R.Live(batches[2], "A"))  # a gap (batch 1), filled at the leader's sidecar: READY there
+            filled_to(batches[2].last_seq)
+            assert states == ["ready"], states
+            feed(R.Live(batches[5], "A"))  # a gap (batches 3 and 4): the leader's sidecar holds batch 3 only
+            run_link(link, lambda: feed(R.Tick()) or bool(no_progress), seconds=10)  # the timers run on a Tick
+            assert no_progress, "the leader's sidecar did not answer the fill short"
+            leader.write(2)  # its first commit: it holds the gap now
+            filled_to(batches[5].last_seq)
+            assert states == ["ready"], f"the link left the leader's sidecar: {states}"
+            assert link.endpoint == at_leader.endpoint and rec.stats.retries >= 1
+        finally:
+            link.close()
+    for s in (live, leader, follower):
+        s.writer.close()
+
+
+def test_a_fill_at_a_sidecar_still_handshaking_moves_on_at_the_first_answer_deadline(tmp_path: Path) -> None:
+    """The leader's sidecar frozen before the link ever reached it (its kernel takes the connection, nothing
+    answers the handshake): the fill moves to the next sidecar at the reconciler's first-answer deadline, not
+    at the handshake's (the Subscriber's replay_timeout, 5 s), which NoProgress did not cut while CONNECTING."""
+    root = tmp_path / "journal"
+    s = Stream(root, "orders")
+    s.write(4)
+    batches = [B.Batch.parse(sealed) for sealed in s.batches]
+    events: deque = deque()
+    no_progress: list[float] = []
+    with side(root) as first, side(root) as second:
+        link = new_link([second.endpoint, first.endpoint], events, [], [], timeout=5.0)
+        _, feed, filled_to = glued(link, events, no_progress)
+        first.signal(signal.SIGSTOP)
+        try:
+            feed(R.ReplayServers(2))
+            link.heard(first.endpoint, 3)  # the leader's sidecar, frozen: the link connects there
+            feed(R.Live(batches[0], "A"))
+            began = time.monotonic()
+            feed(R.Live(batches[2], "A"))  # a gap (batch 1), asked while the handshake hangs
+            filled_to(batches[2].last_seq)
+            took = time.monotonic() - began
+        finally:
+            first.signal(signal.SIGCONT)
+            link.close()
+    s.writer.close()
+    print(f"\ngap fill with the sidecar frozen mid-handshake: {took:.2f} s (load {os.getloadavg()[0]:.2f})")
+    assert no_progress and link.endpoint == second.endpoint
+    assert took < 2.5, "the fill waited for the handshake deadline (5 s)"

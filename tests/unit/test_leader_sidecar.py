@@ -45,3 +45,20 @@ def test_the_link_moves_to_the_leaders_sidecar_from_ready_only() -> None:
     assert L.step(L.READY, L.LEADER) is L.CONNECTING
     for state in (L.CONNECTING, L.RETRYING, L.FAILED):
         assert L.step(state, L.LEADER) is state
+
+
+def test_only_the_newest_leaders_sidecar_holds_more_after_a_short_answer() -> None:
+    """Rule 3: the leader's sidecar that answered short is asked again (it has not committed that far yet); a
+    deposed or following node's, or any before a leader is heard, is left."""
+    leader = LeaderSidecar()
+    assert not leader.holds_more(N1) and not leader.holds_more(None)
+    leader.heard(7, N1)
+    leader.heard(9, N2)
+    assert leader.holds_more(N2)
+    assert not leader.holds_more(N1) and not leader.holds_more(N3)
+
+
+def test_a_short_answer_at_the_leaders_sidecar_leaves_the_link_ready_there() -> None:
+    """SHORT keeps READY (the connections stay); LOST, a short answer elsewhere or silence, moves on."""
+    assert L.step(L.READY, L.SHORT) is L.READY and L.SHORT in L.TRANSITIONS[L.READY].on
+    assert L.step(L.READY, L.LOST) is L.RETRYING

@@ -1171,8 +1171,16 @@ def test_short_replay_end_retries_the_remainder() -> None:
     r = merged_at(1, retry_backoff=(0.0, 1.0))
     r.handle(Live(B(10, 10), "A"), 0.0)
     r.handle(Replay(B(1, 4), 1), 0.1)
-    assert r.handle(ReplayEnd(1), 0.2) == [NoProgress(1), Request(2, 5, 9)]  # this server holds no more
+    # this server holds no more: an answer, short (a new leader's sidecar is asked again, gateway.client.link_state)
+    assert r.handle(ReplayEnd(1), 0.2) == [NoProgress(1, short=True), Request(2, 5, 9)]
     assert r.stats.retries == 1
+
+
+def test_no_progress_by_a_deadline_is_not_a_short_answer() -> None:
+    """Silence (the progress deadline; several servers: the first-answer one) is NoProgress(short=False): the
+    link moves on; only an answer that ended short of its range says the server is there, holding less."""
+    r = filling(2)
+    assert beat(r, 0.3) == [Cancel(1), NoProgress(1, short=False)]
 
 
 def filling(servers: int, **options: object) -> Reconciler:
