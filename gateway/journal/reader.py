@@ -239,6 +239,13 @@ class Cursor:
         """Bytes this cursor has read from disk (index look-ups aside): shows the index at work."""
         return self._bytes_before + self._scan.bytes_read
 
+    def skip_to(self, seq: int) -> None:
+        """From here on, return only batches holding sequences >= `seq`, passing those before over by header:
+        a reader answering requests in rising order goes on from where the last one ended instead of from an
+        index entry, which may be a segment's `index_interval` bytes of small batches back. A `seq` below
+        `from_seq` or `next_seq` changes nothing: what was read is not read again."""
+        self._from = max(self._from, seq)
+
     def next_batch(self) -> Batch | None:
         """The next complete batch, or None at the current end of the stream (call again later).
 
