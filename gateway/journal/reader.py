@@ -254,6 +254,10 @@ class Cursor:
         """
         fresh = False  # the frame at hand was read after the mark
         while True:  # each pass consumes a batch or moves on a segment or finds its place again; all finite
+            if self._expected < self._from and self._check is None:  # before the range: headers only, in bulk
+                through = self._from - 1 if self._mark is None else min(self._from - 1, self._bound)
+                self._expected, passed = self._scan.skip(self._expected, through)
+                self.batches_skipped += passed
             offset = self._scan.offset
             try:
                 frame = self._scan.next_frame()
