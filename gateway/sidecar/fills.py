@@ -22,7 +22,7 @@ Finding the range: gaps are asked for near the journal's head and in rising orde
 a stream's last request is kept open where it stopped and the next request at or beyond that point goes on
 from there (`Cursor.skip_to`), passing over only the batches journaled since. A cursor opened afresh starts
 at the segment's index entry before the range, up to `index_interval` (64 KiB) of batches back: hundreds of
-one-record batches, each header read in Python, were most of an answer's time (docs/benchmarks.md, "The
+one-record batches, each header read in Python, were most of an answer's time (docs/benchmarks.md, "The udp://
 repair, stage by stage"). A request below that point opens a new cursor; a kept cursor idle for `IDLE_S` is
 closed (`forget_idle`), so that it never holds a segment retention deleted.
 
