@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import functools
 import os
 import pickle
 import sys
@@ -75,12 +74,10 @@ def dump() -> None:
     _stamps.clear()
 
 
-def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = getattr(owner, name)
-    setattr(owner, name, functools.wraps(original)(make(original)))
-
-
 def install() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from latency_hops import ending_with, on_hand_out, wrap
+
     from gateway.bench import pipeline
     from gateway.client import datagram_fills, subscriber
     from gateway.errors import FillError
@@ -148,33 +145,15 @@ def install() -> None:
 
         return wrapper
 
-    def next_batch(original: Callable) -> Callable:
-        def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
-            got = original(self, *args, **kw)
-            if got is not None:
-                stamp(("handed", now(), got.lo, got.hi))
-            return got
-
-        return wrapper
-
-    def dumped(original: Callable) -> Callable:  # lab children end with os._exit: no atexit there
-        def wrapper(*args: Any, **kw: Any) -> Any:
-            try:
-                return original(*args, **kw)
-            finally:
-                dump()
-
-        return wrapper
-
-    _wrap(udp.UdpSender, "send_multipart", sendto)
-    _wrap(udp.UdpReceiver, "recv_multipart", recv)
-    _wrap(datagram_fills.DatagramFills, "ask", ask)
-    _wrap(datagram_fills.DatagramFills, "receive", receive)
-    _wrap(datagram_fills.DatagramFills, "expire", expire)
-    _wrap(fills.FillAnswerer, "answer", answer)
-    _wrap(subscriber.Subscriber, "next_batch", next_batch)
-    _wrap(pipeline, "publish", dumped)
-    _wrap(pipeline, "subscribe", dumped)
+    wrap(udp.UdpSender, "send_multipart", sendto)
+    wrap(udp.UdpReceiver, "recv_multipart", recv)
+    wrap(datagram_fills.DatagramFills, "ask", ask)
+    wrap(datagram_fills.DatagramFills, "receive", receive)
+    wrap(datagram_fills.DatagramFills, "expire", expire)
+    wrap(fills.FillAnswerer, "answer", answer)
+    wrap(subscriber.Subscriber, "next_batch", on_hand_out(lambda d: stamp(("handed", now(), d.lo, d.hi))))
+    wrap(pipeline, "publish", ending_with(dump))
+    wrap(pipeline, "subscribe", ending_with(dump))
     atexit.register(dump)
 
 
