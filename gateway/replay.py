@@ -281,6 +281,8 @@ class ReplayServer:
         if now >= self._next_idle:
             self._next_idle = now + min(1.0, self._ping_after / 2)
             self.metrics.update_sessions(self.sessions.values())
+            if self.fill_port is not None:
+                self.fill_port.answerer.forget_idle(now)
             for s in list(self.sessions.values()):
                 silent = now - s.last_heard
                 if silent > self.config.client_timeout:

@@ -122,10 +122,42 @@ def dump() -> None:
     _stamps.clear()
 
 
-def _wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+def wrap(owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+    """Replace owner.name by make(it), if it has one (scripts/repair_stages.py stamps with it too)."""
     original = getattr(owner, name, None)
     if original is not None:
         setattr(owner, name, functools.wraps(original)(make(original)))
+
+
+def on_hand_out(record: Callable[[Any], None]) -> Callable[[Callable], Callable]:
+    """A wrapper maker for Subscriber.next_batch: `record` is called with each Delivery it returns."""
+
+    def make(original: Callable) -> Callable:
+        def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
+            got = original(self, *args, **kw)
+            if got is not None:
+                record(got)
+            return got
+
+        return wrapper
+
+    return make
+
+
+def ending_with(dump: Callable[[], None]) -> Callable[[Callable], Callable]:
+    """A wrapper maker that calls `dump` when the wrapped call ends: lab children end with os._exit, so a
+    process's atexit never runs there."""
+
+    def make(original: Callable) -> Callable:
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            try:
+                return original(*args, **kw)
+            finally:
+                dump()
+
+        return wrapper
+
+    return make
 
 
 def install() -> None:
@@ -255,43 +287,25 @@ def install() -> None:
 
         return wrapper
 
-    def next_batch(original: Callable) -> Callable:
-        def wrapper(self: Any, *args: Any, **kw: Any) -> Any:
-            got = original(self, *args, **kw)
-            if got is not None:
-                stamp(("handed", now(), (got.batch, got.lo, got.hi)))
-            return got
-
-        return wrapper
-
-    def dumped(original: Callable) -> Callable:  # lab children end with os._exit: no atexit there
-        def wrapper(*args: Any, **kw: Any) -> Any:
-            try:
-                return original(*args, **kw)
-            finally:
-                dump()
-
-        return wrapper
-
-    _wrap(accumulator.Accumulator, "take", take)
-    _wrap(publisher_thread.PublisherThread, "_feed", feed)
-    _wrap(publisher_thread.PublisherThread, "_do", mark("do"))
-    _wrap(publisher_thread.PublisherThread, "_turn", io_turn)
-    _wrap(writer.JournalWriter, "append", mark("append"))
-    _wrap(protocol, "decode", mark("decode"))
-    _wrap(ingest.Ingest, "handle", mark("ingest"))
-    _wrap(gateway.Gateway, "_fan_out", mark("fan_out"))
-    _wrap(subscriber.Subscriber, "_deliver", deliver)
-    _wrap(subscriber.Subscriber, "_turn", sub_turn)
-    _wrap(feed_intake.FeedIntake, "read", mark("read"))
-    _wrap(gateway.Gateway, "_drain_router", drain)
-    _wrap(gateway, "take", read)
-    _wrap(gateway.Gateway, "_sequence", sequence)
-    _wrap(udp.UdpSender, "send_multipart", sendto)
-    _wrap(udp.UdpReceiver, "recv_multipart", recv)
-    _wrap(subscriber.Subscriber, "next_batch", next_batch)
-    _wrap(pipeline, "publish", dumped)
-    _wrap(pipeline, "subscribe", dumped)
+    wrap(accumulator.Accumulator, "take", take)
+    wrap(publisher_thread.PublisherThread, "_feed", feed)
+    wrap(publisher_thread.PublisherThread, "_do", mark("do"))
+    wrap(publisher_thread.PublisherThread, "_turn", io_turn)
+    wrap(writer.JournalWriter, "append", mark("append"))
+    wrap(protocol, "decode", mark("decode"))
+    wrap(ingest.Ingest, "handle", mark("ingest"))
+    wrap(gateway.Gateway, "_fan_out", mark("fan_out"))
+    wrap(subscriber.Subscriber, "_deliver", deliver)
+    wrap(subscriber.Subscriber, "_turn", sub_turn)
+    wrap(feed_intake.FeedIntake, "read", mark("read"))
+    wrap(gateway.Gateway, "_drain_router", drain)
+    wrap(gateway, "take", read)
+    wrap(gateway.Gateway, "_sequence", sequence)
+    wrap(udp.UdpSender, "send_multipart", sendto)
+    wrap(udp.UdpReceiver, "recv_multipart", recv)
+    wrap(subscriber.Subscriber, "next_batch", on_hand_out(lambda d: stamp(("handed", now(), (d.batch, d.lo, d.hi)))))
+    wrap(pipeline, "publish", ending_with(dump))
+    wrap(pipeline, "subscribe", ending_with(dump))
     atexit.register(dump)
 
 

@@ -183,6 +183,23 @@ class FrameScanner:
             if not self._fill(need):
                 return None
 
+    def skip(self, expected: int, through: int) -> tuple[int, int]:
+        """Pass over the complete frames already read that continue the stream at `expected` and end at or
+        before `through`, by header fields alone (one unpack each); stop at anything else, which next_frame()
+        then returns (or refuses) as usual. Returns (the sequence expected next, frames passed over)."""
+        buf, pos, passed = self._buf, self._pos, 0
+        end = len(buf)
+        while end - pos >= HEADER_SIZE:
+            magic, _, _, length, _, _, first, last, _ = HEADER.unpack_from(buf, pos)
+            if magic != MAGIC or not HEADER_SIZE <= length <= end - pos or first != expected or last > through:
+                break
+            pos += length
+            expected = last + 1
+            passed += 1
+        self.offset += pos - self._pos
+        self._pos = pos
+        return expected, passed
+
     def _fill(self, need: int) -> bool:
         st = os.fstat(self.fd)
         self.size = st.st_size

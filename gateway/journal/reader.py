@@ -239,6 +239,13 @@ class Cursor:
         """Bytes this cursor has read from disk (index look-ups aside): shows the index at work."""
         return self._bytes_before + self._scan.bytes_read
 
+    def skip_to(self, seq: int) -> None:
+        """From here on, return only batches holding sequences >= `seq`, passing those before over by header:
+        a reader answering requests in rising order goes on from where the last one ended instead of from an
+        index entry, which may be a segment's `index_interval` bytes of small batches back. A `seq` below
+        `from_seq` or `next_seq` changes nothing: what was read is not read again."""
+        self._from = max(self._from, seq)
+
     def next_batch(self) -> Batch | None:
         """The next complete batch, or None at the current end of the stream (call again later).
 
@@ -247,6 +254,10 @@ class Cursor:
         """
         fresh = False  # the frame at hand was read after the mark
         while True:  # each pass consumes a batch or moves on a segment or finds its place again; all finite
+            if self._expected < self._from and self._check is None:  # before the range: headers only, in bulk
+                through = self._from - 1 if self._mark is None else min(self._from - 1, self._bound)
+                self._expected, passed = self._scan.skip(self._expected, through)
+                self.batches_skipped += passed
             offset = self._scan.offset
             try:
                 frame = self._scan.next_frame()

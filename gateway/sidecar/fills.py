@@ -18,6 +18,14 @@ Bounds, because a UDP source address can be forged:
 The answers hold the journal's bytes: a journal batch that fits one datagram is sent as it is; a larger one
 is cut to the range asked for and split to fit (`Batch.part`, `Batch.split`), record bytes copied as they are.
 
+Finding the range: gaps are asked for near the journal's head and in rising order, so the cursor that answered
+a stream's last request is kept open where it stopped and the next request at or beyond that point goes on
+from there (`Cursor.skip_to`), passing over only the batches journaled since. A cursor opened afresh starts
+at the segment's index entry before the range, up to `index_interval` (64 KiB) of batches back: hundreds of
+one-record batches, each header read in Python, were most of an answer's time (docs/benchmarks.md, "The udp://
+repair, stage by stage"). A request below that point opens a new cursor; a kept cursor idle for `IDLE_S` is
+closed (`forget_idle`), so that it never holds a segment retention deleted.
+
 `FillAnswerer` holds the rules without a socket (a datagram, its source and `now` in, the datagrams to send out);
 `FillPort` owns the socket, and the replay loop (gateway.replay) calls `serve` when it is readable.
 """
@@ -34,7 +42,7 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from gateway.errors import FillError, JournalError, JournalTrimmed, NotAJournal, ProtocolError
-from gateway.journal import JournalReader
+from gateway.journal import Cursor, JournalReader
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM
 from gateway.wire import batch as B
@@ -46,6 +54,8 @@ log = logging.getLogger(__name__)
 
 REQUEST_COST = 256  # bytes charged to a source per request, answered or not: bounds the work junk can cost
 MAX_READERS = 1024  # streams whose journal readers are kept open between requests
+MAX_CURSORS = 64  # streams whose last answer's cursor is kept open (a descriptor each) for the next request
+IDLE_S = 1.0  # a kept cursor unused this long is closed
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class FillStats:
 
     requests: int = 0
     answered: int = 0  # requests that got at least one datagram
+    skipped: int = 0  # journal batches passed over by header to reach the ranges asked (the search's cost)
+    resumed: int = 0  # requests answered by the cursor the stream's last answer left open
     datagrams: int = 0
     bytes: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
@@ -114,6 +126,7 @@ class FillAnswerer:
         self.stats = FillStats()
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self._readers: OrderedDict[str, JournalReader] = OrderedDict()
+        self._cursors: OrderedDict[str, tuple[Cursor, float]] = OrderedDict()  # stream: (cursor, last used)
         self._room = limits.datagram_bytes - F.answer_bytes(0, key)
 
     def answer(self, data: bytes, host: str, now: float) -> list[bytes]:
@@ -135,7 +148,7 @@ class FillAnswerer:
             return []
         budget = min(self.limits.max_answer_bytes, int(self._buckets[host].tokens))
         try:
-            out = list(self._datagrams(reader, req, budget))
+            out = self._read(reader, req, budget, now)
         except JournalTrimmed:
             self.stats.drop("journal")  # the subscriber asks TCP, which says TRIMMED
             return []
@@ -149,25 +162,65 @@ class FillAnswerer:
             self.stats.sent(len(out), sent)
         return out
 
-    def _datagrams(self, reader: JournalReader, req: F.FillRequest, budget: int) -> Iterator[bytes]:
-        """Answer datagrams for the journal's batches of req.first..req.last, up to `budget` bytes."""
-        stream = req.stream.encode()
-        cursor = reader.cursor(req.first)
+    def close(self) -> None:
+        """Close the cursors kept for the next requests."""
+        while self._cursors:
+            self._cursors.popitem()[1][0].close()
+
+    def forget_idle(self, now: float) -> None:
+        """Close the kept cursors unused for `IDLE_S` (module docstring)."""
+        for stream, (cursor, used) in list(self._cursors.items()):
+            if now - used >= IDLE_S:
+                del self._cursors[stream]
+                cursor.close()
+
+    def _read(self, reader: JournalReader, req: F.FillRequest, budget: int, now: float) -> list[bytes]:
+        """The answer's datagrams; the cursor that read them is kept for the stream's next request."""
+        cursor = self._cursor(req.stream, reader, req.first)
         try:
-            while budget > 0:
-                batch = cursor.next_batch()
-                if batch is None or batch.first_seq > req.last:
-                    return
-                for piece in self._pieces(batch, max(req.first, batch.first_seq), min(req.last, batch.last_seq)):
-                    datagram = F.encode_answer(req.request_id, piece, stream, self.key)
-                    if len(datagram) > budget or len(datagram) > MAX_DATAGRAM:
-                        return
-                    budget -= len(datagram)
-                    yield datagram
-                if batch.last_seq >= req.last:
-                    return
-        finally:
+            skipped = cursor.batches_skipped
+            out = list(self._datagrams(cursor, req, budget))
+        except BaseException:
             cursor.close()
+            raise
+        self.stats.skipped += cursor.batches_skipped - skipped
+        self._keep(req.stream, cursor, now)
+        return out
+
+    def _cursor(self, stream: str, reader: JournalReader, first: int) -> Cursor:
+        """A cursor that returns the batch holding `first` next: the stream's kept one if it stands at or
+        before it, else a new one (module docstring)."""
+        kept = self._cursors.pop(stream, None)
+        if kept is not None:
+            cursor = kept[0]
+            if cursor.next_seq <= first:
+                cursor.skip_to(first)
+                self.stats.resumed += 1
+                return cursor
+            cursor.close()
+        return reader.cursor(first)
+
+    def _keep(self, stream: str, cursor: Cursor, now: float) -> None:
+        self._cursors[stream] = (cursor, now)
+        if len(self._cursors) > MAX_CURSORS:
+            self._cursors.popitem(last=False)[1][0].close()
+
+    def _datagrams(self, cursor: Cursor, req: F.FillRequest, budget: int) -> Iterator[bytes]:
+        """Answer datagrams for the journal's batches of req.first..req.last, up to `budget` bytes, read with
+        `cursor` (which stands before req.first)."""
+        stream = req.stream.encode()
+        while budget > 0:
+            batch = cursor.next_batch()
+            if batch is None or batch.first_seq > req.last:
+                return
+            for piece in self._pieces(batch, max(req.first, batch.first_seq), min(req.last, batch.last_seq)):
+                datagram = F.encode_answer(req.request_id, piece, stream, self.key)
+                if len(datagram) > budget or len(datagram) > MAX_DATAGRAM:
+                    return
+                budget -= len(datagram)
+                yield datagram
+            if batch.last_seq >= req.last:
+                return
 
     def _pieces(self, batch: B.Batch, lo: int, hi: int) -> Iterator[bytes | memoryview]:
         """The batch as it is when it fits a datagram, else lo..hi of it in parts that fit."""
@@ -252,4 +305,5 @@ class FillPort:
                     self.errors.sent("fill-answer", source[0])
 
     def close(self) -> None:
+        self.answerer.close()
         self.sock.close()

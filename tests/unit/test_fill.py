@@ -138,6 +138,42 @@ def test_malformed_huge_and_unknown_requests_get_nothing(journal: Path) -> None:
     assert answerer.stats.dropped == {"malformed": 1, "range": 1, "stream": 2}
 
 
+@pytest.fixture
+def small_batches(tmp_path: Path) -> Iterator[Path]:
+    """Stream "s": records 1..3000 in journal batches of one (about 200 KiB: a few index entries apart)."""
+    with JournalWriter.open(tmp_path, "s") as w:
+        for seq in range(1, 3001):
+            w.append(B.Batch.parse(B.encode(seq, [(0, b"key", body(seq))])))
+    yield tmp_path
+
+
+def test_gaps_in_rising_order_are_found_from_where_the_last_answer_stopped(small_batches: Path) -> None:
+    answerer = FillAnswerer(small_batches, FillLimits())
+    assert records(ask(answerer, 2990, 2)) == [2990, 2991]
+    searched = answerer.stats.skipped  # from the index entry before 2990: hundreds of one-record batches
+    assert records(ask(answerer, 2995, 3)) == [2995, 2996, 2997]
+    assert answerer.stats.skipped - searched == 3  # 2992..2994, not the index entry's batches again
+    assert answerer.stats.resumed == 1
+    assert records(ask(answerer, 2996, 4)) == [2996, 2997, 2998, 2999]  # behind the kept cursor: a new one
+    assert records(ask(answerer, 1, 2)) == [1, 2]
+    assert answerer.stats.resumed == 1
+    assert records(ask(answerer, 3000, 5)) == [3000]
+    assert records(ask(answerer, 3001, 1)) == []  # at the head: the kept cursor waits there
+    assert answerer.stats.resumed == 3
+
+
+def test_a_kept_cursor_idle_for_a_second_is_closed(small_batches: Path) -> None:
+    answerer = FillAnswerer(small_batches, FillLimits())
+    assert records(ask(answerer, 10, 1, now=5.0)) == [10]
+    answerer.forget_idle(5.5)
+    assert records(ask(answerer, 11, 1, now=5.6)) == [11]
+    assert answerer.stats.resumed == 1
+    answerer.forget_idle(6.6)
+    assert records(ask(answerer, 12, 1, now=6.7)) == [12]
+    assert answerer.stats.resumed == 1  # a new cursor: the kept one was closed
+    answerer.close()
+
+
 def test_a_source_gets_its_rate_and_no_more(journal: Path) -> None:
     limits = FillLimits(rate_bytes=10_000, burst_bytes=20_000)
     answerer = FillAnswerer(journal, limits)
