@@ -10,6 +10,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+import zmq
 
 from gateway.client.datagram_fills import FIRST_WAIT_S, STALE, DatagramFills
 from gateway.wire import batch as B
@@ -94,5 +95,22 @@ def test_a_silent_fill_port_sends_ranges_to_tcp_at_once_and_is_probed(sidecar: s
         assert select.select([fills], [], [], 2.0)[0]
         assert [(rid, b.first_seq) for rid, b in fills.receive(now)] == [(STALE, 1)]
         assert not fills.hedge.silent and fills.ask(5, 1, 5, now)  # the port answers again: datagrams first
+    finally:
+        fills.close()
+
+
+def test_a_readable_fill_socket_is_found_in_the_pollers_answer(sidecar: socket.socket) -> None:
+    """zmq.Poller reports a socket that is not ZeroMQ's by its fd; the Subscriber asks `fills in ready` to tell a
+    turn with a fill answer from one with multicast alone (so it must compare equal to its fd)."""
+    fills = DatagramFills(sidecar.getsockname(), "s")
+    poller = zmq.Poller()
+    poller.register(fills, zmq.POLLIN)
+    try:
+        assert fills.ask(1, 10, 19, 0.0)  # its request binds the socket; the answer comes back to it
+        _, address = sidecar.recvfrom(100)
+        assert fills not in dict(poller.poll(0))
+        sidecar.sendto(b"x", address)
+        ready = dict(poller.poll(2000))
+        assert fills in ready and fills.fileno() in ready
     finally:
         fills.close()
