@@ -814,10 +814,19 @@ static size_t apdu_size(const v1msg_t *m, size_t chunk, size_t k)
     return 2 + (k + 1 < apdu_count(m, chunk) ? chunk : m->total - k * chunk);
 }
 
+/* A message being cut: `into` is where its APDUs go (a list for packetise, a queued msg_t for SendLoop.send). */
+typedef struct {
+    const v1msg_t *m;
+    size_t chunk;
+    void *into;
+} cut_t;
+
 /* Copy the message's encoding into its APDUs: the first with offset 0 (a message starts there), the others
-   NO_MESSAGE_START. `at(ctx, k)` gives where APDU k goes (apdu_size bytes), NULL if it cannot (-1 then). */
-static int v1msg_cut(const v1msg_t *m, size_t chunk, unsigned char *(*at)(void *, size_t), void *ctx)
+   NO_MESSAGE_START. `at(cut, k)` gives where APDU k goes (apdu_size bytes), NULL if it cannot (-1 then). */
+static int v1msg_cut(const cut_t *cut, unsigned char *(*at)(const cut_t *, size_t))
 {
+    const v1msg_t *m = cut->m;
+    const size_t chunk = cut->chunk;
     size_t k = 0, room = 0;
     unsigned char *out = NULL, head[10];
     for (Py_ssize_t i = 0; i < m->n; i++) {
@@ -828,7 +837,7 @@ static int v1msg_cut(const v1msg_t *m, size_t chunk, unsigned char *(*at)(void *
             const unsigned char *src = parts[p];
             while (lens[p]) {
                 if (!room) {
-                    if (!(out = at(ctx, k)))
+                    if (!(out = at(cut, k)))
                         return -1;
                     const unsigned offset = k ? NO_MESSAGE_START : 0;
                     out[0] = (unsigned char)(offset >> 8), out[1] = (unsigned char)offset;
@@ -853,19 +862,12 @@ static int chunk_of(Py_ssize_t mss, size_t *chunk)
     return 0;
 }
 
-typedef struct {
-    const v1msg_t *m;
-    size_t chunk;
-    PyObject *list;
-} to_list_t;
-
-static unsigned char *apdu_in_list(void *ctx, size_t k)
+static unsigned char *apdu_in_list(const cut_t *cut, size_t k)
 {
-    to_list_t *t = ctx;
-    PyObject *apdu = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)apdu_size(t->m, t->chunk, k));
+    PyObject *apdu = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)apdu_size(cut->m, cut->chunk, k));
     if (!apdu)
         return NULL;
-    PyList_SET_ITEM(t->list, (Py_ssize_t)k, apdu);
+    PyList_SET_ITEM((PyObject *)cut->into, (Py_ssize_t)k, apdu);
     return (unsigned char *)PyBytes_AS_STRING(apdu);
 }
 
@@ -881,11 +883,12 @@ static PyObject *packetise(PyObject *Py_UNUSED(module), PyObject *args)
     if (!PyArg_ParseTuple(args, "On:packetise", &frames, &mss) || chunk_of(mss, &chunk) < 0 ||
         v1msg_open(&m, frames) < 0)
         return NULL;
-    to_list_t t = {&m, chunk, PyList_New((Py_ssize_t)apdu_count(&m, chunk))};
-    if (t.list && v1msg_cut(&m, chunk, apdu_in_list, &t) < 0)
-        Py_CLEAR(t.list);
+    PyObject *list = PyList_New((Py_ssize_t)apdu_count(&m, chunk));
+    const cut_t cut = {&m, chunk, list};
+    if (list && v1msg_cut(&cut, apdu_in_list) < 0)
+        Py_CLEAR(list);
     v1msg_close(&m);
-    return t.list;
+    return list;
 }
 
 /* ---- SendLoop: the native thread that drives one sending OpenPGM socket ---- */
@@ -1070,18 +1073,11 @@ static struct timespec deadline_after(double seconds)
 PyDoc_STRVAR(send_doc, "send(frames, mss, wait_s) -> bool: queue one message, cut into its APDUs of at most mss "
                        "bytes (packetise); False when `hwm` messages still wait after wait_s seconds.");
 
-typedef struct {
-    const v1msg_t *m;
-    size_t chunk;
-    msg_t *q;
-} to_queue_t;
-
 /* APDU k of a queued message: its [u64 size][unused] head, then its bytes, 16-byte aligned (APDU_HEAD). */
-static unsigned char *apdu_in_queue(void *ctx, size_t k)
+static unsigned char *apdu_in_queue(const cut_t *cut, size_t k)
 {
-    to_queue_t *t = ctx;
-    const uint64_t size = apdu_size(t->m, t->chunk, k);
-    unsigned char *at = t->q->data + k * apdu_span(t->chunk + 2);
+    const uint64_t size = apdu_size(cut->m, cut->chunk, k);
+    unsigned char *at = ((msg_t *)cut->into)->data + k * apdu_span(cut->chunk + 2);
     memcpy(at, &size, sizeof size);
     return at + APDU_HEAD;
 }
@@ -1109,8 +1105,8 @@ static PyObject *SendLoop_send(SendLoopObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     m->len = len;
-    to_queue_t t = {&v1, chunk, m};
-    v1msg_cut(&v1, chunk, apdu_in_queue, &t); /* cannot fail: the room is there */
+    const cut_t cut = {&v1, chunk, m};
+    v1msg_cut(&cut, apdu_in_queue); /* cannot fail: the room is there */
     v1msg_close(&v1);
     int queued = 0, was_idle = 0;
     Py_BEGIN_ALLOW_THREADS
