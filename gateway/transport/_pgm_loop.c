@@ -11,13 +11,14 @@ the GIL per packet.
   queue, handed over once per pgm_recvmsgv batch. The consumer reads an eventfd (readable while messages
   wait) and takes messages one call each. The GIL is taken only after an unrecoverable loss, to have Python
   open a fresh socket (PgmReceiver._reopen: every socket option stays in one place, pgm.py).
-- SendLoop: Python queues each message as its APDUs (packetised by gateway.wire.apdu); the thread sends them
-  at OpenPGM's rate, answers NAKs and keeps the SPM heartbeats; `send` waits (GIL released) for room.
+- SendLoop: Python queues each message as its frames; `send` cuts them into APDUs (gateway.wire.apdu's
+  packetise, in C: one copy of the bytes, no Python object per packet) and waits (GIL released) for room; the
+  thread sends them at OpenPGM's rate, answers NAKs and keeps the SPM heartbeats.
 
 Threading contract: between a loop's start and `close` only its thread touches the socket (and the
 reassembler); the Python side and the thread share the queue and the counters under one mutex, held for a
 few pointer moves. `Reassembler` is the C reassembler for Python callers (tests/unit/test_apdu.py runs the
-APDU rules on both twins and checks that they agree).
+APDU rules on both twins and checks that they agree; `packetise` is the send side's twin, checked the same way).
 */
 #define _GNU_SOURCE /* pthread_setname_np, pthread_timedjoin_np, ppoll */
 #define PY_SSIZE_T_CLEAN
@@ -738,6 +739,158 @@ static PyTypeObject LoopType = {
 };
 
 
+/* ---- Packetising: gateway.wire.apdu.packetise in C (one copy of each frame, no Python object per APDU) ---- */
+
+typedef struct {
+    Py_buffer *views; /* the message's frames */
+    Py_ssize_t n;
+    size_t total; /* bytes of their ZMTP/1 encoding */
+} v1msg_t;
+
+/* The ZMTP/1 header of a frame of `size` bytes (libzmq's v1 encoder: gateway.wire.framing.encode_v1). */
+static size_t v1_head(uint64_t size, int more, unsigned char *h)
+{
+    size += 1; /* the flags byte */
+    if (size < 255) {
+        h[0] = (unsigned char)size, h[1] = (unsigned char)more;
+        return 2;
+    }
+    h[0] = 0xFF;
+    for (int i = 0; i < 8; i++)
+        h[1 + i] = (unsigned char)(size >> (56 - 8 * i));
+    h[9] = (unsigned char)more;
+    return 10;
+}
+
+static void v1msg_close(v1msg_t *m)
+{
+    for (Py_ssize_t i = 0; i < m->n; i++)
+        PyBuffer_Release(&m->views[i]);
+    PyMem_Free(m->views);
+    m->views = NULL, m->n = 0;
+}
+
+/* Hold the buffers of `frames` (a non-empty sequence of bytes-like objects); -1 with an exception set. */
+static int v1msg_open(v1msg_t *m, PyObject *frames)
+{
+    m->views = NULL, m->n = 0, m->total = 0;
+    PyObject *seq = PySequence_Fast(frames, "packetise(): frames are a sequence of bytes-like objects");
+    if (!seq)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "packetise(): a message has at least one frame");
+        return -1;
+    }
+    m->views = PyMem_Calloc((size_t)n, sizeof *m->views);
+    if (!m->views) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    unsigned char head[10];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &m->views[i], PyBUF_SIMPLE) < 0) {
+            Py_DECREF(seq);
+            v1msg_close(m);
+            return -1;
+        }
+        m->n = i + 1;
+        m->total += v1_head((uint64_t)m->views[i].len, 0, head) + (size_t)m->views[i].len;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
+/* APDUs of at most `chunk` bytes of the encoding each, after their 2-byte offset; the last one's size. */
+static size_t apdu_count(const v1msg_t *m, size_t chunk)
+{
+    return (m->total + chunk - 1) / chunk;
+}
+
+static size_t apdu_size(const v1msg_t *m, size_t chunk, size_t k)
+{
+    return 2 + (k + 1 < apdu_count(m, chunk) ? chunk : m->total - k * chunk);
+}
+
+/* A message being cut: `into` is where its APDUs go (a list for packetise, a queued msg_t for SendLoop.send). */
+typedef struct {
+    const v1msg_t *m;
+    size_t chunk;
+    void *into;
+} cut_t;
+
+/* Copy the message's encoding into its APDUs: the first with offset 0 (a message starts there), the others
+   NO_MESSAGE_START. `at(cut, k)` gives where APDU k goes (apdu_size bytes), NULL if it cannot (-1 then). */
+static int v1msg_cut(const cut_t *cut, unsigned char *(*at)(const cut_t *, size_t))
+{
+    const v1msg_t *m = cut->m;
+    const size_t chunk = cut->chunk;
+    size_t k = 0, room = 0;
+    unsigned char *out = NULL, head[10];
+    for (Py_ssize_t i = 0; i < m->n; i++) {
+        const size_t head_len = v1_head((uint64_t)m->views[i].len, i + 1 < m->n ? ZMTP_MORE : 0, head);
+        const unsigned char *parts[2] = {head, m->views[i].buf};
+        size_t lens[2] = {head_len, (size_t)m->views[i].len};
+        for (int p = 0; p < 2; p++) {
+            const unsigned char *src = parts[p];
+            while (lens[p]) {
+                if (!room) {
+                    if (!(out = at(cut, k)))
+                        return -1;
+                    const unsigned offset = k ? NO_MESSAGE_START : 0;
+                    out[0] = (unsigned char)(offset >> 8), out[1] = (unsigned char)offset;
+                    out += 2, room = chunk, k++;
+                }
+                const size_t n = lens[p] < room ? lens[p] : room;
+                memcpy(out, src, n);
+                out += n, src += n, lens[p] -= n, room -= n;
+            }
+        }
+    }
+    return 0;
+}
+
+static int chunk_of(Py_ssize_t mss, size_t *chunk)
+{
+    if (mss <= 2) {
+        PyErr_SetString(PyExc_ValueError, "packetise(): mss must leave room after the 2-byte offset");
+        return -1;
+    }
+    *chunk = (size_t)mss - 2;
+    return 0;
+}
+
+static unsigned char *apdu_in_list(const cut_t *cut, size_t k)
+{
+    PyObject *apdu = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)apdu_size(cut->m, cut->chunk, k));
+    if (!apdu)
+        return NULL;
+    PyList_SET_ITEM((PyObject *)cut->into, (Py_ssize_t)k, apdu);
+    return (unsigned char *)PyBytes_AS_STRING(apdu);
+}
+
+PyDoc_STRVAR(packetise_doc, "packetise(frames, mss) -> list[bytes]: gateway.wire.apdu.packetise in C, the APDUs "
+                            "SendLoop.send queues (tests/unit/test_apdu.py checks that the two agree).");
+
+static PyObject *packetise(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *frames;
+    Py_ssize_t mss;
+    size_t chunk;
+    v1msg_t m;
+    if (!PyArg_ParseTuple(args, "On:packetise", &frames, &mss) || chunk_of(mss, &chunk) < 0 ||
+        v1msg_open(&m, frames) < 0)
+        return NULL;
+    PyObject *list = PyList_New((Py_ssize_t)apdu_count(&m, chunk));
+    const cut_t cut = {&m, chunk, list};
+    if (list && v1msg_cut(&cut, apdu_in_list) < 0)
+        Py_CLEAR(list);
+    v1msg_close(&m);
+    return list;
+}
+
 /* ---- SendLoop: the native thread that drives one sending OpenPGM socket ---- */
 
 enum { S_MESSAGES, S_APDUS, S_RATE_LIMITED, S_DROPPED, N_SEND_COUNTERS };
@@ -917,40 +1070,44 @@ static struct timespec deadline_after(double seconds)
     return t;
 }
 
-PyDoc_STRVAR(send_doc, "send(apdus, wait_s) -> bool: queue one message (its APDUs); False when `hwm` messages "
-                       "still wait after wait_s seconds.");
+PyDoc_STRVAR(send_doc, "send(frames, mss, wait_s) -> bool: queue one message, cut into its APDUs of at most mss "
+                       "bytes (packetise); False when `hwm` messages still wait after wait_s seconds.");
+
+/* APDU k of a queued message: its [u64 size][unused] head, then its bytes, 16-byte aligned (APDU_HEAD). */
+static unsigned char *apdu_in_queue(const cut_t *cut, size_t k)
+{
+    const uint64_t size = apdu_size(cut->m, cut->chunk, k);
+    unsigned char *at = ((msg_t *)cut->into)->data + k * apdu_span(cut->chunk + 2);
+    memcpy(at, &size, sizeof size);
+    return at + APDU_HEAD;
+}
 
 static PyObject *SendLoop_send(SendLoopObject *self, PyObject *args)
 {
-    PyObject *apdus;
+    PyObject *frames;
+    Py_ssize_t mss;
     double wait_s;
-    if (!PyArg_ParseTuple(args, "O!d:send", &PyList_Type, &apdus, &wait_s))
+    size_t chunk;
+    v1msg_t v1;
+    if (!PyArg_ParseTuple(args, "Ond:send", &frames, &mss, &wait_s) || chunk_of(mss, &chunk) < 0)
         return NULL;
     if (!self->started) {
         PyErr_SetString(PyExc_RuntimeError, "SendLoop is closed");
         return NULL;
     }
-    size_t len = 0;
-    const Py_ssize_t n = PyList_GET_SIZE(apdus);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *apdu = PyList_GET_ITEM(apdus, i);
-        if (!PyBytes_Check(apdu) || PyBytes_GET_SIZE(apdu) == 0) {
-            PyErr_SetString(PyExc_TypeError, "send(): APDUs are non-empty bytes");
-            return NULL;
-        }
-        len += apdu_span((size_t)PyBytes_GET_SIZE(apdu));
-    }
+    if (v1msg_open(&v1, frames) < 0)
+        return NULL;
+    const size_t count = apdu_count(&v1, chunk);
+    const size_t len = (count - 1) * apdu_span(chunk + 2) + apdu_span(apdu_size(&v1, chunk, count - 1));
     msg_t *m = malloc(sizeof *m + len);
-    if (!m)
+    if (!m) {
+        v1msg_close(&v1);
         return PyErr_NoMemory();
-    m->len = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *apdu = PyList_GET_ITEM(apdus, i);
-        const uint64_t size = (uint64_t)PyBytes_GET_SIZE(apdu);
-        memcpy(m->data + m->len, &size, sizeof size);
-        memcpy(m->data + m->len + APDU_HEAD, PyBytes_AS_STRING(apdu), size);
-        m->len += apdu_span(size);
     }
+    m->len = len;
+    const cut_t cut = {&v1, chunk, m};
+    v1msg_cut(&cut, apdu_in_queue); /* cannot fail: the room is there */
+    v1msg_close(&v1);
     int queued = 0, was_idle = 0;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->lock);
@@ -1065,10 +1222,15 @@ static PyTypeObject SendLoopType = {
     .tp_methods = SendLoop_methods,
 };
 
+static PyMethodDef module_methods[] = {
+    {"packetise", packetise, METH_VARARGS, packetise_doc},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "gateway.transport._pgm_loop",
-    "The receive loop of gateway.transport.pgm in a native thread (see _pgm_loop.c).", -1, NULL, NULL, NULL, NULL,
-    NULL,
+    "The I/O loops of gateway.transport.pgm in native threads (see _pgm_loop.c).", -1, module_methods, NULL, NULL,
+    NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__pgm_loop(void)

@@ -1,4 +1,4 @@
-# The native receive loop of gateway.transport.pgm (_pgm_loop.c); pgm.py's _ReceiveLoop protocol says what it does.
+# The native I/O loops of gateway.transport.pgm (_pgm_loop.c); pgm.py's _ReceiveLoop protocol says what it does.
 from collections.abc import Callable, Sequence
 
 class Reassembler:
@@ -23,6 +23,9 @@ class ReceiveLoop:
 
 class SendLoop:
     def __init__(self, sock: int, hwm: int) -> None: ...
-    def send(self, apdus: list[bytes], wait_s: float, /) -> bool: ...
+    def send(self, frames: Sequence[bytes | bytearray | memoryview], mss: int, wait_s: float, /) -> bool: ...
     def counters(self) -> dict[str, int]: ...
     def close(self, linger_s: float, /) -> None: ...
+
+def packetise(frames: Sequence[bytes | bytearray | memoryview], mss: int, /) -> list[bytes]:
+    """gateway.wire.apdu.packetise in C: the APDUs SendLoop.send queues."""

@@ -13,17 +13,17 @@ one TPDU (at most PGM_MSS bytes, never fragmented: libzmq's receiver asserts one
 every message in a new APDU (offset 0): a message goes out as soon as it is sent, and libzmq reads it the same.
 A plain pyzmq SUB reads our feed; our receiver reads a libzmq PUB.
 
-OpenPGM has no thread of its own: its timers (NAKs, SPM heartbeats, repairs) advance only while someone calls
-into the socket. So each `PgmSender` and `PgmReceiver` owns one I/O thread that alone calls libpgm for its
-socket, waiting in poll(2) on the socket's descriptors for at most the time OpenPGM reports to its next timer
+OpenPGM has no thread of its own: its timers (NAKs, SPM heartbeats, repairs) advance only while someone calls into
+the socket. So each `PgmSender` and `PgmReceiver` owns one I/O thread that alone calls libpgm for its socket,
+waiting in poll(2) on the socket's descriptors for at most the time OpenPGM reports to its next timer
 (PGM_TIME_REMAIN, PGM_RATE_REMAIN). That thread is native (gateway/transport/_pgm_loop.c: the receiver's
-reassembles the APDUs too and hands whole messages over in batches; neither takes the GIL per packet), so a
-busy interpreter delays neither OpenPGM's timers nor its reads. Where that extension was not built (no C
-compiler or no libpgm-dev), or with ZEPS_PURE_PYTHON=1, the same loops run in Python threads
-(`_PythonSendLoop`, `_PythonReceiveLoop`), which need the GIL between libpgm calls and fall behind at full
-rate (docs/pgm.md, "Cost at full rate"); `IO_LOOPS` says which run. Threading contract: the owner calls the
-public methods from one thread; they only touch a queue under a lock and an eventfd; libpgm sees a single
-thread per socket, as libzmq's engine does (a reset reopens the receiver's socket from that thread).
+reassembles the APDUs too and hands whole messages over in batches, the sender's cuts each message into its APDUs
+as it queues it; neither takes the GIL per packet), so a busy interpreter delays neither OpenPGM's timers nor its
+reads. Where that extension was not built (no C compiler or no libpgm-dev), or with ZEPS_PURE_PYTHON=1, the same
+loops run in Python threads (`_PythonSendLoop`, `_PythonReceiveLoop`), which need the GIL between libpgm calls and
+fall behind at full rate (docs/pgm.md, "Cost at full rate"); `IO_LOOPS` says which run. Threading contract: the
+owner calls the public methods from one thread; they only touch a queue under a lock and an eventfd; libpgm sees a
+single thread per socket, as libzmq's engine does (a reset reopens the receiver's socket from that thread).
 
 Counters (`PgmReceiver.stats`): repairs received are the RDATA packets delivered (the packet type is in the
 buffer), unrecoverable losses the count OpenPGM reports with each reset (`lost_count`). The NAK counters live
@@ -388,11 +388,12 @@ class SenderStats:
 class _SendLoop(Protocol):
     """What drives one sending socket: `_pgm_loop.SendLoop` (a native thread) or `_PythonSendLoop`.
 
-    `send` queues one message (its APDUs) unless `hwm` messages still wait after `wait_s` seconds; the thread
-    alone calls libpgm: it sends at OpenPGM's rate, answers NAKs with repairs and keeps the SPM timers.
+    `send` queues one message (its frames, cut into APDUs of at most `mss` bytes: gateway.wire.apdu.packetise,
+    in C for the native loop) unless `hwm` messages still wait after `wait_s` seconds; the thread alone calls
+    libpgm: it sends at OpenPGM's rate, answers NAKs with repairs and keeps the SPM timers.
     """
 
-    def send(self, apdus: list[bytes], wait_s: float, /) -> bool: ...
+    def send(self, frames: Sequence[bytes | bytearray | memoryview], mss: int, wait_s: float, /) -> bool: ...
     def counters(self) -> dict[str, int]: ...
     def close(self, linger_s: float, /) -> None: ...
 
@@ -410,7 +411,11 @@ class _PythonSendLoop(_IoThread):
         self._send_fd = sock.get(PGM_SEND_SOCK)
         self.thread.start()
 
-    def send(self, apdus: list[bytes], wait_s: float) -> bool:
+    def send(self, frames: Sequence[bytes | bytearray | memoryview], mss: int, wait_s: float, /) -> bool:
+        return self.queue(packetise(frames, mss), wait_s)
+
+    def queue(self, apdus: list[bytes], wait_s: float) -> bool:
+        """Queue one message as the APDUs that carry it (`send` after packetising; any bytes go as they are)."""
         with self._room:
             if not self._room.wait_for(lambda: len(self._queue) < self.hwm, wait_s):
                 return False
@@ -510,16 +515,12 @@ class PgmSender:
         """The counters so far (a snapshot)."""
         return SenderStats(**self._loop.counters())
 
-    def apdus(self, frames: Sequence[bytes | bytearray | memoryview]) -> list[bytes]:
-        """One message as the APDUs that carry it (`gateway.wire.apdu.packetise`)."""
-        return packetise(frames, self.mss)
-
     def send_multipart(
         self, frames: Sequence[bytes | bytearray | memoryview], flags: int = 0, copy: bool = True
     ) -> None:
         """Queue one message; zmq.Again when `hwm` messages wait already (blocks up to linger_ms unless NOBLOCK)."""
         del copy  # the frames are always copied (into APDUs, then by OpenPGM into its window)
-        if not self._loop.send(self.apdus(frames), 0.0 if flags & zmq.NOBLOCK else self.linger_ms / 1000):
+        if not self._loop.send(frames, self.mss, 0.0 if flags & zmq.NOBLOCK else self.linger_ms / 1000):
             raise zmq.Again()  # the queue drains at the sender's rate
 
     def close(self, linger_ms: int | None = None) -> None:

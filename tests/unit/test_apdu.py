@@ -124,3 +124,25 @@ def test_the_c_reassembler_agrees_with_the_python_one(stream: list[tuple[bytes, 
         py.feed(sender, a, out_py)
         c.feed(sender, a, out_c)
     assert out_c == out_py and c.junk == py.junk
+
+
+# Frames around the ZMTP/1 long-size threshold (255 bytes with the flags byte), empty ones, and views.
+_frames = st.lists(st.one_of(st.binary(max_size=300), st.binary(min_size=250, max_size=4000)), min_size=1, max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_frames, st.integers(3, 1500), st.booleans())
+def test_the_c_packetise_the_send_loop_queues_agrees_with_the_python_one(
+    frames: list[bytes], mss: int, views: bool
+) -> None:
+    message = [memoryview(f) if views else f for f in frames]
+    assert _pgm_loop.packetise(message, mss) == packetise(frames, mss)
+
+
+def test_the_c_packetise_refuses_what_cannot_be_a_message() -> None:
+    with pytest.raises(ValueError, match="at least one frame"):
+        _pgm_loop.packetise([], 1400)
+    with pytest.raises(ValueError, match="mss"):
+        _pgm_loop.packetise([b"s"], 2)
+    with pytest.raises(TypeError):
+        _pgm_loop.packetise([b"s", "text"], 1400)
