@@ -256,7 +256,7 @@ class ReplayServer:
                 if any(s.ready and s.identity not in self._blocked for s in self.sessions.values()):
                     wait = 0.0
                 if self._tail_senders:
-                    wait = min(wait, self._pump_tails(time.monotonic()))
+                    wait = min(wait, self._tails_due(time.monotonic()))
                 elif self._blocked:
                     wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
                 ready = dict(poller.poll(math.ceil(wait * 1000)))  # rounded up: a 0 ms poll would spin
@@ -268,6 +268,8 @@ class ReplayServer:
                 for fd, stream in self._notified.items():
                     if fd in ready:
                         self._changed(stream)
+                if self._tail_senders:
+                    self._pump_tails(time.monotonic())  # before the sessions' TCP: the datagrams are the fast copy
                 self._serve()
         finally:
             self.close()
@@ -275,16 +277,19 @@ class ReplayServer:
     def stop(self) -> None:
         self._stopping = True
 
-    def _pump_tails(self, now: float) -> float:
-        """Send what the datagram tails have new or due; seconds to the next due (at most the tail poll)."""
-        wait = self.config.tail_poll_ms / 1000
+    def _pump_tails(self, now: float) -> None:
+        """Send what the datagram tails have new or due."""
         for identity, tail in list(self._tail_senders.items()):
             try:
                 tail.pump(now)
             except Exception as exc:  # a broken journal ends this tail only; the session's TCP copy goes on
                 log.warning("replay: the datagram tail to %s:%d stopped: %s", *tail.address, exc)
                 self._tail_senders.pop(identity).close()
-                continue
+
+    def _tails_due(self, now: float) -> float:
+        """Seconds until a tail's repeat or parity is due, or its journal is looked at again (the tail poll)."""
+        wait = self.config.tail_poll_ms / 1000
+        for tail in self._tail_senders.values():
             if (due := tail.next_due) is not None:
                 wait = min(wait, max(0.0, due - now))
         return wait

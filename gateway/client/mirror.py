@@ -120,6 +120,7 @@ class Mirror:
         self._behind: set[str] = set()  # sidecars found below the mirror site's head since one was not
         self._sent_at = 0.0  # when the oldest batch in flight was sent, or the last confirm came
         self._tail = DatagramTail(config.datagram_tail, bind=config.tail_bind) if config.datagram_tail else None
+        self._tail_base = 0  # tail records of the rounds before this one
         self._features = SOURCE_FEATURES + ((P.FEATURE_TAIL,) if self._tail is not None else ())
 
     def stop(self) -> None:
@@ -206,7 +207,7 @@ class Mirror:
             others.close()
             target.close()
             if paths is not None:
-                st.tail_records += paths.core.tail_records
+                self._tail_base += paths.core.tail_records
                 paths.close()
             if client is not None:
                 client.close()
@@ -263,6 +264,7 @@ class Mirror:
                 self._send(target, batch)
                 heard = time.monotonic()
                 room = len(st.in_flight) < c.window
+            st.tail_records = self._tail_base + paths.core.tail_records
             st.source_head = max(st.source_head, paths.source_head)
             others.poll(now)
             if room and now - heard > c.timeout_s and (ahead := others.ahead(paths.next - 1)) is not None:

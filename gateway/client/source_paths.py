@@ -106,6 +106,9 @@ class SourcePaths:
         The core is Ticked after any report but a batch, else every TICK_S: a batch alone leaves it nothing to do
         at once, and the live tail brings thousands a second on each of two paths."""
         changed = False
+        if self.tail is not None and reading:  # first: what came by both ways is then taken from the datagrams
+            for batch in self.tail.receive():
+                self.core.on(M.Datagram(batch), now)
         for i, client in enumerate(self.clients):
             if client is None or not reading:
                 continue
@@ -120,9 +123,6 @@ class SourcePaths:
             except ReplayError as exc:
                 self._down(i, exc, now)
                 changed = True
-        if self.tail is not None and reading:
-            for batch in self.tail.receive():
-                self.core.on(M.Datagram(batch), now)
         if changed or not reading or now - self._ticked >= TICK_S:
             self._ticked = now
             self.core.on(M.Tick(reading), now)
