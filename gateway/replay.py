@@ -255,10 +255,10 @@ class ReplayServer:
                 wait = self._on_timers(time.monotonic())
                 if any(s.ready and s.identity not in self._blocked for s in self.sessions.values()):
                     wait = 0.0
-                if self._tail_senders:
-                    wait = min(wait, self._tails_due(time.monotonic()))
                 elif self._blocked:
                     wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
+                if self._tail_senders:
+                    wait = min(wait, self._tails_due(time.monotonic()))
                 ready = dict(poller.poll(math.ceil(wait * 1000)))  # rounded up: a 0 ms poll would spin
                 if fill_fd in ready:
                     assert self.fill_port is not None
