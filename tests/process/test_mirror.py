@@ -371,12 +371,15 @@ def test_zeps_top_shows_each_of_the_mirrors_paths_and_their_records_sum_to_those
     sites.assert_equal_journals()
 
 
-@pytest.mark.parametrize("mode", ["xor:4", "repeat:1"])
-def test_the_datagram_tail_carries_the_live_tail_and_the_mirror_resumes_after_kill_9(sites: Sites, mode: str) -> None:
-    """With --datagram-tail the live tail comes as datagrams too (the status line counts those forwarded); the
-    mirror killed -9 mid-run and restarted still leaves equal journals, every record once."""
+@pytest.mark.parametrize("options", [("xor:4",), ("repeat:1",), ("xor:4", "--paths", "3")], ids=" ".join)
+def test_the_datagram_tail_carries_the_live_tail_and_the_mirror_resumes_after_kill_9(
+    sites: Sites, options: tuple[str, ...]
+) -> None:
+    """With --datagram-tail the live tail comes as datagrams too (the status line counts those forwarded), also
+    beside several paths; the mirror killed -9 mid-run and restarted still leaves equal journals, every record
+    once."""
     sites.publish(3000)  # history: over TCP
-    mirror = sites.mirror("mirror", "--datagram-tail", mode)
+    mirror = sites.mirror("mirror", "--datagram-tail", *options)
     try:
         sites.wait_mirrored(3000)
         for _ in range(5):
@@ -384,7 +387,7 @@ def test_the_datagram_tail_carries_the_live_tail_and_the_mirror_resumes_after_ki
         mirror.kill()  # -9, mid-run
         mirror.wait(5)
         sites.publish(1000)
-        mirror = sites.mirror("again", "--datagram-tail", mode)
+        mirror = sites.mirror("again", "--datagram-tail", *options)
         sites.wait_started("again")
         for _ in range(5):  # the live tail
             sites.publish(400)
