@@ -46,6 +46,7 @@ from gateway.sidecar.metrics import ReplayMetrics
 from gateway.sidecar.session import Phase as SessionPhase
 from gateway.sidecar.session import Session, Turn
 from gateway.sidecar.snapshots import SnapshotIndexes
+from gateway.sidecar.tail import TailLimits, TailSender
 from gateway.transport.curve import CurveServerKeys, TcpGuard
 from gateway.transport.routing import route
 from gateway.wire import announce as A
@@ -94,6 +95,10 @@ class ReplayConfig:
     # 0: off. With CURVE it opens only with a stream key (datagrams would bypass CURVE's client keys).
     fill_udp: int | None = None
     fill_limits: FillLimits = field(default_factory=FillLimits)
+    # TAIL-UDP (gateway.sidecar.tail): a session may ask for its live tail as datagrams to its own address too
+    # (a site mirror across a WAN). Never granted with CURVE: the datagrams are not encrypted.
+    datagram_tail: bool = True
+    tail_limits: TailLimits = field(default_factory=TailLimits)
 
     def __post_init__(self) -> None:
         self.journal = Path(self.journal)
@@ -196,6 +201,7 @@ class ReplayServer:
         self._next_idle = 0.0
         self._turn = 0
         self._blocked: set[bytes] = set()  # clients whose pipe was full this turn
+        self._tail_senders: dict[bytes, TailSender] = {}  # sessions that asked TAIL-UDP, by identity
         self._stopping = False
         self.snapshots = SnapshotIndexes(config.journal) if config.snapshots else None
         self._next_index = 0.0
@@ -251,6 +257,8 @@ class ReplayServer:
                     wait = 0.0
                 elif self._blocked:
                     wait = min(wait, 0.001)  # a slow client's pipe drains without an event on our side
+                if self._tail_senders:
+                    wait = min(wait, self._tails_due(time.monotonic()))
                 ready = dict(poller.poll(math.ceil(wait * 1000)))  # rounded up: a 0 ms poll would spin
                 if fill_fd in ready:
                     assert self.fill_port is not None
@@ -260,12 +268,47 @@ class ReplayServer:
                 for fd, stream in self._notified.items():
                     if fd in ready:
                         self._changed(stream)
+                if self._tail_senders:
+                    self._pump_tails(time.monotonic())  # before the sessions' TCP: the datagrams are the fast copy
                 self._serve()
         finally:
             self.close()
 
     def stop(self) -> None:
         self._stopping = True
+
+    def _pump_tails(self, now: float) -> None:
+        """Send what the datagram tails have new or due."""
+        for identity, tail in list(self._tail_senders.items()):
+            try:
+                tail.pump(now)
+            except Exception as exc:  # a broken journal ends this tail only; the session's TCP copy goes on
+                log.warning("replay: the datagram tail to %s:%d stopped: %s", *tail.address, exc)
+                self._tail_senders.pop(identity).close()
+
+    def _tails_due(self, now: float) -> float:
+        """Seconds until a tail's repeat or parity is due, or its journal is looked at again (the tail poll)."""
+        wait = self.config.tail_poll_ms / 1000
+        for tail in self._tail_senders.values():
+            if (due := tail.next_due) is not None:
+                wait = min(wait, max(0.0, due - now))
+        return wait
+
+    def _start_tail(self, s: Session, peer: str | None, now: float) -> None:
+        """TAIL-UDP was accepted: datagrams to the session's own TCP peer address (never one named in the
+        command), replacing any earlier tail of the session."""
+        asked, s.tail_asked = s.tail_asked, None
+        if asked is None:
+            return
+        if old := self._tail_senders.pop(s.identity, None):
+            old.close()
+        if not peer:
+            log.warning("replay: %s asked TAIL-UDP but its peer address is unknown: no datagram tail", s)
+            return
+        port, token, redundancy = asked
+        self._tail_senders[s.identity] = TailSender(s.journal, peer, port, token, redundancy, now,
+                                                    self.config.tail_limits)  # fmt: skip
+        log.info("replay: %s: datagram tail (%s) to udp:%s:%d", s, redundancy, peer, port)
 
     def _on_timers(self, now: float) -> float:
         """Wake tailing clients, ping idle ones, drop silent ones; return seconds to the next timer."""
@@ -355,10 +398,10 @@ class ReplayServer:
         now = time.monotonic()
         for _ in range(limit):
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            identity, body = frames[0], frames[1:]
+            identity, body = frames[0].bytes, [frame.bytes for frame in frames[1:]]
             if not body or not P.is_zeps(body[0]):
                 self.metrics.rejected.labels("no-signature").inc()
                 continue
@@ -371,6 +414,8 @@ class ReplayServer:
                 self._invalid(identity, exc.reason, "decode")
                 continue
             self._on_command(identity, cmd, now)
+            if isinstance(cmd, P.TailUdp) and (session := self.sessions.get(identity)) is not None:
+                self._start_tail(session, frames[1].get("Peer-Address"), now)
 
     def _on_command(self, identity: bytes, cmd: P.Command, now: float) -> None:
         """ATTACH opens the stream's journal here; a client without a session gets the handshake's answer; every
@@ -411,11 +456,15 @@ class ReplayServer:
         old = self.sessions.pop(identity, None)
         if old is not None:
             old.close()  # a second ATTACH starts over
+            if tail := self._tail_senders.pop(identity, None):
+                tail.close()
         elif len(self.sessions) >= self.config.max_clients:
             self._invalid(identity, retry_later(f"too many clients (max {self.config.max_clients})"), "attach")
             return
         snapshots = self.snapshots.source(stream) if self.snapshots is not None else None
-        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots)
+        offer_tail = self.config.datagram_tail and self.config.curve is None
+        session = Session(identity, stream, reader, max_fetches=self.config.max_fetches, now=now, snapshots=snapshots,
+                          tail=offer_tail)  # fmt: skip
         self._watch(stream)
         self.sessions[identity] = session
         self.metrics.update_sessions(self.sessions.values())
@@ -530,6 +579,8 @@ class ReplayServer:
         if self.sessions.pop(s.identity, None) is None:
             return
         s.close()
+        if tail := self._tail_senders.pop(s.identity, None):
+            tail.close()
         if not any(other.stream == s.stream for other in self.sessions.values()):
             self._unwatch(s.stream)
         self.metrics.ended.labels(reason).inc()

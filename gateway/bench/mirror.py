@@ -8,11 +8,14 @@ delaying every packet 30 ms and losing 1% each way (RTT 60 ms; netlab's impairme
 that WAN with every host's TCP congestion control set to BBR (a sysctl of each namespace) instead of Linux's
 default CUBIC, which halves its window at each loss (the mirror's one TCP connection carries the stream); and
 over that WAN with `zeps mirror --paths 4` (the catch-up striped over four TCP sessions, the live tail on two,
-first arrival wins), its runs alternating with the plain WAN row's in one lab.
+first arrival wins), and with `zeps mirror --datagram-tail xor:4` and `repeat:1` (the live tail as datagrams
+from A's sidecar too, with forward error correction, one TCP path as the fallback), their runs alternating
+with the plain WAN row's in one lab. `zeps bench mirror --lag-only` runs the lag of those WAN rows alone.
 
 - Lag: A publishes at 10,000 records/s (100-byte bodies) while a reconciling subscriber on each LAN takes them
   from its own site's multicast; each times publish -> delivery with the one clock of the machine. The mirror's
-  lag is B's p99 against A's, in the same run.
+  lag is B's p99 against A's, in the same run. The WAN's bytes a-to-b per record published (the router's B-side
+  link, every packet that crossed: TCP copies, datagrams, their redundancy, headers) say what each way costs.
 - Throughput: the mirror is stopped, A's journal gets a burst (publish_many), and the mirror started again: the
   rate at which B's journal head advances, from its first step to level (or for at most a bounded time over the
   WAN), is the most the mirror keeps up with. Per stage, to find the hop that limits it: the rate of a plain
@@ -94,6 +97,7 @@ class Link:
     wan: Impairment | None = None
     congestion: str | None = None
     paths: int = 1  # `zeps mirror --paths`
+    tail: str | None = None  # `zeps mirror --datagram-tail`
 
     @property
     def lab(self) -> tuple[Impairment | None, str | None]:
@@ -106,6 +110,8 @@ LINKS = (
     LAN,
     Link("WAN 30 ms, 1% loss", WAN),
     Link("WAN 30 ms, 1% loss, --paths 4", WAN, paths=4),
+    Link("WAN 30 ms, 1% loss, --datagram-tail xor:4", WAN, tail="xor:4"),
+    Link("WAN 30 ms, 1% loss, --datagram-tail repeat:1", WAN, tail="repeat:1"),
     Link("WAN 30 ms, 1% loss, BBR", WAN, "bbr"),
 )
 GROUP_NODES = ("b-n1", "b-n2")  # site B as a group (the promotion of a group)
@@ -139,8 +145,15 @@ STAGES = ("sidecar_us", "mirror_us", "b_gateway_us")
 
 
 def estimate(settings: Settings) -> float:
+    if settings.lag_only:
+        return 60 + len(_lag_links()) * settings.runs * (20 if settings.quick else 30)
     links = 0 if settings.promotion_only else len(LINKS) * settings.runs * (40 if settings.quick else 120)
     return 60 + links + len(PROMOTIONS) * settings.runs * 30
+
+
+def _lag_links() -> tuple[Link, ...]:
+    """`--lag-only`: the rows of the WAN lag target (one path, --paths 4, the datagram tail), in one lab."""
+    return tuple(link for link in LINKS if link.wan == WAN and link.congestion is None)
 
 
 def run(settings: Settings) -> Result:
@@ -149,9 +162,10 @@ def run(settings: Settings) -> Result:
     burst = settings.size(1_000_000, 50_000)
     failures: list[str] = []
     stats: dict[str, dict[str, list[float]]] = {}
+    measured_links: tuple[Link, ...] = () if settings.promotion_only else _lag_links() if settings.lag_only else LINKS
     for (wan, congestion), group in itertools.groupby(LINKS, key=lambda link: link.lab):
-        links = [] if settings.promotion_only else list(group)
-        promotions = [p for p in PROMOTIONS if p.wan == wan and congestion is None]  # in the first lab of its WAN
+        links = [link for link in group if link in measured_links]
+        promotions = [] if settings.lag_only else [p for p in PROMOTIONS if p.wan == wan and congestion is None]
         if not links and not promotions:
             continue
         with Sites(A_HOSTS, B_HOSTS, wan=wan) as sites:
@@ -160,9 +174,10 @@ def run(settings: Settings) -> Result:
                     ns.call_in_netns(host.netns, Path(CONGESTION).write_text, congestion)
             for i in range(settings.runs):  # the links of one lab alternate, run by run
                 for link in links:
-                    what = (f"{link.name}: lag at {LAG_RATE:,.0f}/s, a {burst:,}-record catch-up, promotion "
-                            f"(run {i + 1} of {settings.runs})")  # fmt: skip
+                    rest = "" if settings.lag_only else f", a {burst:,}-record catch-up, promotion"
+                    what = f"{link.name}: lag at {LAG_RATE:,.0f}/s{rest} (run {i + 1} of {settings.runs})"
                     got = repeat(1, progress, what, _Run(sites, settings, link, lag_count, burst), failures)
+                    progress(f"{link.name}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in got.items()))
                     for key, values in got.items():
                         stats.setdefault(link.name, {}).setdefault(key, []).extend(values)
                 for promotion in promotions:
@@ -174,7 +189,33 @@ def run(settings: Settings) -> Result:
     def cell(link: Link | Promotion, key: str, unit: str = "", digits: int = 0) -> Stat:
         return Stat.of(stats.get(link.name, {}).get(key), unit, digits)
 
-    measured_links = () if settings.promotion_only else LINKS
+    lag_keys = ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")
+    lag_rows = [
+        (
+            link.name,
+            *(cell(link, k, "ms", 2) for k in lag_keys),
+            cell(link, "wan_bytes"),
+            (cell(link, "tail_share", "%") if link.tail else "—"),
+        )
+        for link in measured_links
+    ]
+    lag_table = Table(
+        f"publish -> delivery at {LAG_RATE:,.0f} records/s, {lag_count:,} records: at site A (the source's own) "
+        "and at site B (through the mirror); the WAN's bytes a-to-b per record published; with the datagram "
+        "tail, the share of records forwarded from its copy (it came first)",
+        ("link", "A p50", "A p99", "B p50", "B p99", "B p99 - A p99", "WAN bytes a-to-b / record",
+         "records forwarded from datagrams"),
+        lag_rows,
+    )  # fmt: skip
+    wan_lag_targets = [
+        _at_most(f"{link.name}: lag p99 at {LAG_RATE:,.0f}/s (publish at A -> delivery at B) <= RTT + 20 ms "
+                 f"({TARGET_WAN_P99_MS:g} ms)", cell(link, "b_p99", "ms", 2), TARGET_WAN_P99_MS)
+        for link in measured_links
+        if link.wan is not None
+    ]  # fmt: skip
+    if settings.lag_only:
+        return _result(settings, progress, [lag_table], wan_lag_targets, failures)
+
     promo_rows: list[tuple[object, ...]] = [
         (
             link.name,
@@ -205,18 +246,15 @@ def run(settings: Settings) -> Result:
         ("link", "how", "command", "first publish at B", "cut -> first publish at B", "`--help` alone"),
         promo_rows,
     )
+    promoted: tuple[Link | Promotion, ...] = (*measured_links, *PROMOTIONS)
     promo_targets = [
         _at_most(f"{link.name}: promotion, command to first publish accepted at B, < {TARGET_PROMOTION_S:g} s",
                  cell(link, "first_publish_s", "s", 2), TARGET_PROMOTION_S)
-        for link in (*measured_links, *PROMOTIONS)
+        for link in promoted
     ]  # fmt: skip
     if settings.promotion_only:
         return _result(settings, progress, [promo_table], promo_targets, failures)
 
-    lag_rows = [
-        (link.name, *(cell(link, k, "ms", 2) for k in ("a_p50", "a_p99", "b_p50", "b_p99", "added_p99")))
-        for link in LINKS
-    ]
     rate_rows = [
         (link.name, cell(link, "mirror_rate"), cell(link, "read_rate"), *(cell(link, k, digits=2) for k in STAGES),
          cell(link, "mirror_waiting", "%"))
@@ -228,20 +266,15 @@ def run(settings: Settings) -> Result:
         _at_most(f"{LAN.name}: mirror lag p99 at {LAG_RATE:,.0f}/s at most {TARGET_ADDED_P99_MS:g} ms above the "
                  "source's own publish -> delivery p99", cell(LAN, "added_p99", "ms", 2), TARGET_ADDED_P99_MS),
     ]  # fmt: skip
-    for link in (link for link in LINKS if link.wan is not None):
-        targets += [
-            _at_least(f"{link.name}: >= {TARGET_WAN_RATE:,.0f} records/s sustained", cell(link, "mirror_rate"),
-                      TARGET_WAN_RATE),
-            _at_most(f"{link.name}: lag p99 at {LAG_RATE:,.0f}/s (publish at A -> delivery at B) <= RTT + 20 ms "
-                     f"({TARGET_WAN_P99_MS:g} ms)", cell(link, "b_p99", "ms", 2), TARGET_WAN_P99_MS),
-        ]  # fmt: skip
+    targets += [
+        _at_least(f"{link.name}: >= {TARGET_WAN_RATE:,.0f} records/s sustained", cell(link, "mirror_rate"),
+                  TARGET_WAN_RATE)
+        for link in LINKS
+        if link.wan is not None
+    ]  # fmt: skip
+    targets += wan_lag_targets
     tables = [
-        Table(
-            f"publish -> delivery at {LAG_RATE:,.0f} records/s, {lag_count:,} records: at site A (the source's "
-            "own) and at site B (through the mirror)",
-            ("link", "A p50", "A p99", "B p50", "B p99", "B p99 - A p99"),
-            lag_rows,
-        ),
+        lag_table,
         Table(
             f"catch-up of a {burst:,}-record burst (at most {CATCHUP_S:g} s timed), records/s; per stage: a "
             "plain reader of A's sidecar on b-mirror, each process's CPU time per record while the mirror "
@@ -301,11 +334,12 @@ class _Run:
             _site(self.sites, "a", Path(tmp) / "a") as a,
             _site(self.sites, "b", Path(tmp) / "b", "--mirror", STREAM) as b,
         ):
-            mirror = _Mirror(self.sites, a, b.ingest, Path(tmp) / "mirror.log", self.link.paths)
+            mirror = _Mirror(self.sites, a, b.ingest, Path(tmp) / "mirror.log", self.link)
             try:
                 out = self._lag(a, b, mirror)
-                out.update(self._catchup(a, b, mirror))
-                out.update(self._promotion(a, b, mirror))
+                if not self.settings.lag_only:
+                    out.update(self._catchup(a, b, mirror))
+                    out.update(self._promotion(a, b, mirror))
             finally:
                 mirror.stop()
                 self.sites.heal_wan()
@@ -322,6 +356,7 @@ class _Run:
             for ready in readies:
                 if ready.get(timeout=pipeline.READY_S + 30) == "AWAIT_LIVE":
                     raise BenchError("a subscriber heard no heartbeat in 30 s: multicast is not flowing in the lab")
+            wan0 = self._wan_bytes()
             self.sites.run("a-pub", pipeline.publish, a.ingest, self.lag_count, LAG_RATE, timeout=300)
             got = [sub.result(timeout=300) for sub in subs]
         finally:
@@ -333,7 +368,14 @@ class _Run:
             out.update({f"{site}_{k}": v for k, v in percentiles(times(result["latencies"]), (50.0, 99.0)).items()})
         out["added_p99"] = out["b_p99"] - out["a_p99"]
         _wait_head(b.journal, self.lag_count, 60.0)
+        out["wan_bytes"] = (self._wan_bytes() - wan0) / self.lag_count
+        if self.link.tail:
+            out["tail_share"] = mirror.tail_records() / self.lag_count * 100
         return out
+
+    def _wan_bytes(self) -> int:
+        """Bytes the router has sent into site B (every packet that crossed a-to-b)."""
+        return ns.call_in_netns(self.sites.router.netns, tx_bytes, self.sites.router.ifname)
 
     def _catchup(self, a: Deployment, b: Deployment, mirror: _Mirror) -> dict[str, float]:
         mirror.stop()
@@ -387,7 +429,7 @@ class _Promotion:
             _site(self.sites, "a", Path(tmp) / "a") as a,
             _mirror_site(self.sites, Path(tmp), self.promotion.group) as (ingests, journals),
         ):
-            mirror = _Mirror(self.sites, a, ingests, Path(tmp) / "mirror.log", 1)
+            mirror = _Mirror(self.sites, a, ingests, Path(tmp) / "mirror.log", Link(self.promotion.name))
             try:
                 self.sites.run("a-pub", pipeline.publish, a.ingest, PROMOTION_HISTORY, 0.0, timeout=120)
                 for journal in journals:
@@ -502,10 +544,12 @@ def promote_and_publish(gateway: str, how: list[str], ready: Any = None, cut: An
 class _Mirror:
     """`zeps mirror --paths N` on b-mirror, A's sidecar to B's ingest(s) (`to`); its stderr in a log file."""
 
-    def __init__(self, sites: Sites, a: Deployment, to: str, log: Path, paths: int) -> None:
+    def __init__(self, sites: Sites, a: Deployment, to: str, log: Path, link: Link) -> None:
         self.sites, self.log = sites, log
-        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "--source", a.replay, "--to", to,
-                     "--stream", STREAM, "--paths", str(paths)]  # fmt: skip
+        self.argv = [sys.executable, "-m", "gateway.cli", "mirror", "-v", "--log-every", "1s", "--source", a.replay,
+                     "--to", to, "--stream", STREAM, "--paths", str(link.paths)]  # fmt: skip
+        if link.tail:
+            self.argv += ["--datagram-tail", link.tail]
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
@@ -525,6 +569,11 @@ class _Mirror:
     def tail(self) -> str:
         lines = self.log.read_text(errors="replace").strip().splitlines()
         return lines[-1] if lines else "(nothing on stderr)"
+
+    def tail_records(self) -> int:
+        """Records forwarded from the datagram tail so far (its last status line's count)."""
+        counts = re.findall(r"tail_records=(\d+)", self.log.read_text(errors="replace"))
+        return int(counts[-1]) if counts else 0
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -557,3 +606,12 @@ def _wait_head(journal: Path, head: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise BenchError(f"the journal {journal} holds {_head(journal):,} of {head:,} records after {timeout:g} s")
         time.sleep(POLL_S)
+
+
+def tx_bytes(ifname: str) -> int:
+    """In a namespace: the bytes `ifname` has sent (/proc/net/dev, the calling thread's namespace)."""
+    for line in Path("/proc/thread-self/net/dev").read_text().splitlines():
+        name, _, counts = line.partition(":")
+        if name.strip() == ifname:
+            return int(counts.split()[8])
+    raise BenchError(f"no interface {ifname} in /proc/net/dev")

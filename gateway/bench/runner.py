@@ -57,6 +57,7 @@ class Settings:
     soak_minutes: float = 60.0  # soak scenario: how long
     rate: float | None = None  # chaos and soak scenarios: the publisher's records a second (None: the scenario's)
     promotion_only: bool = False  # mirror scenario: only its promotion rows of their own
+    lag_only: bool = False  # mirror scenario: only the lag of its WAN rows (one path, --paths 4, datagram tail)
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full

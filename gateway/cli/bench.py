@@ -63,6 +63,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="mirror: only the promotion rows of their own (B a group; A cut off at the router), not the links' runs",
     )
+    p.add_argument(
+        "--lag-only",
+        action="store_true",
+        help="mirror: only the lag of the WAN rows (one path, --paths 4, --datagram-tail), alternated in one lab",
+    )
     p.add_argument("--tmp", type=_directory, default=Path(tempfile.gettempdir()), help="where journals and stores go")
     p.add_argument("--report", type=Path, help=f"write the Markdown report here (all: {DEFAULT_REPORT})")
     p.add_argument("--label", default="", help="a line for the report's head, e.g. 'contended machine, preliminary'")
@@ -96,6 +101,7 @@ def _run(args: argparse.Namespace) -> int:
         soak_minutes=args.minutes,
         rate=args.rate,
         promotion_only=args.promotion_only,
+        lag_only=args.lag_only,
     )
     estimate = sum(scenario(name).estimate(settings) for name in names)
     print(f"zeps bench {args.scenario}: about {estimate / 60:.0f} min on an idle 2-core machine", file=sys.stderr)

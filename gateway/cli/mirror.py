@@ -11,10 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gateway.cli import keyopts
-from gateway.cli.options import Parser, duration, host_port, positive, say, stream_name, tcp_endpoint
+from gateway.cli.options import Parser, duration, host_port, integer, positive, say, stream_name, tcp_endpoint
 
 if TYPE_CHECKING:
     from gateway.transport.curve import CurveClientKeys
+    from gateway.wire.tail import Redundancy
 
 # A source sidecar that neither answers nor takes the connection this long is gone (promote). It must exceed the
 # WAN's round trip, or a live source looks gone and the promotion forks the stream: 0.5 s sees one at up to 0.3 s
@@ -27,6 +28,16 @@ PROBES, PROBE_STAGGER = 3, 0.2  # connections per source sidecar, started this s
 def endpoints(text: str) -> list[str]:
     """tcp://H:P[,tcp://H:P...]: several endpoints of one site (sidecars, or the nodes of a group)."""
     return [tcp_endpoint(part.strip()) for part in text.split(",") if part.strip()]
+
+
+def redundancy(text: str) -> Redundancy:
+    """--datagram-tail's value: repeat:N or xor:K (gateway.wire.tail)."""
+    from gateway.wire.tail import Redundancy
+
+    try:
+        return Redundancy.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -59,6 +70,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="TCP sessions with the source sidecar (default 1): several for a lossy WAN, where one TCP "
                    "connection is the limit: the catch-up striped over all, the live tail on two at once, "
                    "first arrival wins (4 over a 30 ms, 1%% loss link; docs/mirroring.md)")  # fmt: skip
+    p.add_argument("--datagram-tail", type=redundancy, metavar="repeat:N|xor:K",
+                   help="the live tail as UDP datagrams from the source sidecar too, with this redundancy (each "
+                   "datagram sent N more times, or one XOR parity per K): a single loss repaired with no round "
+                   "trip; the TCP path(s) still fill whatever they miss (xor:4 over a 30 ms, 1%% loss link; "
+                   "docs/mirroring.md). The sidecar sends to this host's address as its TCP peer")  # fmt: skip
+    p.add_argument("--datagram-tail-port", type=integer(0, 65535), default=0, metavar="PORT",
+                   help="the UDP port the tail's datagrams are received at (default 0: any free one)")  # fmt: skip
     p.add_argument("--metrics", type=host_port, help="serve Prometheus metrics (zeps_mirror_*) at HOST:PORT")
     p.add_argument("--log-every", type=duration, default=10.0, help="a status line this often, with -v (10s)")
     keyopts.add_client_options(p)
@@ -117,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         log_s=args.log_every,
         paths=args.paths,
+        datagram_tail=args.datagram_tail,
+        tail_bind=("0.0.0.0", args.datagram_tail_port),
     )
     mirror = Mirror(config)
     metrics = MirrorMetrics(mirror) if args.metrics else None

@@ -67,6 +67,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=integer(0, 65535),
         help="UDP port for fill datagrams (udp:// gap re-requests, docs/protocol.md); default: the --bind port, 0: off",
     )
+    p.add_argument(
+        "--no-datagram-tail",
+        dest="datagram_tail",
+        action="store_false",
+        default=None,
+        help="refuse TAIL-UDP (a site mirror's live tail as datagrams to its own address, docs/mirroring.md); "
+        "never granted with CURVE",
+    )
     p.set_defaults(handler=_run)
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from gateway.client.datagram_tail import DatagramTail
 from gateway.client.mirror_paths import PathTally
 from gateway.client.mirror_target import MirrorTarget
 from gateway.client.replay_client import ReplayClient, ask_head, probe
@@ -46,6 +47,7 @@ from gateway.errors import MirrorError, PublishError, ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
+from gateway.wire import tail as T
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,9 @@ class MirrorConfig:
     probe_s: float = 1.0  # the source's head is asked this often
     log_s: float = 10.0  # a status line this often (INFO)
     paths: int = 1  # TCP sessions with the source sidecar (gateway.client.mirror_paths): more for a lossy WAN
+    # The live tail as datagrams too, with this redundancy (gateway.wire.tail; `--datagram-tail`); None: TCP only
+    datagram_tail: T.Redundancy | None = None
+    tail_bind: tuple[str, int] = ("0.0.0.0", 0)  # where the tail's datagrams are received (port 0: any)
 
 
 @dataclass
@@ -77,6 +82,7 @@ class MirrorStatus:
     mirrored_records: int = 0
     mirrored_batches: int = 0
     resumes: int = 0  # rounds started after a failure
+    tail_records: int = 0  # records forwarded from the datagram tail's copy (it came first)
     last_ts_ns: int = 0  # journal time of the last batch confirmed
     in_flight: deque[tuple[int, int]] = field(default_factory=deque)  # (last_seq, ts_ns) sent, not confirmed
     paths: list[PathTally] = field(default_factory=list)  # per path to the source, across rounds
@@ -113,12 +119,22 @@ class Mirror:
         self._prefer = ""  # the sidecar the next round starts at, if one was found ahead of this round's
         self._behind: set[str] = set()  # sidecars found below the mirror site's head since one was not
         self._sent_at = 0.0  # when the oldest batch in flight was sent, or the last confirm came
+        self._tail = DatagramTail(config.datagram_tail, bind=config.tail_bind) if config.datagram_tail else None
+        self._tail_base = 0  # tail records of the rounds before this one
+        self._features = SOURCE_FEATURES + ((P.FEATURE_TAIL,) if self._tail is not None else ())
 
     def stop(self) -> None:
         self._stopping = True
 
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
         """Mirror until `until()` or stop(); MirrorError when it cannot go on without a gap or a fork."""
+        try:
+            self._run(until)
+        finally:
+            if self._tail is not None:
+                self._tail.close()
+
+    def _run(self, until: Callable[[], bool]) -> None:
         backoff = BACKOFF_MIN_S
         while not (self._stopping or until()):
             c = self.config
@@ -173,14 +189,16 @@ class Mirror:
             at = target.mirror(source)
             st.head = at.head
             st.in_flight.clear()
-            client = ReplayClient(source, c.stream, features=SOURCE_FEATURES, timeout=c.timeout_s,
+            client = ReplayClient(source, c.stream, features=self._features, timeout=c.timeout_s,
                                   curve=c.source_curve, ctx=self.ctx, fail_unreachable=True)  # fmt: skip
             if at.head:
                 self._same_history(client, at)
             self._behind.clear()
-            paths = SourcePaths(source, c.stream, paths=c.paths, after=st.head, features=SOURCE_FEATURES,
+            if self._tail is not None:
+                self._tail.expect(source)
+            paths = SourcePaths(source, c.stream, paths=c.paths, after=st.head, features=self._features,
                                 timeout_s=c.timeout_s, curve=c.source_curve, ctx=self.ctx, first=client,
-                                tallies=st.paths)  # fmt: skip
+                                tallies=st.paths, tail=self._tail)  # fmt: skip
             client = None  # path 0's now
             log.info("mirror of %s: %s -> %s from sequence %d over %d path(s)", c.stream, source, target_ep,
                      st.head + 1, c.paths)  # fmt: skip
@@ -189,6 +207,7 @@ class Mirror:
             others.close()
             target.close()
             if paths is not None:
+                self._tail_base += paths.core.tail_records
                 paths.close()
             if client is not None:
                 client.close()
@@ -245,6 +264,7 @@ class Mirror:
                 self._send(target, batch)
                 heard = time.monotonic()
                 room = len(st.in_flight) < c.window
+            st.tail_records = self._tail_base + paths.core.tail_records
             st.source_head = max(st.source_head, paths.source_head)
             others.poll(now)
             if room and now - heard > c.timeout_s and (ahead := others.ahead(paths.next - 1)) is not None:
@@ -290,7 +310,8 @@ class Mirror:
             return
         self._next_log = now + self.config.log_s
         log.info(
-            "mirror stream=%s head=%d source_head=%d lag_records=%d lag_seconds=%.3f mirrored_records=%d resumes=%d",
+            "mirror stream=%s head=%d source_head=%d lag_records=%d lag_seconds=%.3f mirrored_records=%d resumes=%d "
+            "tail_records=%d",
             self.config.stream, st.head, st.source_head, st.lag_records, st.lag_seconds, st.mirrored_records,
-            st.resumes,
+            st.resumes, st.tail_records,
         )  # fmt: skip

@@ -37,6 +37,11 @@ class _MirrorCollector(Collector):
             ("mirrored_records", "Records the mirror site confirmed journaled, per stream", st.mirrored_records),
             ("mirrored_batches", "Batches the mirror site confirmed journaled, per stream", st.mirrored_batches),
             ("resumes", "Rounds started again after a failure (each resumes from the mirror site's head)", st.resumes),
+            (
+                "tail_records",
+                "Records forwarded from the datagram tail (--datagram-tail): its copy came first",
+                st.tail_records,
+            ),
         ):
             counter = CounterMetricFamily(f"zeps_mirror_{name}", help_text, labels=["stream"])
             counter.add_metric(stream, value)

@@ -4,7 +4,9 @@ One TCP connection across a lossy WAN is slow twice over: CUBIC halves its windo
 records/s at 60 ms RTT and 1% loss), and each lost segment holds every byte behind it for a round trip or a
 retransmission timeout. So `zeps mirror --paths N` reads the source over N sessions: the catch-up striped by
 sequence range over all of them (FETCH), the live tail on two of them at once (A/B feed arbitration, as
-exchanges' feed handlers do), and this module puts the pieces back in order.
+exchanges' feed handlers do), and this module puts the pieces back in order. With `--datagram-tail` the live
+tail also comes as datagrams with forward error correction (gateway.wire.tail), merged here the same way: the
+first copy of a sequence wins, whichever way it came.
 
 Rules
 =====
@@ -36,13 +38,20 @@ Rules
     from its batches (their sum is what was handed out), those of them that came on a subscription (the live
     tail's first arrivals: the copy that won), the bytes it received, duplicates included, its reopenings
     (rule 7), whether it is up, and when it last sent a batch.
+11. With the datagram tail wanted (`tail`), LIVE: one up, subscribed path carries TAIL-UDP (`AskTail`); when
+    that path is replaced, the next Tick asks on another (the sidecar's tail ends with its session). The
+    datagrams' batches (`Datagram`) are held and released exactly as a path's (rule 5: first arrival wins),
+    counted in `tail_records`; they never move a feed's position nor name a loss (rule 6 is the TCP feeds'): a
+    datagram lost for good is a batch the subscription brings. One that starts beyond `next + ahead` (the
+    mirror far behind the live head) is not held (`tail_far`): the catch-up brings it, the buffer stays bounded.
 
 Theory of operation
 ===================
 
 The shell (gateway.client.source_paths) feeds `on(event, now)` with what its sessions report: `Up` (a session
-is open), `Arrived` (a batch), `Ended` (FETCH-END of a range FETCH), `Trimmed`, `Down`, and a `Tick` at least
-every 50 ms; it then carries out `actions` in order (`Open`, `Close`, `Fetch`, `Subscribe`) and forwards what
+is open), `Arrived` (a batch), `Ended` (FETCH-END of a range FETCH), `Trimmed`, `Down`, `Datagram` (a batch
+of the datagram tail), and a `Tick` at least every 50 ms; it then carries out `actions` in order (`Open`,
+`Close`, `Fetch`, `Subscribe`, `AskTail`) and forwards what
 `pop()` releases. The work (rules 2, 4, 7) is done at each Tick, not after every batch: a batch costs
 its handler and a heap push. Every state's handlers and transitions are in TRANSITIONS, in the table form of
 gateway.machine; `describe_transitions()` renders it for docs/mirroring.md and a test keeps the two equal.
@@ -66,6 +75,7 @@ DEPTH = 2  # FETCHes outstanding per path: the next one is queued at the sidecar
 COPIES = 2  # live paths carrying the same records
 STALL_S = 1.0  # well above Linux's retransmission timeout (>= 200 ms) and a WAN round trip
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 2.0
+TAIL = -1  # the held batches' "path" of a datagram tail's batch
 
 
 class Phase(enum.Enum):
@@ -101,6 +111,12 @@ class Down(NamedTuple):
     path: int
 
 
+class Datagram(NamedTuple):
+    """A batch of the datagram tail (rule 11), decoded and checked by the shell."""
+
+    batch: B.Batch
+
+
 class Tick(NamedTuple):
     """At least every 50 ms; `reading`: whether the shell read the paths this time (it stops while the mirror
     site's window is full: silence then is not the paths')."""
@@ -108,7 +124,7 @@ class Tick(NamedTuple):
     reading: bool = True
 
 
-Event = Up | Arrived | Ended | Trimmed | Down | Tick
+Event = Up | Arrived | Ended | Trimmed | Down | Datagram | Tick
 
 # --- actions (for the shell) --------------------------------------------------------------------------
 
@@ -133,7 +149,13 @@ class Subscribe(NamedTuple):
     after: int
 
 
-Action = Open | Close | Fetch | Subscribe
+class AskTail(NamedTuple):
+    """Send TAIL-UDP on the path's session (rule 11): a new tail, replacing any other."""
+
+    path: int
+
+
+Action = Open | Close | Fetch | Subscribe | AskTail
 
 
 @dataclass
@@ -192,6 +214,7 @@ class SourcePathsCore:
         copies: int = COPIES,
         stall_s: float = STALL_S,
         tallies: list[PathTally] | None = None,
+        tail: bool = False,
     ) -> None:
         if paths < 1 or chunk < 1 or depth < 1 or copies < 1:
             raise ValueError("paths, chunk, depth and copies must be >= 1")
@@ -213,6 +236,10 @@ class SourcePathsCore:
         self._arrivals = 0
         self._met_head = False  # a FETCH ended short (rule 3)
         self._now = 0.0
+        self.tail = tail
+        self.tail_path: int | None = None  # the path whose session carries TAIL-UDP (rule 11)
+        self.tail_records = 0  # records released from datagram batches: the tail's first arrivals
+        self.tail_far = 0  # datagram batches not held: beyond next + ahead
 
     # --- the shell's side -------------------------------------------------------------------------------
 
@@ -234,6 +261,9 @@ class SourcePathsCore:
                 self.dropped += self.next - first
                 batch = B.Batch.parse(batch.part(self.next, batch.last_seq), check_crc=False)
             self.next = batch.last_seq + 1
+            if i == TAIL:
+                self.tail_records += batch.count
+                return batch
             tally = self.tallies[i]
             tally.records += batch.count
             if live:
@@ -291,6 +321,18 @@ class SourcePathsCore:
     def _down(self, event: Down) -> None:
         self._replace(event.path, "")
 
+    def _datagram(self, event: Datagram) -> None:
+        batch = event.batch
+        if not batch.count:
+            return
+        if batch.last_seq < self.next:
+            self.dropped += batch.count
+        elif batch.first_seq > self.next + self.ahead:
+            self.tail_far += 1
+        else:
+            heapq.heappush(self._held, (batch.first_seq, self._arrivals, TAIL, True, batch))
+            self._arrivals += 1
+
     def _tick(self, event: Tick) -> None:
         if not event.reading:
             for path in self.paths:
@@ -301,6 +343,7 @@ class SourcePathsCore:
     def _tick_live(self, event: Tick) -> None:
         self._tick(event)
         self._subscribe()
+        self._ask_tail()
 
     # --- guards, in TRANSITIONS -------------------------------------------------------------------------
 
@@ -350,6 +393,16 @@ class SourcePathsCore:
             after = max(self.live_after, self.next - 1)
             self._give(i, _Feed(after + 1, B.MAX_SEQ, after + 1), Subscribe(i, after))
 
+    def _ask_tail(self) -> None:
+        """Rule 11: the datagram tail on one up, subscribed path (the lowest numbered)."""
+        if not self.tail or self.tail_path is not None:
+            return
+        for i, path in enumerate(self.paths):
+            if path.up and path.subscribed:
+                self.tail_path = i
+                self.actions.append(AskTail(i))
+                return
+
     # --- the handlers' parts ------------------------------------------------------------------------------
 
     def _give(self, i: int, feed: _Feed, action: Action) -> None:
@@ -375,6 +428,8 @@ class SourcePathsCore:
     def _replace(self, i: int, why: str) -> None:
         """Rule 7: its FETCHes given back, its subscription left for another path; opened again later."""
         path = self.paths[i]
+        if self.tail_path == i:
+            self.tail_path = None  # rule 11: asked again on another path
         for feed in path.feeds:
             if not feed.live:
                 self._give_back(feed.pos, feed.last)
@@ -397,7 +452,7 @@ Go = machine.Go[SourcePathsCore, Phase]
 Row = machine.Row[SourcePathsCore, Phase]
 C = SourcePathsCore
 _ON: dict[object, Callable[[SourcePathsCore, Any], None] | None] = {
-    Up: C._up, Arrived: C._arrived, Ended: C._ended, Trimmed: C._trimmed, Down: C._down,
+    Up: C._up, Arrived: C._arrived, Ended: C._ended, Trimmed: C._trimmed, Down: C._down, Datagram: C._datagram,
 }  # fmt: skip
 
 TRANSITIONS: dict[Phase, Row] = {
@@ -409,4 +464,4 @@ del C
 
 def describe_transitions() -> str:
     """TRANSITIONS as Markdown (docs/mirroring.md embeds it; a test keeps them equal)."""
-    return machine.describe(TRANSITIONS, (Up, Arrived, Ended, Trimmed, Down, Tick))
+    return machine.describe(TRANSITIONS, (Up, Arrived, Ended, Trimmed, Down, Datagram, Tick))

@@ -50,7 +50,10 @@ HEARTBEAT_IVL_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 5000  # a server silent this long (even to ZMTP pings) is gone
 
 # Why a `zeps replay` would not grant an extension, where that has a reason of its own.
-_NOT_GRANTED_FIX = {P.FEATURE_SNAPSHOT: "that sidecar runs with --no-snapshots; restart it without that option"}
+_NOT_GRANTED_FIX = {
+    P.FEATURE_SNAPSHOT: "that sidecar runs with --no-snapshots; restart it without that option",
+    P.FEATURE_TAIL: "that sidecar runs with CURVE or --no-datagram-tail, or is older: the TCP copy carries the tail",
+}
 
 Event = B.Batch | P.Deliver | P.FetchEnd | P.Trimmed | P.SnapshotEnd
 T = TypeVar("T")
@@ -166,6 +169,12 @@ class ReplayClient:
         self.require(P.FEATURE_SNAPSHOT)
         self._send(P.Snapshot(tuple(prefixes)))
         self._open_credit()
+
+    def tail_udp(self, port: int, token: int, mode: str) -> None:
+        """Ask for the subscription's live tail as datagrams too, to UDP `port` at this client's address, each
+        carrying `token`, with redundancy `mode` (needs 'datagram-tail'; gateway.wire.tail). Not answered."""
+        self.require(P.FEATURE_TAIL)
+        self._send(P.TailUdp(port, token, mode))
 
     # --- receiving ------------------------------------------------------------------------------------
 

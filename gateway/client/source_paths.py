@@ -5,7 +5,9 @@ reading while the mirror site's window is full, and credit then stops the sideca
 (Up, Arrived, Ended, Trimmed, Down, then a Tick), and carries out the core's actions: Open (a new ReplayClient,
 which connects and sends ATTACH without waiting), Close, Fetch, Subscribe. `pop()` hands out the batches in
 order. `ask_head()` asks the source's head on an open session (a FETCH beyond any sequence); its FETCH-END is
-kept here (`source_head`), never shown to the core.
+kept here (`source_head`), never shown to the core. With a datagram tail (gateway.client.datagram_tail), its
+socket is read with the sessions and its batches reported (Datagram); AskTail sends TAIL-UDP on that path,
+or, if the sidecar did not grant 'datagram-tail', says once that the TCP copies carry the tail alone.
 
 Failures: a session that fails (ReplayError: no answer within the opening's deadline, a closed connection) is
 Down and the core replaces it; ReplayRefused (final) is raised; once every path is down at once the last
@@ -22,6 +24,7 @@ import logging
 import zmq
 
 from gateway.client import mirror_paths as M
+from gateway.client.datagram_tail import DatagramTail
 from gateway.client.replay_client import Event, ReplayClient
 from gateway.errors import ReplayError, ReplayRefused
 from gateway.transport.curve import CurveClientKeys
@@ -52,10 +55,12 @@ class SourcePaths:
         first: ReplayClient | None = None,
         stall_s: float = M.STALL_S,
         tallies: list[M.PathTally] | None = None,
+        tail: DatagramTail | None = None,
     ) -> None:
         self.endpoint, self.stream, self.features = endpoint, stream, features
+        self.tail = tail
         self.timeout_s, self.curve, self.ctx = timeout_s, curve, ctx
-        self.core = M.SourcePathsCore(paths, after, stall_s=stall_s, tallies=tallies)
+        self.core = M.SourcePathsCore(paths, after, stall_s=stall_s, tallies=tallies, tail=tail is not None)
         self.clients: list[ReplayClient | None] = [None] * paths
         self._first = first
         self._up = [False] * paths
@@ -63,11 +68,14 @@ class SourcePaths:
         self.source_head = 0
         self._failure: ReplayError | None = None
         self._ticked = 0.0
+        self._tail_refused = False
         self._act()
 
     @property
-    def socks(self) -> list[zmq.Socket]:
-        return [client.sock for client in self.clients if client is not None]
+    def socks(self) -> list[zmq.Socket | int]:
+        """What to poll: the sessions' sockets, and the datagram tail's descriptor."""
+        socks: list[zmq.Socket | int] = [client.sock for client in self.clients if client is not None]
+        return [*socks, self.tail.fileno()] if self.tail is not None else socks
 
     @property
     def next(self) -> int:
@@ -98,6 +106,9 @@ class SourcePaths:
         The core is Ticked after any report but a batch, else every TICK_S: a batch alone leaves it nothing to do
         at once, and the live tail brings thousands a second on each of two paths."""
         changed = False
+        if self.tail is not None and reading:  # first: what came by both ways is then taken from the datagrams
+            for batch in self.tail.receive():
+                self.core.on(M.Datagram(batch), now)
         for i, client in enumerate(self.clients):
             if client is None or not reading:
                 continue
@@ -172,6 +183,19 @@ class SourcePaths:
                     self._client(i).fetch(first, last)
                 case M.Subscribe(path=i, after=after):
                     self._client(i).subscribe("", after)
+                case M.AskTail(path=i):
+                    self._ask_tail(self._client(i))
+
+    def _ask_tail(self, client: ReplayClient) -> None:
+        assert self.tail is not None  # the core asks only when given one
+        if P.FEATURE_TAIL not in client.features:
+            if not self._tail_refused:
+                self._tail_refused = True
+                log.warning("mirror of %s: the sidecar at %s did not grant 'datagram-tail' (CURVE, "
+                            "--no-datagram-tail or an older version): the TCP copies carry the live tail alone",
+                            self.stream, self.endpoint)  # fmt: skip
+            return
+        client.tail_udp(*self.tail.request())
 
     def _open(self, i: int) -> ReplayClient:
         if i == 0 and self._first is not None:

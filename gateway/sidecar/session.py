@@ -41,6 +41,7 @@ from gateway.sidecar.snapshots import Frozen, SnapshotFeed
 from gateway.wire import batch as B
 from gateway.wire import handshake as H
 from gateway.wire import protocol as P
+from gateway.wire import tail as T
 
 GRANTABLE = frozenset({P.FEATURE_BATCH, P.FEATURE_RANGE, P.FEATURE_TIME, P.FEATURE_UNCOMMITTED})
 _TRIM_RETRIES = 3  # retention racing a reader can trim it again at once; more than this is a runaway
@@ -175,13 +176,17 @@ class Session:
         max_fetches: int,
         now: float,
         snapshots: Callable[[], Frozen | None] | None = None,
+        tail: bool = False,
     ) -> None:
-        """`snapshots` freezes the stream's snapshot index (None: this server grants no 'snapshot')."""
+        """`snapshots` freezes the stream's snapshot index (None: this server grants no 'snapshot'); `tail`: this
+        server grants 'datagram-tail' (TAIL-UDP; the loop sends the datagrams, gateway.sidecar.tail)."""
         self.identity = identity
         self.stream = stream
         self.journal = journal
         self.max_fetches = max_fetches
         self.snapshots = snapshots
+        self.tail_offered = tail
+        self.tail_asked: tuple[int, int, T.Redundancy] | None = None  # TAIL-UDP's (port, token, redundancy)
         self.handshake = H.Handshake(self._grants)  # ATTACH-OK is sent: EXTEND may come (gateway.wire.handshake)
         self.phase = Phase.ATTACHED
         self.credit = 0
@@ -254,6 +259,20 @@ class Session:
         assert self.snapshots is not None  # 'snapshot' is granted only with a source
         self.snap = SnapshotFeed(self.snapshots, tuple(p.encode() for p in cmd.prefixes))
 
+    def _tail_udp(self, cmd: P.TailUdp) -> None:
+        """Ask the loop for a datagram tail to this session's own peer (it replaces any earlier one)."""
+        if not self._granted(cmd):
+            return
+        try:
+            redundancy = T.Redundancy.parse(cmd.mode)
+        except ValueError as exc:
+            self._invalid(f"TAIL-UDP: {exc}")
+            return
+        if cmd.port == 0:
+            self._invalid("TAIL-UDP: port 0; give the UDP port the datagrams are to reach at your address")
+            return
+        self.tail_asked = (cmd.port, cmd.token, redundancy)
+
     def _pong(self, cmd: P.Ping) -> None:
         self.replies.append(P.encode(P.PingOk()))
 
@@ -294,6 +313,8 @@ class Session:
         granted = GRANTABLE.intersection(wanted)
         if self.snapshots is not None and P.FEATURE_BATCH in granted:
             granted |= {P.FEATURE_SNAPSHOT}.intersection(wanted)
+        if self.tail_offered:
+            granted |= {P.FEATURE_TAIL}.intersection(wanted)
         return granted
 
     def _invalid(self, reason: str) -> None:
@@ -499,7 +520,7 @@ Row = machine.Row[Session, Phase]
 S = Session
 KINDS = H.CommandKinds(
     P.Extend, P.Credit, P.Subscribe, P.SubscribeTime, P.Fetch, P.Snapshot, P.Ping, P.PingOk, P.Publish,
-    P.PublishBatch, P.Detach,
+    P.PublishBatch, P.Detach, P.TailUdp,
 )  # fmt: skip
 EVENT_KINDS = KINDS.events
 
@@ -517,6 +538,7 @@ TRANSITIONS: dict[Phase, Row] = {
             P.Publish: S._send_to_gateway,
             P.PublishBatch: S._send_to_gateway,
             P.Detach: S._detach,
+            P.TailUdp: S._tail_udp,
             P.Command: S._refuse_command,
         },
         go=(Go(S._detach_asked, Phase.DETACHED),),

@@ -38,6 +38,7 @@ Grammar (the ZEPS protocol specification, commands 1-12, plus extensions 13-23):
     28 MIRROR-OK       head:8 head_ts_ns:8                     S       mirror
     29 PROMOTE                                                 C       mirror
     30 PROMOTE-OK      head:8                                  S       mirror
+    31 TAIL-UDP        port:2 token:8 mode:s                   C       datagram-tail
 
 Extension negotiation: a peer that speaks only commands 1-12 never sees an id >= 13. After ATTACH-OK the
 client may send EXTEND once, before any other command, naming the features it wants (FEATURES). The server
@@ -98,6 +99,9 @@ FEATURE_UNCOMMITTED: Final = "uncommitted"
 # A session granted this is a site mirror (docs/mirroring.md): its PUBLISH-BATCHes carry the source site's journal
 # batches, sequences and times kept, and it may ask the stream's head (MIRROR) or promote the stream (PROMOTE).
 FEATURE_MIRROR: Final = "mirror"
+# A session granted this may ask for its subscription's live tail as datagrams too (TAIL-UDP, docs/mirroring.md):
+# a site mirror across a lossy WAN. Sent only to the session's own peer address, rate-limited.
+FEATURE_TAIL: Final = "datagram-tail"
 FEATURES: Final = frozenset(
     {
         FEATURE_BATCH,
@@ -108,6 +112,7 @@ FEATURES: Final = frozenset(
         FEATURE_PRODUCER,
         FEATURE_UNCOMMITTED,
         FEATURE_MIRROR,
+        FEATURE_TAIL,
     }
 )
 
@@ -383,8 +388,19 @@ class PromoteOk(Command):
     head: Number8
 
 
+@_command
+class TailUdp(Command):
+    """Send this session's live tail as datagrams too (gateway.wire.tail), to UDP `port` at the session's own peer
+    address (never another: no reflection), each carrying `token`; `mode` is the redundancy ("repeat:N",
+    "xor:K"). Not answered; an unknown mode is refused with INVALID. The TCP subscription stays the reliable copy."""
+
+    port: Number2
+    token: Number8
+    mode: String
+
+
 # id, wire name, class, feature that must be granted first (None: base protocol/negotiation), sender.
-# Ids 31+ are free.
+# Ids 32+ are free.
 _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = (
     (1, "ATTACH", Attach, None, "client"),
     (2, "ATTACH-OK", AttachOk, None, "server"),
@@ -416,6 +432,7 @@ _TABLE: Final[tuple[tuple[int, str, type[Command], str | None, Sender], ...]] = 
     (28, "MIRROR-OK", MirrorOk, FEATURE_MIRROR, "server"),
     (29, "PROMOTE", Promote, FEATURE_MIRROR, "client"),
     (30, "PROMOTE-OK", PromoteOk, FEATURE_MIRROR, "server"),
+    (31, "TAIL-UDP", TailUdp, FEATURE_TAIL, "client"),
 )
 
 # --- generic field codecs, compiled per (command, field) at import so errors name both -------------------

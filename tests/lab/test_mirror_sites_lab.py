@@ -4,7 +4,9 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 
 - Restarts anywhere: the mirror killed -9 and restarted, then B's gateway killed -9 and started on its journal,
   while A publishes: B's journal equals A's record for record (`zeps ha check`'s comparison, and sequences, keys
-  and bodies read back), and a subscriber on B's LAN gets 1..N exactly once, in order.
+  and bodies read back), and a subscriber on B's LAN gets 1..N exactly once, in order. The same with the live
+  tail as datagrams too (`--datagram-tail xor:4`: FEC over the lossy WAN, TCP the fallback), which must have
+  carried records.
 - Promotion: refused while A's sidecar answers across the WAN, accepted (no `--force`) once A is cut off at the
   router (an iptables DROP of all it forwards: no RST, a connect to A hangs), its probe ending within its
   deadline; publishing at B continues at H + 1; when the WAN heals, the mirror is refused by B with the
@@ -107,20 +109,22 @@ class Mirror:
 
 
 @pytest.fixture
-def mirrored(tmp_path: Path) -> Iterator[tuple[Sites, Deployment, Deployment, Mirror]]:
-    """The two sites over the issue's WAN, a deployment on each (B's a mirror of the stream), the mirror running."""
+def mirrored(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Sites, Deployment, Deployment, Mirror]]:
+    """The two sites over the issue's WAN, a deployment on each (B's a mirror of the stream), the mirror running
+    (with the options of an indirect parameter, if any)."""
     with (
         two_sites(WAN) as sites,
         deployed(sites, "a", tmp_path / "a") as a,
         deployed(sites, "b", tmp_path / "b", gateway_args=["--mirror", STREAM]) as b,
     ):
-        mirror = Mirror(sites, a, b.ingest, tmp_path / "mirror.log")
+        mirror = Mirror(sites, a, b.ingest, tmp_path / "mirror.log", *getattr(request, "param", ()))
         try:
             yield sites, a, b, mirror
         finally:
             mirror.stop()
 
 
+@pytest.mark.parametrize("mirrored", [(), ("--datagram-tail", "xor:4")], indirect=True, ids=["tcp", "datagram-tail"])
 def test_b_equals_a_after_the_mirror_and_bs_gateway_are_killed(
     mirrored: tuple[Sites, Deployment, Deployment, Mirror],
 ) -> None:
@@ -149,8 +153,12 @@ def test_b_equals_a_after_the_mirror_and_bs_gateway_are_killed(
     assert {r.head for r in result.nodes.values()} == {count}, result.plain()
     assert journal_records(b.journal, STREAM) == journal_records(a.journal, STREAM)  # sequences, keys, bodies
     check_all(sub.result(timeout=WAIT_S), count)  # B's LAN: 1..N exactly once, in order
+    tail = [int(n) for n in re.findall(r"tail_records=(\d+)", mirror.log())]
+    if "--datagram-tail" in mirror.argv:
+        assert max(tail, default=0) > 0, mirror.log()  # the datagrams carried records (the rest came by TCP)
     print(f"\nmirror lag (status lines, once a second): before the faults at most {steady[0]} records, "
-          f"{steady[1]:.3f} s; over the run, restarts included, at most {lag[0]} records, {lag[1]:.3f} s")  # fmt: skip
+          f"{steady[1]:.3f} s; over the run, restarts included, at most {lag[0]} records, {lag[1]:.3f} s; "
+          f"records forwarded from datagrams (last round): {tail[-1] if tail else 0}")  # fmt: skip
 
 
 def busiest_connection(sites: Sites, host: str, peer: str) -> int:

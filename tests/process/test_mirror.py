@@ -12,6 +12,7 @@ shows the mirror's lag, growing while the mirror site is down.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -367,4 +368,34 @@ def test_zeps_top_shows_each_of_the_mirrors_paths_and_their_records_sum_to_those
         assert all(p["reconnects"] == 0 for p in paths.values()), got
     finally:
         assert stop(mirror) == 0, sites.log()
+    sites.assert_equal_journals()
+
+
+@pytest.mark.parametrize("options", [("xor:4",), ("repeat:1",), ("xor:4", "--paths", "3")], ids=" ".join)
+def test_the_datagram_tail_carries_the_live_tail_and_the_mirror_resumes_after_kill_9(
+    sites: Sites, options: tuple[str, ...]
+) -> None:
+    """With --datagram-tail the live tail comes as datagrams too (the status line counts those forwarded), also
+    beside several paths; the mirror killed -9 mid-run and restarted still leaves equal journals, every record
+    once."""
+    sites.publish(3000)  # history: over TCP
+    mirror = sites.mirror("mirror", "--datagram-tail", *options)
+    try:
+        sites.wait_mirrored(3000)
+        for _ in range(5):
+            sites.publish(400)
+        mirror.kill()  # -9, mid-run
+        mirror.wait(5)
+        sites.publish(1000)
+        mirror = sites.mirror("again", "--datagram-tail", *options)
+        sites.wait_started("again")
+        for _ in range(5):  # the live tail
+            sites.publish(400)
+        sites.wait_mirrored(sites.sent)
+        deadline = time.monotonic() + 10
+        while not re.search(r"lag_records=0 .* tail_records=[1-9]", sites.log("again")):
+            assert time.monotonic() < deadline and mirror.poll() is None, sites.log("again")
+            time.sleep(0.1)
+    finally:
+        assert stop(mirror) in (0, -signal.SIGKILL), sites.log("again")
     sites.assert_equal_journals()

@@ -170,3 +170,45 @@ def test_each_paths_tally_counts_what_was_taken_from_it_and_the_live_first_arriv
     assert not tallies[1].up and tallies[1].reopens == 0
     assert M.Open(1) in take(core, 0.6 + M.BACKOFF_MIN_S)  # opened again after its backoff: one reconnect
     assert tallies[1].reopens == 1 and tallies[1].records == 7
+
+
+def test_the_datagram_tail_is_asked_on_a_subscribed_path_and_again_when_that_path_is_replaced() -> None:
+    core = started(2, after=0, chunk=10, depth=1, tail=True)
+    core.on(M.Up(0), 0.0)
+    core.on(M.Up(1), 0.0)
+    fetches = [a for a in take(core) if isinstance(a, M.Fetch)]
+    core.on(M.Ended(fetches[0].path, 0), 0.1)  # the source's head is 0: live at once
+    actions = take(core)
+    assert [a for a in actions if isinstance(a, M.AskTail)] == [M.AskTail(0)]
+    assert not [a for a in take(core) if isinstance(a, M.AskTail)]  # once
+    core.on(M.Down(0), 0.2)
+    assert [a for a in take(core) if isinstance(a, M.AskTail)] == [M.AskTail(1)]
+
+
+def test_no_tail_is_asked_unless_wanted() -> None:
+    core = started(1, after=5)
+    core.on(M.Up(0), 0.0)
+    assert take(core) == [M.Subscribe(0, 5)]
+
+
+def test_datagram_batches_merge_with_the_subscription_first_arrival_wins_and_never_name_a_loss() -> None:
+    core = started(1, after=10, tail=True)
+    core.on(M.Up(0), 0.0)
+    assert take(core) == [M.Subscribe(0, 10), M.AskTail(0)]
+    core.on(M.Datagram(batch(11, 20)), 0.1)  # the datagram came first
+    core.on(M.Datagram(batch(31, 40)), 0.1)  # one lost between: held, no loss named
+    assert released(core) == [(11, 20)]
+    assert core.gone is None
+    core.on(M.Arrived(0, batch(11, 20)), 0.2)  # the TCP copy, later: dropped
+    core.on(M.Arrived(0, batch(21, 30)), 0.2)  # the one the datagrams lost: TCP fills it
+    assert released(core) == [(21, 30), (31, 40)]
+    core.on(M.Arrived(0, batch(31, 40)), 0.3)
+    assert released(core) == []
+    assert (core.tail_records, core.tallies[0].records, core.dropped) == (20, 10, 20)
+    assert core.gone is None
+
+
+def test_a_datagram_far_beyond_the_mirror_is_not_held() -> None:
+    core = started(1, after=0, tail=True)
+    core.on(M.Datagram(batch(core.ahead + 10, core.ahead + 12)), 0.0)
+    assert (core.held, core.tail_far) == (0, 1)

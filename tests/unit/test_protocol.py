@@ -67,6 +67,7 @@ SPEC = {
     28: ("MIRROR-OK", [("head", N8), ("head_ts_ns", N8)], "mirror"),
     29: ("PROMOTE", [], "mirror"),
     30: ("PROMOTE-OK", [("head", N8)], "mirror"),
+    31: ("TAIL-UDP", [("port", N2), ("token", N8), ("mode", S)], "datagram-tail"),
 }
 
 
@@ -75,7 +76,17 @@ def test_table_matches_the_grammar() -> None:
     assert got == SPEC
     for cmd_id, spec in COMMANDS.items():
         assert (cmd_id, spec.name, spec.feature) == (spec.cls.ID, spec.cls.NAME, spec.cls.FEATURE)
-    assert {"batch", "confirm", "range", "time", "snapshot", "producer", "uncommitted", "mirror"} == p.FEATURES
+    assert {
+        "batch",
+        "confirm",
+        "range",
+        "time",
+        "snapshot",
+        "producer",
+        "uncommitted",
+        "mirror",
+        "datagram-tail",
+    } == p.FEATURES
     assert {s.feature for s in COMMANDS.values()} - {None} <= p.FEATURES
 
 
@@ -216,7 +227,7 @@ def test_mutated_frames_are_rejected_or_canonical(cmd: p.Command, mutations: lis
         (b"\xaa\xa4\x08", "bad signature"),
         (b"\xaa\xa5", "truncated frame: signature but no command id"),
         (b"\xaa\xa5\x63", "unknown command 99"),
-        (b"\xaa\xa5\x1f", "unknown command 31"),
+        (b"\xaa\xa5\x20", "unknown command 32"),
         (b"\xaa\xa5\x08abc", "trailing 3 bytes after PING"),
         (
             b"\xaa\xa5\x07" + bytes(8) + b"\x00\x00\x00\x01\xf4" + bytes(12),
