@@ -1,6 +1,6 @@
 /* gateway.wire._record_loops: the per-record loops of gateway.wire.batch, compiled.
 
-gateway/wire/record_loops.py holds the same four functions in Python, says what each does and why, and picks
+gateway/wire/record_loops.py holds the same five functions in Python, says what each does and why, and picks
 this module when it was built. Both give the same results and the same error messages
 (tests/test_record_loops.py checks it on generated and corrupted batches). Everything here works on one
 batch at a time and holds no state; integers in a batch are little-endian.
@@ -8,6 +8,7 @@ batch at a time and holds no state; integers in a batch are little-endian.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 #define RECORD_SIZE 17 /* delta u32, ts_ns u64, key_len u8, body_len u32 */
 #define TTL_SIZE 4     /* ttl_ms u32 after them, in batches with FLAG_TTL */
@@ -358,11 +359,90 @@ fail:;
     return NULL;
 }
 
+PyDoc_STRVAR(cut_doc,
+             "cut(buf, count, overhead, start, max_bytes, reserve) -> list of (records, bytearray): the records as "
+             "consecutive parts of at most max_bytes, each after reserve zero bytes, deltas from 0.");
+
+/* One part: `reserve` zero bytes, then the records of buf[from:to] with their deltas rewritten 0, 1, ... */
+static PyObject *cut_part(const unsigned char *buf, uint64_t from, uint64_t to, Py_ssize_t n, Py_ssize_t overhead,
+                          Py_ssize_t reserve)
+{
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, reserve + (Py_ssize_t)(to - from));
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyByteArray_AS_STRING(out);
+    memset(p, 0, (size_t)reserve);
+    memcpy(p + reserve, buf + from, (size_t)(to - from));
+    unsigned char *rec = p + reserve;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        put32(rec, (uint32_t)i);
+        rec += overhead + rec[12] + get32(rec + 13);
+    }
+    return Py_BuildValue("(nN)", n, out);
+}
+
+static PyObject *cut(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t count, overhead, start, max_bytes, reserve;
+    if (!PyArg_ParseTuple(args, "y*nnnnn:cut", &view, &count, &overhead, &start, &max_bytes, &reserve))
+        return NULL;
+    PyObject *parts = NULL;
+    if (overhead < RECORD_SIZE || start < 0 || reserve < 0) {
+        PyErr_SetString(PyExc_ValueError, "cut(): overhead below the record header size, or a negative start");
+        goto done;
+    }
+    if ((parts = PyList_New(0)) == NULL)
+        goto done;
+    const unsigned char *buf = view.buf;
+    const uint64_t end = (uint64_t)view.len;
+    uint64_t pos = (uint64_t)start, from = pos, size = (uint64_t)reserve;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (pos + (uint64_t)overhead > end) {
+            PyErr_Format(PyExc_ValueError, "record %zd: header runs past the batch end at byte %llu", i,
+                         (unsigned long long)pos);
+            goto fail;
+        }
+        const uint64_t len = (uint64_t)overhead + buf[pos + 12] + get32(buf + pos + 13);
+        if (pos + len > end) {
+            PyErr_Format(PyExc_ValueError, "record %zd: runs past the batch end at byte %llu", i,
+                         (unsigned long long)pos);
+            goto fail;
+        }
+        if (n > 0 && size + len > (uint64_t)max_bytes) {
+            PyObject *part = cut_part(buf, from, pos, n, overhead, reserve);
+            if (part == NULL || PyList_Append(parts, part) < 0) {
+                Py_XDECREF(part);
+                goto fail;
+            }
+            Py_DECREF(part);
+            from = pos, size = (uint64_t)reserve, n = 0;
+        }
+        size += len, pos += len, n++;
+    }
+    if (n > 0) {
+        PyObject *part = cut_part(buf, from, pos, n, overhead, reserve);
+        if (part == NULL || PyList_Append(parts, part) < 0) {
+            Py_XDECREF(part);
+            goto fail;
+        }
+        Py_DECREF(part);
+    }
+    goto done;
+fail:
+    Py_CLEAR(parts);
+done:
+    PyBuffer_Release(&view);
+    return parts;
+}
+
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, check_doc},
     {"entries", entries, METH_VARARGS, entries_doc},
     {"pack", pack, METH_VARARGS, pack_doc},
     {"take", take, METH_VARARGS, take_doc},
+    {"cut", cut, METH_VARARGS, cut_doc},
     {NULL, NULL, 0, NULL},
 };
 

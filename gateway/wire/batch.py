@@ -55,6 +55,7 @@ from crc32c import crc32c
 
 from gateway.errors import BatchError
 from gateway.wire import record_loops as loops
+from gateway.wire.record_loops import DELTA as _DELTA
 from gateway.wire.record_loops import MAX_KEY as MAX_KEY  # re-exported: the format's limits and record header
 from gateway.wire.record_loops import MAX_TTL_MS as MAX_TTL_MS
 from gateway.wire.record_loops import RECORD as RECORD
@@ -80,7 +81,6 @@ MAX_BATCH = 64 * 1024 * 1024
 Bytes = bytes | memoryview  # a key or body as given to encode(): a copy or a view into another batch
 _CRC_FROM = 12
 _LENGTH = struct.Struct("<I")
-_DELTA = struct.Struct("<I")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,31 +226,19 @@ class Batch:
     def split(self, max_bytes: int) -> Iterator[tuple[int, bytes]]:
         """A dense batch as consecutive dense batches of at most `max_bytes` each, as (last_seq, bytes).
 
-        One pass; record bytes are copied and their sequence deltas rewritten, journal time kept. A record
-        too large for `max_bytes` on its own becomes a batch of one (the caller decides what to do with it).
-        What a datagram transport sends: each part stands alone, so losing one loses only its records.
+        One pass (`record_loops.cut`, compiled when built); record bytes are copied and their sequence deltas
+        rewritten, journal time kept. A record too large for `max_bytes` on its own becomes a batch of one (the
+        caller decides what to do with it). What a datagram transport sends: each part stands alone, so losing
+        one loses only its records.
         """
         if not self.dense:
             raise BatchError(f"{self!r}: only a dense batch can be split")
-        buf, unpack, overhead, flags, ts = self.buf, RECORD.unpack_from, self.overhead, self.flags, self.ts_ns
-        lo = seq = self.first_seq
-        parts = self._producer_part(lo)
-        size = pos = self.header_size
-        for _ in range(self.count):
-            _, _, klen, blen = unpack(buf, pos)
-            end = pos + overhead + klen + blen
-            if seq > lo and size + end - pos > max_bytes:
-                yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
-                lo = seq
-                parts = self._producer_part(lo)
-                size = self.header_size
-            parts.append(_DELTA.pack(seq - lo))
-            parts.append(buf[pos + _DELTA.size : end])
-            size += end - pos
-            pos = end
-            seq += 1
-        if seq > lo:
-            yield seq - 1, _seal(parts, seq - lo, lo, seq - 1, ts, flags)
+        producer, lo = self.producer, self.first_seq
+        for n, out in loops.cut(self.buf, self.count, self.overhead, self.header_size, max_bytes, self.header_size):
+            if producer is not None:
+                PRODUCER.pack_into(out, HEADER_SIZE, producer[0], producer[1] + lo - self.first_seq)
+            yield lo + n - 1, _finish(out, n, lo, lo + n - 1, self.ts_ns, self.flags)
+            lo += n
 
     def _producer_part(self, lo: int) -> list[bytes | memoryview]:
         """The producer header of a cut starting at sequence lo (empty without FLAG_PRODUCER)."""

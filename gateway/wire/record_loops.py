@@ -1,13 +1,14 @@
 """The per-record loops of the batch format: the only Python work per record left on the hot path.
 
-Everything else in `gateway.wire.batch` costs the same for a batch of one record or of ten thousand. These four
-cost per record, so they set how many records per second one core parses, hands out and builds:
+Everything else in `gateway.wire.batch` costs the same for a batch of one record or of ten thousand. These five
+cost per record, so they set how many records per second one core parses, hands out, builds and cuts:
 
 - `check`: the structure walk of `Batch.parse`, on every batch the gateway ingests from a publisher and
   every batch a subscriber takes off the wire (a rogue or corrupt batch must never be walked out of bounds);
 - `entries`: what `Batch.raw()` / `Batch.entries()` yield, the records an application iterates;
 - `pack`: the record layout of `encode`, what every `Publisher` batch is built with;
-- `take`: how a `Publisher` cuts its queue into batches (records popped up to the batch limits).
+- `take`: how a `Publisher` cuts its queue into batches (records popped up to the batch limits);
+- `cut`: how `Batch.split` cuts a committed batch into datagram-sized ones, for every batch udp:// sends.
 
 They are compiled from gateway/_record_loops.c when the package was built with a C compiler (pip does it;
 the extension is optional, so an install without one still works) and are the Python below otherwise, as
@@ -29,6 +30,7 @@ from types import ModuleType
 RECORD = struct.Struct("<IQBI")  # delta, ts_ns, key_len, body_len
 RECORD_TTL = struct.Struct("<IQBII")  # RECORD plus ttl_ms, in batches with FLAG_TTL
 _TTL = struct.Struct("<I")
+DELTA = struct.Struct("<I")  # a record's first field
 MAX_KEY = 255
 MAX_TTL_MS = 2**32 - 1
 
@@ -129,6 +131,33 @@ def py_take(queue: deque[tuple[int, bytes, bytes, int]], max_records: int, max_p
     return out, payload, ttl
 
 
+def py_cut(
+    buf: memoryview, count: int, overhead: int, start: int, max_bytes: int, reserve: int
+) -> list[tuple[int, bytearray]]:
+    """The `count` records from byte `start` of `buf` as consecutive parts of at most `max_bytes` (a record
+    larger than that alone is a part of one), as (records, `reserve` zero bytes for the caller's header then the
+    records with their deltas rewritten 0, 1, ...). Raises ValueError naming a record that overruns `buf`."""
+    out: list[tuple[int, bytearray]] = []
+    end, unpack = len(buf), RECORD.unpack_from
+    pieces: list[bytes | memoryview] = [bytes(reserve)]
+    pos, size, n = start, reserve, 0
+    for i in range(count):
+        if pos + overhead > end:
+            raise ValueError(f"record {i}: header runs past the batch end at byte {pos}")
+        _, _, klen, blen = unpack(buf, pos)
+        length = overhead + klen + blen
+        if pos + length > end:
+            raise ValueError(f"record {i}: runs past the batch end at byte {pos}")
+        if n and size + length > max_bytes:
+            out.append((n, bytearray(b"".join(pieces))))
+            pieces, size, n = [bytes(reserve)], reserve, 0
+        pieces += (DELTA.pack(n), buf[pos + DELTA.size : pos + length])
+        size, pos, n = size + length, pos + length, n + 1
+    if n:
+        out.append((n, bytearray(b"".join(pieces))))
+    return out
+
+
 def compiled(name: str) -> ModuleType | None:
     """gateway.wire.`name`, the compiled twin of a module's Python loops; None when it was not built (no C
     compiler) or ZEPS_PURE_PYTHON=1 asks for the Python ones."""
@@ -146,3 +175,4 @@ check = _c.check if _c else py_check
 entries = _c.entries if _c else py_entries
 pack = _c.pack if _c else py_pack
 take = _c.take if _c else py_take
+cut = _c.cut if _c else py_cut

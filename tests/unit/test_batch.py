@@ -58,6 +58,12 @@ def test_split_cuts_into_contiguous_parts_that_fit(recs, first, ttl, max_bytes) 
         assert part.nbytes <= max_bytes or part.count == 1  # only a record too large alone overshoots
         if nxt is not None:
             assert nxt[1].first_seq == last + 1
+    for _, part in parts:  # the bytes on the wire: each part is the batch its records encode to
+        records = [
+            (ts, k.tobytes(), v.tobytes(), t) if ttl else (ts, k.tobytes(), v.tobytes())
+            for _, ts, k, v, t in part.entries()
+        ]
+        assert part.buf.tobytes() == B.encode(part.first_seq, records, ts_ns=99, ttl=ttl)
     got = [entry for _, part in parts for entry in part.entries()]
     assert [(s, ts, k.tobytes(), v.tobytes(), t) for s, ts, k, v, t in got] == [
         (s, ts, k.tobytes(), v.tobytes(), t) for s, ts, k, v, t in whole.entries()

@@ -142,3 +142,44 @@ def test_take_puts_back_everything_when_a_record_is_not_one() -> None:
         with pytest.raises(TypeError, match="is not \\(ts_ns, key bytes, body bytes, ttl_ms\\)"):
             take(queue, 10, 1000)
         assert list(queue) == recs
+
+
+def _cut_both(raw: bytes | bytearray, max_bytes: int) -> list[tuple[int, bytes]]:
+    """`cut` of a batch's records, compiled and in Python, asserted equal byte for byte."""
+    _, count, _, overhead, start = _check_args(raw)
+    got = {cut: cut(memoryview(raw), count, overhead, start, max_bytes, start) for cut in (C.cut, L.py_cut)}
+    assert all(isinstance(out, bytearray) for parts in got.values() for _, out in parts)
+    assert got[C.cut] == got[L.py_cut]
+    return [(n, bytes(out)) for n, out in got[C.cut]]
+
+
+@settings(max_examples=300)
+@given(batches, st.integers(0, 1_500))
+def test_cut_gives_the_same_parts(raw: bytes, max_bytes: int) -> None:
+    """Both cut at the same records into the same bytes: deltas from 0, the reserve zeroed, nothing lost."""
+    parts = _cut_both(raw, max_bytes)
+    assert sum(n for n, _ in parts) == B.Batch.parse(raw).count
+    assert all(len(out) <= max_bytes or n == 1 for n, out in parts)  # only a record too large alone overshoots
+    assert all(out[: B.HEADER_SIZE] == bytes(B.HEADER_SIZE) for _, out in parts)
+
+
+def test_cut_edges_one_part_exactly_full_parts_and_a_record_larger_than_a_part() -> None:
+    body = b"x" * 30
+    size = B.RECORD_OVERHEAD + 1 + len(body)  # one record's bytes
+    raw = B.encode(5, [(1, b"k", body)] * 6)
+    assert _cut_both(raw, len(raw)) == [(6, bytes(B.HEADER_SIZE) + raw[B.HEADER_SIZE :])]  # fits one: the batch
+    full = _cut_both(raw, B.HEADER_SIZE + 2 * size)  # exactly two records a part: three parts, each exactly full
+    assert [(n, len(out)) for n, out in full] == [(2, B.HEADER_SIZE + 2 * size)] * 3
+    assert [(n, len(out)) for n, out in _cut_both(raw, B.HEADER_SIZE + 2 * size - 1)] == [(1, B.HEADER_SIZE + size)] * 6
+    big = B.encode(0, [(1, b"k", b"y" * 3_000), (2, b"", b"z")])  # a record larger than a part: a part of its own
+    assert [n for n, _ in _cut_both(big, 1_472)] == [1, 1]
+
+
+def test_cut_refuses_records_past_the_end_with_the_same_words() -> None:
+    raw = bytearray(B.encode(0, [(1, b"k", b"body")]))
+    raw[B.HEADER_SIZE + 13] = 0xFF  # body_len now claims 255 more bytes than there are
+    for cut in (C.cut, L.py_cut):
+        with pytest.raises(ValueError, match="record 0: runs past the batch end at byte 40"):
+            cut(memoryview(raw), 1, B.RECORD_OVERHEAD, B.HEADER_SIZE, 1_472, B.HEADER_SIZE)
+        with pytest.raises(ValueError, match="record 1: header runs past the batch end at byte 62"):
+            cut(memoryview(B.encode(0, [(1, b"k", b"body")])), 2, B.RECORD_OVERHEAD, B.HEADER_SIZE, 1_472, 0)
