@@ -36,7 +36,6 @@ import socket
 from dataclasses import dataclass, field
 
 from gateway.errors import FillError
-from gateway.transport.pollable import PolledByFd
 from gateway.transport.send_errors import SendErrors
 from gateway.transport.udp import MAX_DATAGRAM
 from gateway.wire import batch as B
@@ -201,9 +200,8 @@ class FillHedge:
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
 
 
-class DatagramFills(PolledByFd):
-    """`FillHedge` with its socket, for one stream and one sidecar; see the module docstring. In a zmq.Poller it
-    is reported by its fd, and compares equal to it (PolledByFd), so `fills in ready` holds when it is readable."""
+class DatagramFills:
+    """`FillHedge` with its socket, for one stream and one sidecar; see the module docstring."""
 
     def __init__(
         self,

@@ -243,7 +243,7 @@ class ReplayLink:
             if not client.ready or client.sock in ready or client.handshake.monitor in ready:
                 self._take(client, now)
         if self._datagrams is not None:
-            self._take_datagrams(self._datagrams, self._datagrams in ready, now)
+            self._take_datagrams(self._datagrams, self._datagrams.fileno() in ready, now)
         if self.state is LinkState.RETRYING and now >= self._reconnect_at:
             self._reconnect(now)
         if self._head_every is not None and now >= self._head_at and self.state is LinkState.READY:

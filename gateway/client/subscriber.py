@@ -195,6 +195,12 @@ def _reconciler_start(point: StartPoint) -> tuple[R.Start | None, int | None, in
     return R.Start.latest(), None, 0
 
 
+def reported_as(sock: Any) -> Any:
+    """How zmq.Poller names `sock` in what `poll()` returns: a ZeroMQ socket as itself, anything else (a datagram
+    fill socket) by its fd, taken while it is open."""
+    return sock if isinstance(sock, zmq.Socket) else sock.fileno()
+
+
 class Subscriber:
     """Iterate to receive a stream's records gap-free and in order; see the module docstring.
 
@@ -323,6 +329,7 @@ class Subscriber:
         if self._directory is not None:
             self._poller.register(self._directory, zmq.POLLIN)
         self._polled_link: tuple[Any, ...] = ()
+        self._link_keys: tuple[Any, ...] = ()  # how the poller reports them (reported_as)
         self._chores_owed = False  # the last turn handed records out before its replay link turn and Tick
         # Deliveries are expanded into Received only as next() asks: no object per record on next_batch().
         self._pending: deque[Delivery | DataLoss | SlowConsumer] = deque()
@@ -548,6 +555,7 @@ class Subscriber:
             for sock in polled:
                 self._poller.register(sock, zmq.POLLIN)
             self._polled_link = polled
+            self._link_keys = tuple(map(reported_as, polled))
 
     def poll(self, timeout: float) -> None:
         """Wait up to `timeout` for input, feed it all to the reconciler, carry out its actions."""
@@ -581,7 +589,7 @@ class Subscriber:
         pending = len(self._pending)
         if direct:
             self._intake.read(ready)
-        quiet = not any(sock in ready for sock in (*self._polled_link, self._directory))  # nothing but multicast
+        quiet = not any(key in ready for key in (*self._link_keys, self._directory))  # nothing but multicast
         if len(self._pending) > pending and quiet:
             self._chores_owed = True
             return
