@@ -28,6 +28,7 @@ and beyond `capacity` producers the least recently seen is; a forgotten producer
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.wire.batch import Batch
@@ -46,10 +47,15 @@ class ProducerTable:
     def __init__(self, expiry_ns: int, capacity: int) -> None:
         self.expiry_ns = expiry_ns
         self.capacity = capacity
-        self._by_id: OrderedDict[int, Producer] = OrderedDict()
+        self._by_id: OrderedDict[int, Producer] = OrderedDict()  # in journal order of their last batches
+        self.evicted = 0  # producers forgotten for `capacity` (not for expiry) since the table was made
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def items(self) -> Iterator[tuple[int, Producer]]:
+        """The producers, least recently seen first."""
+        return iter(self._by_id.items())
 
     def get(self, pid: int) -> Producer | None:
         return self._by_id.get(pid)
@@ -85,9 +91,24 @@ class ProducerTable:
             self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns)
             while len(self._by_id) > self.capacity:
                 self._by_id.popitem(last=False)
+                self.evicted += 1
             return
         known.last_pseq, known.last_seq, known.seen_ns = last_pseq, last_seq, ts_ns  # updated in place, per batch
         self._by_id.move_to_end(pid)
+
+    def forget_after(self, seq: int) -> set[int]:
+        """Forget the producers whose last batch is past stream sequence `seq` (a cut dropped it); their ids."""
+        gone = {pid for pid, p in self._by_id.items() if p.last_seq > seq}
+        for pid in gone:
+            del self._by_id[pid]
+        return gone
+
+    def restore(self, found: dict[int, Producer]) -> None:
+        """Put back producers whose last batch was found again in the journal, each in its place in journal order
+        (`forget_after` then `restore` leave the table as feeding the journal to `journaled` would have)."""
+        if found:
+            merged = [*self._by_id.items(), *found.items()]
+            self._by_id = OrderedDict(sorted(merged, key=lambda item: item[1].last_seq))
 
     def expire(self, now_ns: int) -> int:
         """Forget producers silent since before now_ns - expiry_ns; how many were."""
