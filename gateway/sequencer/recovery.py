@@ -40,7 +40,7 @@ from gateway.sequencer.producers import Producer, ProducerTable
 
 log = logging.getLogger(__name__)
 
-_WINDOW = 4096  # sequences read back from a cut at first (doubling each step back)
+_WINDOW = 256  # sequences read back from a cut at first (doubling each step back)
 
 
 def _horizon(reader: JournalReader, expiry_s: float, scan_bytes: int) -> int:
