@@ -123,7 +123,7 @@ def after_cut(
         end, window = start - 1, window * 2
     table.restore(found)
     table.expire(time.time_ns())
-    log.info(
+    log.debug(  # the copier logs the reopen's time, once per cut
         "stream %s: producers after the cut at %d: %d of the dropped tail, %d found again from %d bytes in %.3f s",
         reader.stream,
         keep,
