@@ -39,6 +39,9 @@ class Producer:
     last_pseq: int  # the producer's number of its highest journaled record
     last_seq: int  # that record's stream sequence
     seen_ns: int  # journal time of the producer's last batch
+    # The last sequence of the first batch of it this table noted: the journal holds none of its batches from the
+    # table's `complete_from` up to that one but expired ones (0: not known, as for one found again after a cut).
+    first_noted: int = 0
 
 
 class ProducerTable:
@@ -49,6 +52,7 @@ class ProducerTable:
         self.capacity = capacity
         self._by_id: OrderedDict[int, Producer] = OrderedDict()  # in journal order of their last batches
         self.evicted = 0  # producers forgotten for `capacity` (not for expiry) since the table was made
+        self.complete_from = 1  # every journaled batch from this sequence on was noted (recover: where it read from)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -88,7 +92,7 @@ class ProducerTable:
         `ts_ns` (what `journaled` reads from a batch; the gateway's live path knows it without one)."""
         known = self._by_id.get(pid)
         if known is None:
-            self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns)
+            self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns, last_seq)
             while len(self._by_id) > self.capacity:
                 self._by_id.popitem(last=False)
                 self.evicted += 1
@@ -96,11 +100,12 @@ class ProducerTable:
         known.last_pseq, known.last_seq, known.seen_ns = last_pseq, last_seq, ts_ns  # updated in place, per batch
         self._by_id.move_to_end(pid)
 
-    def forget_after(self, seq: int) -> set[int]:
-        """Forget the producers whose last batch is past stream sequence `seq` (a cut dropped it); their ids."""
-        gone = {pid for pid, p in self._by_id.items() if p.last_seq > seq}
+    def forget_after(self, seq: int) -> dict[int, Producer]:
+        """Forget the producers whose last batch is past stream sequence `seq` (a cut dropped it); those."""
+        gone = {pid: p for pid, p in self._by_id.items() if p.last_seq > seq}
         for pid in gone:
             del self._by_id[pid]
+        self.complete_from = min(self.complete_from, seq + 1)  # nothing is journaled after `seq` now
         return gone
 
     def restore(self, found: dict[int, Producer]) -> None:

@@ -15,6 +15,10 @@ changes little, and `after_cut` redoes only that:
   window holding one is its last batch at or below `keep`, the entry a full rescan would make. The search ends
   once every such producer is found or the rescan's own lower bound (`_horizon`: expiry time, byte budget) is
   passed; one not found by then is unknown to a rescan too (as if expired: its next batch is taken as new).
+  A producer the table first noted in the dropped tail has no batch from where the table began noting every
+  batch (`complete_from`: 1, or where `recover` read from) up to the cut, but expired ones (older than the
+  horizon, journal time growing with the sequence): when only such producers are left, the look back skips
+  to below `complete_from`, so a producer new in the dropped tail costs no rescan either.
 - The order (least recently seen first) is journal order of the last batches, restored by sequence.
 - Capacity is the one fact a cut can bring back: a producer forgotten for `capacity` may rank among the kept
   ones again once the dropped tail's producers fall back. A table that ever forgot one is rebuilt in full.
@@ -63,7 +67,8 @@ def recover(table: ProducerTable, reader: JournalReader, expiry_s: float, scan_b
     since = _horizon(reader, expiry_s, scan_bytes)
     if since > reader.last_seq:
         return
-    with reader.cursor(max(since, reader.first_seq)) as cursor:
+    table.complete_from = max(since, reader.first_seq)
+    with reader.cursor(table.complete_from) as cursor:
         while True:
             try:
                 batch = cursor.next_batch()
@@ -101,11 +106,16 @@ def after_cut(
         if keep:
             recover(fresh, reader, expiry_s, scan_bytes)
         return fresh
-    stale, scanned, found = table.forget_after(keep), 0, {}
-    lost = len(stale)
+    gone, scanned, found = table.forget_after(keep), 0, {}
+    stale = set(gone)
+    unseen = {pid for pid, p in gone.items() if p.first_noted > keep}  # none of theirs from complete_from to keep
     floor = max(_horizon(reader, expiry_s, scan_bytes), reader.first_seq) if stale and keep else keep + 1
     end = keep
     while stale and end >= floor:
+        if stale <= unseen:  # only producers first seen in the dropped tail left: skip what the table saw
+            end = min(end, table.complete_from - 1)
+            if end < floor:
+                break
         start = max(end - window + 1, floor)
         with reader.cursor(start) as cursor:
             while True:
@@ -127,7 +137,7 @@ def after_cut(
         "stream %s: producers after the cut at %d: %d of the dropped tail, %d found again from %d bytes in %.3f s",
         reader.stream,
         keep,
-        lost,
+        len(gone),
         len(found),
         scanned,
         time.monotonic() - started,

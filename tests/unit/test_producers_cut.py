@@ -84,3 +84,20 @@ def test_a_resend_of_the_dropped_tail_is_new_and_what_was_kept_a_duplicate(tmp_p
     assert table.duplicates(1, 0, 10) == 10 and table.duplicates(1, 10, 10) == 0
     assert table.missing(1, 10) is None  # the re-send continues the producer: taken, not refused as a gap
     assert table.get(2) is None
+
+
+def test_a_producer_first_seen_in_the_dropped_tail_is_looked_for_below_what_the_table_saw(tmp_path: Path) -> None:
+    """Producer 1 journaled record 0 long ago, beyond the byte budget of the restart that built the table (which
+    then saw only producer 2's batches), and record 1 in the dropped tail: the look back skips what the table saw
+    and finds record 0, as a rescan reaching that far does."""
+    ends, _ = journal_and_table(tmp_path, [(1, 1), *[(2, 1)] * 40], 100)
+    table = ProducerTable(int(FOREVER_S * 1e9), 100)
+    recover(table, JournalReader(tmp_path, STREAM), FOREVER_S, 1000)  # a few segments from the end
+    assert table.get(1) is None and table.complete_from > ends[0]
+    writer = JournalWriter.open(tmp_path, STREAM, segment_bytes=400)
+    table.journaled(B.Batch.parse(writer.append(producer_batch(1, 1, 1))))
+    writer.close()
+    cut_after(tmp_path, STREAM, ends[-1])
+    table = after_cut(table, JournalReader(tmp_path, STREAM), ends[-1], FOREVER_S, ALL_BYTES, 1)
+    found = table.get(1)
+    assert found is not None and (found.last_pseq, found.last_seq) == (0, ends[0])
