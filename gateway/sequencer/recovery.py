@@ -25,7 +25,9 @@ changes little, and `after_cut` redoes only that:
 
 So the table after the cut equals the one a full rescan of the cut journal builds (tests/unit/
 test_producers_cut.py checks it over generated journals), and so does everything after it: the leader's
-records copied after `keep` are noted as any replica batch is. A publisher re-sending after the failover
+records copied after `keep` are noted as any replica batch is. One difference is kept on purpose: a producer
+noted live from beyond a rescan's byte budget stays known (as on a node that never cut), where a rescan would
+take it as new; knowing more only drops re-sends a rescan would journal twice. A publisher re-sending after the failover
 (to the new leader, or later to this node when it leads) is told duplicate from new exactly as by a node that
 never journaled the dropped tail: those records were never confirmed (the cut keeps the committed mark), so a
 re-send of them is new here and is journaled, once.
