@@ -194,8 +194,17 @@ class ReplicaCopier:
             log.error("ha: stream %s: cutting to %d, below the committed mark %d", stream, keep, mark.value)
             mark.lower(keep)
         lane.writer.close()
-        cut_after(self._journal, stream, keep)
+        started = time.monotonic()
+        dropped = cut_after(self._journal, stream, keep)
+        cut = time.monotonic()
         self._reopen(stream)
+        log.info(
+            "ha: stream %s: cut %d bytes in %.3f s, reopened in %.3f s",
+            stream,
+            dropped,
+            cut - started,
+            time.monotonic() - cut,
+        )
         log.warning("ha: stream %s: dropped %d..%d, which leader %s does not have", stream, keep + 1, head, name)
 
 

@@ -61,7 +61,7 @@ from gateway.sequencer.lane import Confirm, Journaled, Lane
 from gateway.sequencer.metrics import GatewayMetrics
 from gateway.sequencer.output import McastOutput, fan_out
 from gateway.sequencer.producers import ProducerTable
-from gateway.sequencer.recovery import recover
+from gateway.sequencer.recovery import after_cut, recover
 from gateway.transport.curve import TcpGuard
 from gateway.transport.descriptors import make_room
 from gateway.transport.pollable import PolledByFd
@@ -205,12 +205,16 @@ class Gateway:
         return ProducerTable(int(self.config.producer_expiry_s * 1e9), self.config.max_producers)
 
     def reopen(self, stream: str) -> None:
-        """Open a stream's journal again after it was cut (a follower dropping what its leader lacks)."""
+        """Open a stream's journal again after it was cut (a follower dropping what its leader lacks), keeping its
+        producer table but for what the cut dropped (gateway.sequencer.recovery.after_cut: milliseconds, not a
+        rescan of the journal's tail)."""
         lane = self.lanes[stream]
         lane.writer = self._open_writer(stream)
-        lane.producers = self._producer_table()
         self.metrics.follow_head(stream, lane.writer)
-        self._recover_producers(lane)
+        c, reader = self.config, JournalReader(self.config.journal, stream)
+        lane.producers = after_cut(
+            lane.producers, reader, lane.writer.last_seq, c.producer_expiry_s, c.producer_scan_bytes
+        )
         for out in self.outs:
             if stream in out.sent_head:
                 out.sent_head[stream] = min(out.sent_head[stream], lane.writer.last_seq)

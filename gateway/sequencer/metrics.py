@@ -272,7 +272,7 @@ class GatewayMetrics(Metrics):
         self.streams[stream].head.set_function(lambda: writer.last_seq)
 
     def follow_producers(self, stream: str, lane: HasProducers) -> None:
-        """Read the stream's producer count from its lane when scraped (its table is replaced when reopened)."""
+        """Read the stream's producer count from its lane when scraped (its table may be replaced after a cut)."""
         self.streams[stream].producers.set_function(lambda: len(lane.producers))
 
     def add_output(self, endpoint: str, sent_head: Mapping[str, int]) -> OutputSeries:

@@ -28,6 +28,7 @@ and beyond `capacity` producers the least recently seen is; a forgotten producer
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.wire.batch import Batch
@@ -38,6 +39,9 @@ class Producer:
     last_pseq: int  # the producer's number of its highest journaled record
     last_seq: int  # that record's stream sequence
     seen_ns: int  # journal time of the producer's last batch
+    # The last sequence of the first batch of it this table noted: the journal holds none of its batches from the
+    # table's `complete_from` up to that one but expired ones (0: not known, as for one found again after a cut).
+    first_noted: int = 0
 
 
 class ProducerTable:
@@ -46,10 +50,16 @@ class ProducerTable:
     def __init__(self, expiry_ns: int, capacity: int) -> None:
         self.expiry_ns = expiry_ns
         self.capacity = capacity
-        self._by_id: OrderedDict[int, Producer] = OrderedDict()
+        self._by_id: OrderedDict[int, Producer] = OrderedDict()  # in journal order of their last batches
+        self.evicted = 0  # producers forgotten for `capacity` (not for expiry) since the table was made
+        self.complete_from = 1  # every journaled batch from this sequence on was noted (recover: where it read from)
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def items(self) -> Iterator[tuple[int, Producer]]:
+        """The producers, least recently seen first."""
+        return iter(self._by_id.items())
 
     def get(self, pid: int) -> Producer | None:
         return self._by_id.get(pid)
@@ -82,12 +92,28 @@ class ProducerTable:
         `ts_ns` (what `journaled` reads from a batch; the gateway's live path knows it without one)."""
         known = self._by_id.get(pid)
         if known is None:
-            self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns)
+            self._by_id[pid] = Producer(last_pseq, last_seq, ts_ns, last_seq)
             while len(self._by_id) > self.capacity:
                 self._by_id.popitem(last=False)
+                self.evicted += 1
             return
         known.last_pseq, known.last_seq, known.seen_ns = last_pseq, last_seq, ts_ns  # updated in place, per batch
         self._by_id.move_to_end(pid)
+
+    def forget_after(self, seq: int) -> dict[int, Producer]:
+        """Forget the producers whose last batch is past stream sequence `seq` (a cut dropped it); those."""
+        gone = {pid: p for pid, p in self._by_id.items() if p.last_seq > seq}
+        for pid in gone:
+            del self._by_id[pid]
+        self.complete_from = min(self.complete_from, seq + 1)  # nothing is journaled after `seq` now
+        return gone
+
+    def restore(self, found: dict[int, Producer]) -> None:
+        """Put back producers whose last batch was found again in the journal, each in its place in journal order
+        (`forget_after` then `restore` leave the table as feeding the journal to `journaled` would have)."""
+        if found:
+            merged = [*self._by_id.items(), *found.items()]
+            self._by_id = OrderedDict(sorted(merged, key=lambda item: item[1].last_seq))
 
     def expire(self, now_ns: int) -> int:
         """Forget producers silent since before now_ns - expiry_ns; how many were."""
