@@ -89,9 +89,12 @@ def test_mirror_quick_measures_every_link_and_numbers_are_sane(tmp_path: Path) -
     promoted = [*links, *(p.name for p in mirror.PROMOTIONS)]  # and B a group, and A cut off at the router
     assert [[row[0] for row in table.rows] for table in result.tables] == [links, links, promoted]
     for row in lag.rows:
-        a_p50, a_p99, b_p50, b_p99, added = (cell.median for cell in row[1:])
+        a_p50, a_p99, b_p50, b_p99, added, wan_bytes = (cell.median for cell in row[1:7])
         assert 0 < a_p50 <= a_p99 < 1_000 and 0 < b_p50 <= b_p99 < 10_000
         assert added == pytest.approx(b_p99 - a_p99)
+        assert 100 < wan_bytes < 10_000  # a 100-byte body crossed at least once, and not absurdly often
+        tail = next(link for link in mirror.LINKS if link.name == row[0]).tail
+        assert (0 <= row[7].median <= 100) if tail else row[7] == "—"  # the share forwarded from datagrams
     _, *wans = lag.rows
     assert all(wan[3].median > mirror.WAN.delay_ms for wan in wans)  # B's p50: one way across the WAN at least
     for row in rates.rows:
