@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support.servers import STREAM, GatewayProcess, Side, free_port, journal_records, side, zeps_client
+from support.servers import STREAM, GatewayProcess, Side, free_port, journal_batches, journal_records, side, zeps_client
 
 from gateway.client.publisher import Publisher
 from gateway.client.subscriber import Subscriber
@@ -92,6 +92,13 @@ class Sites:
         records = journal_records(self.b_root)
         assert [seq for seq, _, _ in records] == list(range(1, self.sent + 1))
         assert [body for _, _, body in records] == [b"record %d" % i for i in range(1, self.sent + 1)]
+
+    def assert_equal_batches(self) -> None:
+        """Batch for batch: the mirror site journaled the source's batches as they are (boundaries and bytes)."""
+        a, b = journal_batches(self.a_root), journal_batches(self.b_root)
+        assert len(b) == len(a) and b == a, f"A has {len(a)} batches, B {len(b)}; first differing: " + str(
+            next(((x, y) for x, y in zip(a, b, strict=False) if x != y), None)
+        )
 
 
 def head_of(root: Path) -> int:
@@ -399,3 +406,4 @@ def test_the_datagram_tail_carries_the_live_tail_and_the_mirror_resumes_after_ki
     finally:
         assert stop(mirror) in (0, -signal.SIGKILL), sites.log("again")
     sites.assert_equal_journals()
+    sites.assert_equal_batches()  # the datagram parts of a batch were joined: B holds A's batches
