@@ -4,8 +4,9 @@
 taken), a new decoder (gateway.wire.tail), and the TAIL-UDP arguments to send on a session with the source
 sidecar, which sends the datagrams to this host's address as that session's peer. `receive()` reads what
 has arrived without waiting: only datagrams from the sidecar's host are looked at, and only those carrying the
-token and a batch whose CRC holds are used; the rest are counted in `stats.rejected`. The batches go to the
-mirror's merge (gateway.client.mirror_paths, `Datagram`): the TCP subscription stays the reliable copy.
+token and a batch whose CRC holds are used; the rest are counted in `stats.rejected`. The pieces (a journal
+batch, or a part of one naming it) go to the mirror's merge (gateway.client.mirror_paths, `Datagram`), which
+joins a batch's parts: the TCP subscription stays the reliable copy.
 
 Threading: the mirror's thread alone.
 """
@@ -16,7 +17,6 @@ import secrets
 import socket
 
 from gateway.transport.udp import MAX_DATAGRAM
-from gateway.wire import batch as B
 from gateway.wire import tail as T
 
 
@@ -50,8 +50,8 @@ class DatagramTail:
         self.decoder = T.TailDecoder(secrets.randbits(64), self.stats)
         return self.port, self.decoder.token, str(self.redundancy)
 
-    def receive(self, limit: int = 512) -> list[B.Batch]:
-        out: list[B.Batch] = []
+    def receive(self, limit: int = 512) -> list[T.Piece]:
+        out: list[T.Piece] = []
         for _ in range(limit):
             try:
                 data, source = self.sock.recvfrom(MAX_DATAGRAM)

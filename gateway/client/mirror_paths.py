@@ -40,16 +40,23 @@ Rules
     (rule 7), whether it is up, and when it last sent a batch.
 11. With the datagram tail wanted (`tail`), LIVE: one up, subscribed path carries TAIL-UDP (`AskTail`); when
     that path is replaced, the next Tick asks on another (the sidecar's tail ends with its session). The
-    datagrams' batches (`Datagram`) are held and released exactly as a path's (rule 5: first arrival wins),
-    counted in `tail_records`; they never move a feed's position nor name a loss (rule 6 is the TCP feeds'): a
-    datagram lost for good is a batch the subscription brings. One that starts beyond `next + ahead` (the
-    mirror far behind the live head) is not held (`tail_far`): the catch-up brings it, the buffer stays bounded.
+    datagrams' journal batches (`Datagram`, whole or joined: rule 12) are held and released exactly as a
+    path's (rule 5: first arrival wins), counted in `tail_records`; they never move a feed's position nor name
+    a loss (rule 6 is the TCP feeds'): a datagram lost for good is a batch the subscription brings. One that
+    starts beyond `next + ahead` (the mirror far behind the live head) is not held (`tail_far`): the catch-up
+    brings it, the buffer stays bounded.
+12. A journal batch too large for one datagram comes in parts, each naming the whole batch (its coverage and
+    CRC). The parts are kept apart, never held for release, until all of them have come; then they are joined
+    (`Batch.join`) and, if the join's CRC is the journal batch's, held as that batch (`tail_joined`; else
+    dropped, `tail_unjoined`). So the mirror site receives the source's batches as the source journaled them,
+    batch for batch, and never a part. Parts wait no longer than the TCP copy: the first complete copy wins,
+    and at each Tick the parts of batches released already (`next` beyond them) are dropped.
 
 Theory of operation
 ===================
 
 The shell (gateway.client.source_paths) feeds `on(event, now)` with what its sessions report: `Up` (a session
-is open), `Arrived` (a batch), `Ended` (FETCH-END of a range FETCH), `Trimmed`, `Down`, `Datagram` (a batch
+is open), `Arrived` (a batch), `Ended` (FETCH-END of a range FETCH), `Trimmed`, `Down`, `Datagram` (a piece
 of the datagram tail), and a `Tick` at least every 50 ms; it then carries out `actions` in order (`Open`,
 `Close`, `Fetch`, `Subscribe`, `AskTail`) and forwards what
 `pop()` releases. The work (rules 2, 4, 7) is done at each Tick, not after every batch: a batch costs
@@ -68,7 +75,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gateway import machine
+from gateway.errors import BatchError
 from gateway.wire import batch as B
+from gateway.wire import tail as T
 
 CHUNK = 8_192  # sequences per FETCH: about 1 MB, many round trips at 155,000 records/s per path
 DEPTH = 2  # FETCHes outstanding per path: the next one is queued at the sidecar before the current one ends
@@ -112,9 +121,10 @@ class Down(NamedTuple):
 
 
 class Datagram(NamedTuple):
-    """A batch of the datagram tail (rule 11), decoded and checked by the shell."""
+    """A piece of the datagram tail (rules 11, 12): a journal batch or a part of one, decoded and checked by the
+    shell."""
 
-    batch: B.Batch
+    piece: T.Piece
 
 
 class Tick(NamedTuple):
@@ -240,6 +250,9 @@ class SourcePathsCore:
         self.tail_path: int | None = None  # the path whose session carries TAIL-UDP (rule 11)
         self.tail_records = 0  # records released from datagram batches: the tail's first arrivals
         self.tail_far = 0  # datagram batches not held: beyond next + ahead
+        self.tail_joined = 0  # journal batches joined from their datagram parts (rule 12)
+        self.tail_unjoined = 0  # parts' joins dropped: not the journal batch they named
+        self._parts: dict[tuple[int, int, int], dict[int, B.Batch]] = {}  # (first, last, crc) -> parts by first
 
     # --- the shell's side -------------------------------------------------------------------------------
 
@@ -322,16 +335,17 @@ class SourcePathsCore:
         self._replace(event.path, "")
 
     def _datagram(self, event: Datagram) -> None:
-        batch = event.batch
-        if not batch.count:
+        piece = event.piece
+        if not piece.batch.count:
             return
-        if batch.last_seq < self.next:
-            self.dropped += batch.count
-        elif batch.first_seq > self.next + self.ahead:
+        if piece.last < self.next:
+            self.dropped += piece.batch.count
+        elif piece.first > self.next + self.ahead:
             self.tail_far += 1
+        elif piece.whole:
+            self._hold_tail(piece.batch)
         else:
-            heapq.heappush(self._held, (batch.first_seq, self._arrivals, TAIL, True, batch))
-            self._arrivals += 1
+            self._add_part(piece)
 
     def _tick(self, event: Tick) -> None:
         if not event.reading:
@@ -339,6 +353,7 @@ class SourcePathsCore:
                 path.heard = self._now
         self._watch()
         self._cut_chunks()
+        self._drop_parts()
 
     def _tick_live(self, event: Tick) -> None:
         self._tick(event)
@@ -440,6 +455,33 @@ class SourcePathsCore:
         self.tallies[i].up = False
         path.reopen_at = self._now + path.backoff
         path.backoff = min(path.backoff * 2, BACKOFF_MAX_S)
+
+    def _hold_tail(self, batch: B.Batch) -> None:
+        heapq.heappush(self._held, (batch.first_seq, self._arrivals, TAIL, True, batch))
+        self._arrivals += 1
+
+    def _add_part(self, piece: T.Piece) -> None:
+        """Rule 12: keep the part; once its journal batch's parts are all here, join them and hold that batch."""
+        key = (piece.first, piece.last, piece.crc)
+        parts = self._parts.setdefault(key, {})
+        parts[piece.batch.first_seq] = piece.batch
+        if sum(part.count for part in parts.values()) < piece.last - piece.first + 1:
+            return
+        del self._parts[key]
+        try:
+            whole = B.Batch.parse(B.join([parts[first] for first in sorted(parts)]), check_crc=False)
+        except BatchError:
+            whole = None
+        if whole is None or whole.crc != piece.crc:
+            self.tail_unjoined += 1
+            return
+        self.tail_joined += 1
+        self._hold_tail(whole)
+
+    def _drop_parts(self) -> None:
+        """Rule 12: the parts of journal batches released already (the TCP copy came first)."""
+        for key in [key for key in self._parts if key[1] < self.next]:
+            self.dropped += sum(part.count for part in self._parts.pop(key).values())
 
     def _lose(self, lo: int, hi: int, first: int) -> None:
         if self.gone is None:

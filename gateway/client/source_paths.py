@@ -107,8 +107,8 @@ class SourcePaths:
         at once, and the live tail brings thousands a second on each of two paths."""
         changed = False
         if self.tail is not None and reading:  # first: what came by both ways is then taken from the datagrams
-            for batch in self.tail.receive():
-                self.core.on(M.Datagram(batch), now)
+            for piece in self.tail.receive():
+                self.core.on(M.Datagram(piece), now)
         for i, client in enumerate(self.clients):
             if client is None or not reading:
                 continue

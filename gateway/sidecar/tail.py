@@ -10,8 +10,9 @@ Bounds, so the option cannot be turned into a weapon or a load:
   a third party), and only while its authenticated session lives (closed with it);
 - its own cursor over the committed journal (never waiting for the session's credit or its TCP pipe), from
   the journal's head when asked: the live tail only, never history;
-- a token bucket of `TailLimits.rate_bytes` per second (burst `burst_bytes`): a piece the bucket cannot pay
-  for is not sent (the subscription brings it), so a burst never makes the tail fall behind;
+- a token bucket of `TailLimits.rate_bytes` per second (burst `burst_bytes`): a journal batch whose datagrams
+  the bucket cannot pay for is not sent (the subscription brings it), so a burst never makes the tail fall
+  behind; a batch goes whole or in all its parts, or not at all (the mirror writes only whole batches);
 - at most `reads` journal batches per pump: the replay loop's other sessions keep their turn.
 
 `TailSender.pump(now)` is called by the replay loop (gateway.replay) every turn; `next_due` says when its
@@ -45,7 +46,7 @@ class TailLimits:
 class TailStats:
     datagrams: int = 0
     bytes: int = 0
-    skipped: int = 0  # pieces not sent: over the rate, or refused by the socket (the subscription brings them)
+    skipped: int = 0  # batches not sent (over the rate, too large a record) and datagrams the socket refused
 
 
 class TailSender:
@@ -84,10 +85,12 @@ class TailSender:
             batch = self.cursor.next_batch()
             if batch is None:
                 break
-            for piece in self._pieces(batch):
-                if len(piece) > self._room or self._tokens < len(piece):
-                    self.stats.skipped += 1
-                    continue
+            pieces = self._pieces(batch)
+            cost = sum(map(len, pieces)) + len(pieces) * T.HEAD.size
+            if not pieces or self._tokens < cost:  # all of its parts or none: a part alone is never written
+                self.stats.skipped += 1
+                continue
+            for piece in pieces:
                 self._send(self.encoder.push(piece, now))
         self._send(self.encoder.due(now))
 
@@ -95,14 +98,11 @@ class TailSender:
         self.cursor.close()
         self.sock.close()
 
-    def _pieces(self, batch: B.Batch) -> list[bytes | memoryview]:
-        """The batch as it is when it fits a datagram, else in dense parts that do (none if it cannot be cut)."""
-        if batch.nbytes <= self._room:
-            return [batch.buf]
+    def _pieces(self, batch: B.Batch) -> list[bytes]:
+        """The batch's data payloads (gateway.wire.tail.pieces); none if it cannot be cut to fit."""
         try:
-            return [piece for _, piece in batch.split(self._room)]
+            return T.pieces(batch, self._room)
         except BatchError:
-            self.stats.skipped += 1
             return []
 
     def _send(self, datagrams: list[bytes]) -> None:

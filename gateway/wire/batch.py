@@ -48,7 +48,7 @@ for it. A *dense* batch holds every sequence of its coverage (live batches alway
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -150,6 +150,11 @@ class Batch:
         return pid, pseq
 
     @property
+    def crc(self) -> int:
+        """The CRC32C its header holds (checked by `parse`): with the coverage, what names this batch's bytes."""
+        return int(_LENGTH.unpack_from(self.buf, 8)[0])
+
+    @property
     def dense(self) -> bool:
         return self.count == self.last_seq - self.first_seq + 1
 
@@ -246,6 +251,32 @@ class Batch:
         if producer is None:
             return []
         return [PRODUCER.pack(producer[0], producer[1] + lo - self.first_seq)]
+
+
+def join(parts: Sequence[Batch]) -> bytes:
+    """Consecutive parts of one dense batch (`split`'s or `part`'s, in order) as that batch: split's inverse.
+
+    Record bytes are copied and their deltas rewritten relative to the first part's first_seq; journal time,
+    flags and producer are the first part's, so a whole batch's parts give back its very bytes (its CRC says
+    so). BatchError if the parts are not consecutive cuts of one batch.
+    """
+    head = parts[0]
+    lo, ts, flags, overhead, producer = head.first_seq, head.ts_ns, head.flags, head.overhead, head.producer
+    out = head._producer_part(lo)
+    seq = lo
+    for part in parts:
+        if not part.dense or part.first_seq != seq or (part.ts_ns, part.flags) != (ts, flags):
+            raise BatchError(f"{part!r} does not continue a batch at {seq} with journal time {ts}, flags {flags}")
+        if producer is not None and part.producer != (producer[0], producer[1] + seq - lo):
+            raise BatchError(f"{part!r} is not the same producer's run as the batch it would continue")
+        buf, pos = part.buf, part.header_size
+        for _ in range(part.count):
+            _, _, klen, blen = RECORD.unpack_from(buf, pos)
+            end = pos + overhead + klen + blen
+            out.append(_DELTA.pack(seq - lo))
+            out.append(buf[pos + _DELTA.size : end])
+            pos, seq = end, seq + 1
+    return _seal(out, seq - lo, lo, seq - 1, ts, flags)
 
 
 def encode(

@@ -8,13 +8,20 @@ send enough redundancy that a single loss is repaired at the receiver with nothi
 correction). The TCP subscription stays the reliable copy: whatever the datagrams still miss arrives there,
 and the mirror merges both by sequence.
 
-    data:    magic b"ZF", version u8 = 1, kind u8 = 3, token u64, index u32, batch (to the datagram's end)
+    data:    magic b"ZF", version u8 = 1, kind u8 = 3, token u64, index u32,
+             of: first u64, last u64, crc u32 (the journal batch this one is, or is a part of),
+             batch (to the datagram's end)
     parity:  magic b"ZF", version u8 = 1, kind u8 = 4, token u64, first index u32, count u8,
              count x u16 payload length, XOR of the count payloads (each zero-padded to the longest)
 
 Numbers are big-endian. `token` is the mirror's random 64-bit number from TAIL-UDP: a datagram without it is
 not this tail's (a blind forger does not know it; the batch's CRC is checked as well). `index` counts a
-tail's data datagrams from 0.
+tail's data datagrams from 0. A data datagram's payload (what a parity covers) is `of` and the batch.
+
+`of` names the journal batch: a batch that fits a datagram is sent whole (its coverage and CRC are `of`'s); a
+larger one is sent in dense parts (`Batch.split`), each naming the whole one, so that the mirror can join the
+parts back into the journal batch (`Batch.join`, checked against `of`'s CRC) and write into its site's gateway
+the batches the source journaled, never a part (gateway.client.mirror_paths, rule 12).
 
 Redundancy (`Redundancy.parse`, the `--datagram-tail` value):
 - `repeat:N`: every data datagram is sent again N times, `spacing_s` apart (a burst loss rarely takes all);
@@ -32,6 +39,7 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.errors import BatchError, FillError
 from gateway.wire import batch as B
@@ -41,6 +49,7 @@ VERSION = 1
 KIND_DATA = 3
 KIND_PARITY = 4
 HEAD = struct.Struct(">2sBBQI")  # magic, version, kind, token, index (data) / first index (parity): 16 bytes
+OF = struct.Struct(">QQI")  # a data datagram's journal batch: first, last, CRC32C: 20 bytes
 COUNT = struct.Struct(">B")
 LENGTH = struct.Struct(">H")
 SPACING_S = 0.005  # repeats' spacing; an open parity group's longest wait
@@ -51,6 +60,29 @@ KEEP = 2048  # data datagrams the decoder remembers (for duplicates and for pari
 
 class TailError(FillError):
     """A datagram that is not one of this tail's (malformed, another token)."""
+
+
+class Piece(NamedTuple):
+    """A data datagram's batch, and the journal batch it is or is a part of: that batch's coverage and CRC."""
+
+    batch: B.Batch
+    first: int
+    last: int
+    crc: int
+
+    @property
+    def whole(self) -> bool:
+        return (self.batch.first_seq, self.batch.last_seq) == (self.first, self.last)
+
+
+def pieces(batch: B.Batch, room: int) -> list[bytes]:
+    """`batch` (a journal batch) as data payloads of at most `room` bytes: whole, else its dense parts
+    (`Batch.split`), each with `of`; none if a part would still not fit (BatchError if it cannot be cut)."""
+    of = OF.pack(batch.first_seq, batch.last_seq, batch.crc)
+    if OF.size + batch.nbytes <= room:
+        return [of + batch.buf]
+    parts = [of + part for _, part in batch.split(room - OF.size)]
+    return parts if max(map(len, parts)) <= room else []
 
 
 @dataclass(frozen=True)
@@ -147,7 +179,7 @@ class DecoderStats:
 
 
 class TailDecoder:
-    """The mirror's side: `receive(datagram)` -> the batches it makes available (a data datagram's, and any
+    """The mirror's side: `receive(datagram)` -> the pieces it makes available (a data datagram's, and any
     rebuilt from a parity), each once; foreign or malformed datagrams are counted in `stats.rejected`."""
 
     def __init__(self, token: int, stats: DecoderStats | None = None) -> None:
@@ -157,7 +189,7 @@ class TailDecoder:
         self._have: OrderedDict[int, bytes] = OrderedDict()  # index -> payload, the last KEEP
         self._parity: OrderedDict[int, tuple[list[int], bytes]] = OrderedDict()  # first -> (lengths, xor)
 
-    def receive(self, data: bytes) -> list[B.Batch]:
+    def receive(self, data: bytes) -> list[Piece]:
         try:
             magic, version, kind, token, index = HEAD.unpack_from(data)
         except struct.error:
@@ -174,19 +206,25 @@ class TailDecoder:
             return out + self._repair_around(index)
         return self._add_parity(index, data)
 
-    def _add(self, index: int, payload: bytes) -> list[B.Batch]:
+    def _add(self, index: int, payload: bytes) -> list[Piece]:
         try:
-            batch = B.Batch.parse(payload)
-        except BatchError:
+            piece = Piece(B.Batch.parse(payload[OF.size :]), *OF.unpack_from(payload))
+        except (BatchError, struct.error):
             self.stats.rejected += 1
+            return []
+        batch = piece.batch
+        if not piece.first <= batch.first_seq <= batch.last_seq <= piece.last or (
+            piece.whole and batch.crc != piece.crc
+        ):
+            self.stats.rejected += 1  # a batch that is not what its `of` says
             return []
         self._have[index] = payload
         if len(self._have) > KEEP:
             self._have.popitem(last=False)
         self.stats.data += 1
-        return [batch]
+        return [piece]
 
-    def _add_parity(self, first: int, data: bytes) -> list[B.Batch]:
+    def _add_parity(self, first: int, data: bytes) -> list[Piece]:
         at = HEAD.size
         if len(data) < at + 1:
             self.stats.rejected += 1
@@ -207,14 +245,14 @@ class TailDecoder:
             self._parity.popitem(last=False)
         return self._repair(first)
 
-    def _repair_around(self, index: int) -> list[B.Batch]:
+    def _repair_around(self, index: int) -> list[Piece]:
         """A data datagram came late: a parity held for its group may now rebuild the group's one missing."""
         for first in self._parity:
             if first <= index < first + len(self._parity[first][0]):
                 return self._repair(first)
         return []
 
-    def _repair(self, first: int) -> list[B.Batch]:
+    def _repair(self, first: int) -> list[Piece]:
         lengths, xor = self._parity[first]
         missing = [first + i for i in range(len(lengths)) if first + i not in self._have]
         if len(missing) != 1:

@@ -4,9 +4,9 @@ sidecar, and `zeps mirror` on b-spare reads A's sidecar across the WAN and write
 
 - Restarts anywhere: the mirror killed -9 and restarted, then B's gateway killed -9 and started on its journal,
   while A publishes: B's journal equals A's record for record (`zeps ha check`'s comparison, and sequences, keys
-  and bodies read back), and a subscriber on B's LAN gets 1..N exactly once, in order. The same with the live
-  tail as datagrams too (`--datagram-tail xor:4`: FEC over the lossy WAN, TCP the fallback), which must have
-  carried records.
+  and bodies read back) and batch for batch, and a subscriber on B's LAN gets 1..N exactly once, in order. The
+  same with the live tail as datagrams too (`--datagram-tail xor:4`: FEC over the lossy WAN, TCP the fallback),
+  which must have carried records, a journal batch's parts joined before B.
 - Promotion: refused while A's sidecar answers across the WAN, accepted (no `--force`) once A is cut off at the
   router (an iptables DROP of all it forwards: no RST, a connect to A hangs), its probe ending within its
   deadline; publishing at B continues at H + 1; when the WAN heals, the mirror is refused by B with the
@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from support.feedlab import STREAM, check_all, expected, publish, subscribe
-from support.servers import journal_records
+from support.servers import journal_batches, journal_records
 from support.sitelab import WAN, deployed, two_sites
 
 from gateway.cli.mirror import PROBE_S
@@ -152,6 +152,7 @@ def test_b_equals_a_after_the_mirror_and_bs_gateway_are_killed(
     assert result.violation is None, result.plain()
     assert {r.head for r in result.nodes.values()} == {count}, result.plain()
     assert journal_records(b.journal, STREAM) == journal_records(a.journal, STREAM)  # sequences, keys, bodies
+    assert journal_batches(b.journal, STREAM) == journal_batches(a.journal, STREAM)  # batch for batch (parts joined)
     check_all(sub.result(timeout=WAIT_S), count)  # B's LAN: 1..N exactly once, in order
     tail = [int(n) for n in re.findall(r"tail_records=(\d+)", mirror.log())]
     if "--datagram-tail" in mirror.argv:

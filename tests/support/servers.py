@@ -19,7 +19,7 @@ from pathlib import Path
 
 import zmq
 
-from gateway.journal import JournalWriter
+from gateway.journal import JournalReader, JournalWriter
 from gateway.tools import hagroup
 from gateway.wire import batch as B
 from gateway.wire import protocol as P
@@ -91,6 +91,15 @@ class GatewayProcess:
 
 def journal_records(root: Path, stream: str = STREAM) -> list[tuple[int, str, bytes]]:
     return hagroup.journal_records(root, stream)
+
+
+def journal_batches(root: Path, stream: str = STREAM) -> list[tuple[int, int, int]]:
+    """(first_seq, last_seq, CRC32C) of every batch in the journal under `root`: its batch boundaries and bytes."""
+    with JournalReader(root, stream).cursor(1) as cursor:
+        out: list[tuple[int, int, int]] = []
+        while (batch := cursor.next_batch()) is not None:
+            out.append((batch.first_seq, batch.last_seq, batch.crc))
+        return out
 
 
 def assert_exactly_once(root: Path, bodies: list[bytes], stream: str = STREAM) -> None:

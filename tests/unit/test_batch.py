@@ -70,6 +70,25 @@ def test_split_cuts_into_contiguous_parts_that_fit(recs, first, ttl, max_bytes) 
     ]
 
 
+@given(records.filter(bool), st.integers(1, 2**40), st.booleans(), st.booleans(), st.integers(B.HEADER_SIZE, 600))
+def test_join_gives_back_the_split_batch_byte_for_byte(recs, first, ttl, producer, max_bytes) -> None:
+    entries = [(ts, k, v, i * 7) for i, (ts, k, v) in enumerate(recs)] if ttl else recs
+    src = B.Batch.parse(B.encode(0, entries, ttl=ttl, producer=(9, 40) if producer else None))
+    whole = B.Batch.parse(B.resequence(src, first, 99))
+    parts = [B.Batch.parse(raw) for _, raw in whole.split(max_bytes)]
+    joined = B.join(parts)
+    assert joined == bytes(whole.buf) and B.Batch.parse(joined).crc == whole.crc
+
+
+def test_join_refuses_parts_that_are_not_one_batch_in_order() -> None:
+    whole = B.Batch.parse(B.resequence(B.Batch.parse(B.encode(0, [(0, b"k", b"x" * 30)] * 6)), 10, 5))
+    a, b, c = (B.Batch.parse(raw) for _, raw in whole.split(B.HEADER_SIZE + 2 * 48))
+    later = B.Batch.parse(B.resequence(B.Batch.parse(B.encode(0, [(0, b"k", b"x" * 30)] * 2)), 12, 6))
+    for wrong in ([a, c], [b, a, c], [a, later, c]):
+        with pytest.raises(B.BatchError, match="does not continue"):
+            B.join(wrong)
+
+
 @given(records.filter(bool), st.integers(0, B.MAX_PRODUCER), st.integers(0, 2**40), st.booleans())
 def test_producer_header_survives_sequencing_and_cuts(recs, pid, pseq, ttl) -> None:
     entries = [(ts, k, v, i * 7) for i, (ts, k, v) in enumerate(recs)] if ttl else recs

@@ -7,12 +7,27 @@ from pathlib import Path
 
 from gateway.client import mirror_paths as M
 from gateway.wire import batch as B
+from gateway.wire import tail as T
 
 DOC = Path(__file__).parents[2] / "docs" / "mirroring.md"
 
 
 def batch(first: int, last: int) -> B.Batch:
     return B.Batch.parse(B.encode(first, [(seq, b"k", b"%d" % seq) for seq in range(first, last + 1)]))
+
+
+def datagram(first: int, last: int) -> M.Datagram:
+    """A journal batch that came whole in one datagram."""
+    b = batch(first, last)
+    return M.Datagram(T.Piece(b, first, last, b.crc))
+
+
+def parts(first: int, last: int, n: int) -> list[M.Datagram]:
+    """The journal batch first..last in `n` datagram parts (each naming it), in order."""
+    whole = batch(first, last)
+    cut = [B.Batch.parse(raw) for _, raw in whole.split(B.HEADER_SIZE + (whole.nbytes - B.HEADER_SIZE) // n + 8)]
+    assert len(cut) == n
+    return [M.Datagram(T.Piece(part, first, last, whole.crc)) for part in cut]
 
 
 def take(core: M.SourcePathsCore, now: float | None = None) -> list[M.Action]:
@@ -195,8 +210,8 @@ def test_datagram_batches_merge_with_the_subscription_first_arrival_wins_and_nev
     core = started(1, after=10, tail=True)
     core.on(M.Up(0), 0.0)
     assert take(core) == [M.Subscribe(0, 10), M.AskTail(0)]
-    core.on(M.Datagram(batch(11, 20)), 0.1)  # the datagram came first
-    core.on(M.Datagram(batch(31, 40)), 0.1)  # one lost between: held, no loss named
+    core.on(datagram(11, 20), 0.1)  # the datagram came first
+    core.on(datagram(31, 40), 0.1)  # one lost between: held, no loss named
     assert released(core) == [(11, 20)]
     assert core.gone is None
     core.on(M.Arrived(0, batch(11, 20)), 0.2)  # the TCP copy, later: dropped
@@ -210,5 +225,44 @@ def test_datagram_batches_merge_with_the_subscription_first_arrival_wins_and_nev
 
 def test_a_datagram_far_beyond_the_mirror_is_not_held() -> None:
     core = started(1, after=0, tail=True)
-    core.on(M.Datagram(batch(core.ahead + 10, core.ahead + 12)), 0.0)
+    core.on(datagram(core.ahead + 10, core.ahead + 12), 0.0)
     assert (core.held, core.tail_far) == (0, 1)
+
+
+def test_a_journal_batchs_datagram_parts_are_joined_and_only_the_whole_batch_is_released() -> None:
+    core = started(1, after=10, tail=True)
+    core.on(M.Up(0), 0.0)
+    take(core)
+    p0, p1, p2 = parts(11, 40, 3)
+    core.on(p2, 0.1)
+    core.on(p0, 0.1)
+    assert released(core) == []  # never a part alone
+    core.on(p1, 0.1)
+    out = core.pop()
+    assert out is not None and bytes(out.buf) == bytes(batch(11, 40).buf)  # the journal's batch, byte for byte
+    assert (core.tail_joined, core.tail_records, core.dropped) == (1, 30, 0)
+    core.on(M.Arrived(0, batch(11, 40)), 0.2)  # the TCP copy, later: dropped
+    assert released(core) == [] and core.dropped == 30
+
+
+def test_the_tcp_copy_wins_over_parts_still_missing_one_and_those_parts_are_then_dropped() -> None:
+    core = started(1, after=10, tail=True)
+    core.on(M.Up(0), 0.0)
+    take(core)
+    p0, _, p2 = parts(11, 40, 3)  # the middle part lost for good
+    core.on(p0, 0.1)
+    core.on(p2, 0.1)
+    core.on(M.Arrived(0, batch(11, 40)), 0.2)
+    assert released(core) == [(11, 40)]  # the first complete copy, at once
+    take(core, 0.3)
+    assert core._parts == {} and core.dropped == p0.piece.batch.count + p2.piece.batch.count
+    assert (core.tail_joined, core.tail_records) == (0, 0)
+
+
+def test_parts_whose_join_is_not_the_batch_they_name_are_dropped() -> None:
+    core = started(1, after=10, tail=True)
+    core.on(M.Up(0), 0.0)
+    take(core)
+    for part in parts(11, 40, 3):
+        core.on(M.Datagram(part.piece._replace(crc=part.piece.crc ^ 1)), 0.1)
+    assert released(core) == [] and (core.tail_joined, core.tail_unjoined) == (0, 1)

@@ -1,5 +1,6 @@
-"""Tail datagrams (gateway.wire.tail): repetition and XOR parity repair a single loss with no round trip; foreign
-and malformed datagrams are refused; the redundancy setting is parsed strictly."""
+"""Tail datagrams (gateway.wire.tail): repetition and XOR parity repair a single loss with no round trip; a
+batch larger than a datagram goes in parts that name it; foreign and malformed datagrams are refused; the
+redundancy setting is parsed strictly."""
 
 from __future__ import annotations
 
@@ -11,12 +12,18 @@ from gateway.wire import tail as T
 TOKEN = 0x1234_5678_9ABC_DEF0
 
 
+def journal_batch(first: int, n: int, size: int = 20) -> B.Batch:
+    return B.Batch.parse(B.encode(first, [(seq, b"k", bytes([seq % 256]) * size) for seq in range(first, first + n)]))
+
+
 def payload(first: int, n: int, size: int = 20) -> bytes:
-    return B.encode(first, [(seq, b"k", bytes([seq % 256]) * size) for seq in range(first, first + n)])
+    """A data payload of a journal batch that fits one datagram: `of` and the batch."""
+    (whole,) = T.pieces(journal_batch(first, n, size), 1400)
+    return whole
 
 
-def firsts(batches: list[B.Batch]) -> list[int]:
-    return [b.first_seq for b in batches]
+def firsts(pieces: list[T.Piece]) -> list[int]:
+    return [p.batch.first_seq for p in pieces]
 
 
 def test_redundancy_is_parsed_strictly() -> None:
@@ -50,7 +57,7 @@ def test_xor_parity_rebuilds_any_one_lost_datagram_of_a_group() -> None:
         dec = T.TailDecoder(TOKEN)
         got = [b for i, d in enumerate(sent) if i != lost for b in dec.receive(d)]
         assert sorted(firsts(got)) == [1, 11, 21, 31]
-        assert got[-1].buf == B.Batch.parse(payload(1 + 10 * lost, 1 + lost, 10 + 7 * lost)).buf
+        assert got[-1].batch.buf == journal_batch(1 + 10 * lost, 1 + lost, 10 + 7 * lost).buf
         assert dec.stats.rebuilt == 1
 
 
@@ -94,3 +101,25 @@ def test_foreign_malformed_and_corrupt_datagrams_are_refused() -> None:
         assert dec.receive(junk) == []
     assert dec.stats.rejected == 5 and dec.stats.data == 0
     assert firsts(dec.receive(good)) == [1]
+
+
+def test_a_batch_larger_than_a_datagram_goes_in_parts_each_naming_it() -> None:
+    big = journal_batch(100, 60, size=40)  # 60 x 58 bytes: about 3.5 KB
+    payloads = T.pieces(big, 1400)
+    assert len(payloads) == 3 and max(map(len, payloads)) <= 1400
+    enc, dec = T.TailEncoder(TOKEN, T.Redundancy("xor", 4)), T.TailDecoder(TOKEN)
+    got = [p for payload in payloads for d in enc.push(payload, 0.0) for p in dec.receive(d)]
+    assert [(p.first, p.last, p.crc) for p in got] == [(100, 159, big.crc)] * 3
+    assert not any(p.whole for p in got)
+    assert B.join([p.batch for p in got]) == bytes(big.buf)
+    (small,) = dec.receive(enc.push(payload(200, 2), 0.0)[0])
+    assert small.whole and (small.first, small.last) == (200, 201)
+
+
+def test_a_batch_that_is_not_what_its_of_names_is_refused() -> None:
+    batch = journal_batch(10, 3)
+    enc, dec = T.TailEncoder(TOKEN, T.Redundancy("repeat", 1)), T.TailDecoder(TOKEN)
+    for of in ((11, 12, batch.crc), (10, 12, batch.crc ^ 1)):  # beyond its range; whole with another CRC
+        assert dec.receive(enc.push(T.OF.pack(*of) + bytes(batch.buf), 0.0)[0]) == []
+    assert dec.stats.rejected == 2
+    assert firsts(dec.receive(enc.push(T.OF.pack(5, 12, 0) + bytes(batch.buf), 0.0)[0])) == [10]  # a part
