@@ -307,7 +307,7 @@ class ReplayServer:
             return
         port, token, redundancy = asked
         self._tail_senders[s.identity] = TailSender(s.journal, peer, port, token, redundancy, now,
-                                                    self.config.tail_limits)  # fmt: skip
+                                                    self.config.tail_limits, self.metrics.send_errors)  # fmt: skip
         log.info("replay: %s: datagram tail (%s) to udp:%s:%d", s, redundancy, peer, port)
 
     def _on_timers(self, now: float) -> float:

@@ -87,7 +87,7 @@ class ReplayMetrics(Metrics):
         )
         # What the sidecar sends that the network may refuse: fill answers, announcements, etcd requests (its TCP
         # sessions are ZeroMQ's: libzmq drops and reconnects them itself)
-        self.send_errors = SendErrors("replay", ("fill-answer", "announce", "etcd"), r)
+        self.send_errors = SendErrors("replay", ("fill-answer", "tail-datagram", "announce", "etcd"), r)
         precreate(self.fill_dropped, *((k,) for k in FILL_DROP_REASONS))
         precreate(self.rejected, *((k,) for k in REJECTED_KINDS))
         precreate(self.ended, *((k,) for k in ENDED_REASONS))

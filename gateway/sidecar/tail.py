@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from gateway.errors import BatchError
 from gateway.sidecar.session import Cursor, Journal
+from gateway.transport.send_errors import SendErrors
 from gateway.transport.udp import DATAGRAM_BYTES
 from gateway.wire import batch as B
 from gateway.wire import tail as T
@@ -61,8 +62,11 @@ class TailSender:
         redundancy: T.Redundancy,
         now: float,
         limits: TailLimits | None = None,
+        errors: SendErrors | None = None,
     ) -> None:
+        """`errors`: where sends the network refuses are reported (issue #30: once per episode, counted)."""
         self.limits = limits or TailLimits()
+        self.errors = errors
         self.address = (peer, port)
         self.encoder = T.TailEncoder(token, redundancy)
         self.stats = TailStats()
@@ -110,8 +114,13 @@ class TailSender:
             self._tokens -= len(datagram)
             try:
                 self.sock.sendto(datagram, self.address)
-            except OSError:  # buffer full, no route: as if lost; the subscription carries the records
+            except OSError as exc:  # buffer full, no route: as if lost; the subscription carries the records
                 self.stats.skipped += 1
+                if self.errors:
+                    self.errors.refused("tail-datagram", self.address[0], exc, "dropped; the subscription "
+                                        "carries those records")  # fmt: skip
                 continue
+            if self.errors:
+                self.errors.sent("tail-datagram", self.address[0])
             self.stats.datagrams += 1
             self.stats.bytes += len(datagram)

@@ -95,7 +95,7 @@ def test_every_label_value_is_exported_at_0_from_the_start(tmp_path: Path) -> No
         assert value(sidecar, "zeps_replay_fill_dropped_total", reason=reason) == 0
     for op in ("multicast", "heartbeat", "announce", "peer-link", "etcd"):
         assert value(series, "zeps_gateway_send_errors_total", op=op, errno="EPERM") == 0
-    for op in ("fill-answer", "announce", "etcd"):
+    for op in ("fill-answer", "tail-datagram", "announce", "etcd"):
         assert value(sidecar, "zeps_replay_send_errors_total", op=op, errno="ENETUNREACH") == 0
     assert not any(name.endswith("_created") for name, _ in series | sidecar)
 
