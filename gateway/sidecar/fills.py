@@ -44,6 +44,7 @@ from prometheus_client import Counter
 from gateway.errors import FillError, JournalError, JournalTrimmed, NotAJournal, ProtocolError
 from gateway.journal import Cursor, JournalReader
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.token_bucket import TokenBucket
 from gateway.transport.udp import DATAGRAM_BYTES, MAX_DATAGRAM
 from gateway.wire import batch as B
 from gateway.wire import fill as F
@@ -76,12 +77,6 @@ class FillLimits:
             raise ValueError("fill limits must be positive")
         if not 256 <= self.datagram_bytes <= MAX_DATAGRAM:
             raise ValueError(f"fill datagram_bytes must be 256..{MAX_DATAGRAM}")
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    at: float
 
 
 DROP_REASONS = ("malformed", "range", "rate", "stream", "journal", "send")
@@ -124,7 +119,7 @@ class FillAnswerer:
         self.key = key
         self.keys = {key.id: key} if key is not None else None
         self.stats = FillStats()
-        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._readers: OrderedDict[str, JournalReader] = OrderedDict()
         self._cursors: OrderedDict[str, tuple[Cursor, float]] = OrderedDict()  # stream: (cursor, last used)
         self._room = limits.datagram_bytes - F.answer_bytes(0, key)
@@ -238,13 +233,12 @@ class FillAnswerer:
         limits, buckets = self.limits, self._buckets
         bucket = buckets.get(host)
         if bucket is None:
-            bucket = buckets[host] = _Bucket(limits.burst_bytes, now)
+            bucket = buckets[host] = TokenBucket.full(limits.rate_bytes, limits.burst_bytes, now)
             if len(buckets) > limits.max_sources:
                 buckets.popitem(last=False)
         else:
             buckets.move_to_end(host)
-            bucket.tokens = min(limits.burst_bytes, bucket.tokens + (now - bucket.at) * limits.rate_bytes)
-            bucket.at = now
+            bucket.refill(now)
         if bucket.tokens < cost:
             return False
         bucket.tokens -= cost

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from gateway.errors import BatchError
 from gateway.sidecar.session import Cursor, Journal
 from gateway.transport.send_errors import SendErrors
+from gateway.transport.token_bucket import TokenBucket
 from gateway.transport.udp import DATAGRAM_BYTES
 from gateway.wire import batch as B
 from gateway.wire import tail as T
@@ -71,7 +72,7 @@ class TailSender:
         self.encoder = T.TailEncoder(token, redundancy)
         self.stats = TailStats()
         self._room = self.limits.datagram_bytes - T.HEAD.size
-        self._tokens, self._at = self.limits.burst_bytes, now
+        self._bucket = TokenBucket.full(self.limits.rate_bytes, self.limits.burst_bytes, now)
         self.cursor: Cursor = journal.cursor(journal.last_seq + 1)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
@@ -82,16 +83,14 @@ class TailSender:
 
     def pump(self, now: float) -> None:
         """Send what the journal has new (up to `reads` batches), then what the encoder has due."""
-        lim = self.limits
-        self._tokens = min(lim.burst_bytes, self._tokens + (now - self._at) * lim.rate_bytes)
-        self._at = now
-        for _ in range(lim.reads):
+        self._bucket.refill(now)
+        for _ in range(self.limits.reads):
             batch = self.cursor.next_batch()
             if batch is None:
                 break
             pieces = self._pieces(batch)
             cost = sum(map(len, pieces)) + len(pieces) * T.HEAD.size
-            if not pieces or self._tokens < cost:  # all of its parts or none: a part alone is never written
+            if not pieces or self._bucket.tokens < cost:  # all of its parts or none: a part alone is never written
                 self.stats.skipped += 1
                 continue
             for piece in pieces:
@@ -111,7 +110,7 @@ class TailSender:
 
     def _send(self, datagrams: list[bytes]) -> None:
         for datagram in datagrams:
-            self._tokens -= len(datagram)
+            self._bucket.tokens -= len(datagram)
             try:
                 self.sock.sendto(datagram, self.address)
             except OSError as exc:  # buffer full, no route: as if lost; the subscription carries the records

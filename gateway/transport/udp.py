@@ -31,6 +31,7 @@ import zmq
 
 from gateway.errors import UdpError
 from gateway.transport.pollable import PolledByFd, again
+from gateway.transport.token_bucket import TokenBucket
 from gateway.wire.framing import MORE, encode_message, frame_header
 
 log = logging.getLogger(__name__)
@@ -96,17 +97,14 @@ class UdpSender:
         self.sock.bind((interface, 0))
         self.sock.setblocking(False)
         self.dest = (group, port)
-        self.bytes_per_s = rate_kbps * 125.0
-        self.burst = max(MAX_DATAGRAM, self.bytes_per_s * 0.002)  # 2 ms at the rate may go out at once
-        self.tokens, self.at = self.burst, time.monotonic()
+        rate = rate_kbps * 125.0  # bytes a second
+        burst = max(MAX_DATAGRAM, rate * 0.002)  # 2 ms at the rate may go out at once
+        self.bucket = TokenBucket.full(rate, burst, time.monotonic())
         self.too_large = 0  # messages over MAX_DATAGRAM, not sent (replay has them)
 
     def send_multipart(self, frames: Sequence[bytes | memoryview], flags: int = 0, copy: bool = True) -> None:
         del flags, copy
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.bytes_per_s)
-        self.at = now
-        if self.tokens < 0:
+        if self.bucket.refill(time.monotonic()) < 0:
             raise again("udp:// is at its rate")
         data = encode_message(frames)
         try:
@@ -121,7 +119,7 @@ class UdpSender:
                 log.warning("udp %s:%d: a %d-byte message does not fit a datagram: not multicast (replay has it)",
                             *self.dest, len(data))  # fmt: skip
             return
-        self.tokens -= len(data)
+        self.bucket.tokens -= len(data)
 
     def close(self, linger: int | None = None) -> None:
         del linger
